@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Build the cluster's binaries from the Go module proxy into $TASKHERD_HOME/bin/<component>-<version>/.
+# Each component is rebuilt only when its pinned version (versions.env) changes: a finished build
+# leaves a .complete stamp; a half-written output directory (no stamp) is rebuilt from scratch.
+#
+#   build.sh                 kubernetes etcd helm coredns (what `make cluster` needs)
+#   build.sh kind            also: sigs.k8s.io/kind (for users with internet; see docs/cluster.md)
+#   build.sh kubernetes etcd only those
+source "$(dirname "$0")/lib.sh"
+go_env
+
+components=("$@")
+[ ${#components[@]} -gt 0 ] || components=(kubernetes etcd helm coredns)
+
+# module path to require, its version, and the packages to build, per component
+spec() {
+    case "$1" in
+    kubernetes)
+        MOD=k8s.io/kubernetes VER=$KUBERNETES_VERSION OUT=$K8S_BIN
+        PKGS=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+              k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
+              k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl) ;;
+    etcd)     MOD=go.etcd.io/etcd/server/v3 VER=$ETCD_VERSION OUT=$ETCD_BIN PKGS=(go.etcd.io/etcd/server/v3) ;;
+    helm)     MOD=helm.sh/helm/v3 VER=$HELM_VERSION OUT=$HELM_BIN PKGS=(helm.sh/helm/v3/cmd/helm) ;;
+    coredns)  MOD=github.com/coredns/coredns VER=$COREDNS_VERSION OUT=$COREDNS_BIN PKGS=(github.com/coredns/coredns) ;;
+    kind)     MOD=sigs.k8s.io/kind VER=$KIND_VERSION OUT=$KIND_BIN PKGS=(sigs.k8s.io/kind) ;;
+    *) die "unknown component $1" ;;
+    esac
+}
+
+# Write go.mod for the wrapper module in $1 (the current directory).
+generate_gomod() {
+    local c=$1
+    rm -f go.mod go.sum
+    go mod init "taskherd.local/e2e/$c" >/dev/null 2>&1
+    go mod edit -require "$MOD@$VER"
+    if [ "$c" = kubernetes ]; then
+        # k8s.io/kubernetes replaces every staging module with ./staging/src/...; a module that
+        # requires it must replace them with their published versions itself.
+        local kmod staging
+        kmod=$(go mod download -json "k8s.io/kubernetes@$VER" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+        for staging in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod"); do
+            go mod edit -replace "$staging=$staging@$KUBERNETES_STAGING_VERSION"
+        done
+    fi
+}
+
+ldflags() {
+    local c=$1 date
+    date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+    case "$c" in
+    kubernetes)
+        local major minor f=() p
+        major=${VER#v}; major=${major%%.*}
+        minor=${VER#v*.}; minor=${minor%%.*}
+        for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+            # The module proxy does not carry the git commit; leave it empty rather than invent one.
+            f+=("-X $p.gitVersion=$VER" "-X $p.gitMajor=$major" "-X $p.gitMinor=$minor"
+                "-X $p.gitCommit=" "-X $p.gitTreeState=clean" "-X $p.buildDate=$date")
+        done
+        echo "-s -w ${f[*]}" ;;
+    helm)
+        echo "-s -w -X helm.sh/helm/v3/internal/version.version=$VER -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+    coredns)
+        echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$VER" ;;
+    *) echo "-s -w" ;;
+    esac
+}
+
+build_one() {
+    local c=$1
+    spec "$c"
+    if [ -f "$OUT/.complete" ]; then
+        log "$c $VER: up to date in $OUT"
+        return 0
+    fi
+    local src="$TASKHERD_HOME/src/$c-$VER" repo_mod="$CLUSTER_SCRIPTS/gomod/$c"
+    log "$c $VER: building ${PKGS[*]} -> $OUT"
+    local t0=$SECONDS
+    rm -rf "$OUT" "$src"
+    mkdir -p "$src" "$OUT"
+    cd "$src"
+    cp "$repo_mod/tools.go" .
+    # Use the committed go.mod/go.sum when they pin this exact version; otherwise generate them.
+    if [ -f "$repo_mod/go.mod" ] && grep -qE "^[[:space:]]*(require )?$MOD $VER\$" "$repo_mod/go.mod"; then
+        cp "$repo_mod/go.mod" .
+        [ -f "$repo_mod/go.sum" ] && cp "$repo_mod/go.sum" .
+    else
+        log "$c: generating wrapper go.mod for $MOD@$VER (commit gomod/$c/go.mod+go.sum to pin it)"
+        generate_gomod "$c"
+    fi
+    go mod tidy
+    go build -trimpath -ldflags "$(ldflags "$c")" -o "$OUT/" "${PKGS[@]}"
+    case "$c" in  # name the binaries after what they are
+    etcd) mv "$OUT/v3" "$OUT/etcd" 2>/dev/null || true; [ -x "$OUT/etcd" ] || mv "$OUT"/server "$OUT/etcd" ;;
+    esac
+    cp go.mod go.sum "$OUT/"
+    touch "$OUT/.complete"
+    log "$c $VER: built in $((SECONDS - t0)) s"
+}
+
+for c in "${components[@]}"; do
+    ( build_one "$c" )
+done

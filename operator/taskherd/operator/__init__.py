@@ -1,0 +1,1 @@
+"""taskherd.operator — the kopf operator that scales WorkerPools and pages on dead letters."""
