@@ -3,14 +3,14 @@
 # Each component is rebuilt only when its pinned version (versions.env) changes: a finished build
 # leaves a .complete stamp; a half-written output directory (no stamp) is rebuilt from scratch.
 #
-#   build.sh                 kubernetes etcd helm coredns (what `make cluster` needs)
+#   build.sh                 kubernetes etcd helm coredns crictl (what `make cluster` needs)
 #   build.sh kind            also: sigs.k8s.io/kind (for users with internet; see docs/cluster.md)
 #   build.sh kubernetes etcd only those
 source "$(dirname "$0")/lib.sh"
 go_env
 
 components=("$@")
-[ ${#components[@]} -gt 0 ] || components=(kubernetes etcd helm coredns)
+[ ${#components[@]} -gt 0 ] || components=(kubernetes etcd helm coredns crictl)
 
 # module path to require, its version, and the packages to build, per component
 spec() {
@@ -23,6 +23,7 @@ spec() {
     etcd)     MOD=go.etcd.io/etcd/server/v3 VER=$ETCD_VERSION OUT=$ETCD_BIN PKGS=(go.etcd.io/etcd/server/v3) ;;
     helm)     MOD=helm.sh/helm/v3 VER=$HELM_VERSION OUT=$HELM_BIN PKGS=(helm.sh/helm/v3/cmd/helm) ;;
     coredns)  MOD=github.com/coredns/coredns VER=$COREDNS_VERSION OUT=$COREDNS_BIN PKGS=(github.com/coredns/coredns) ;;
+    crictl)   MOD=sigs.k8s.io/cri-tools VER=$CRICTL_VERSION OUT=$CRICTL_BIN PKGS=(sigs.k8s.io/cri-tools/cmd/crictl) ;;
     kind)     MOD=sigs.k8s.io/kind VER=$KIND_VERSION OUT=$KIND_BIN PKGS=(sigs.k8s.io/kind) ;;
     *) die "unknown component $1" ;;
     esac
@@ -63,6 +64,7 @@ ldflags() {
         echo "-s -w -X helm.sh/helm/v3/internal/version.version=$VER -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
     coredns)
         echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$VER" ;;
+    crictl) echo "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$VER" ;;
     *) echo "-s -w" ;;
     esac
 }

@@ -13,6 +13,7 @@ ETCD_BIN="$BIN_ROOT/etcd-$ETCD_VERSION"
 HELM_BIN="$BIN_ROOT/helm-$HELM_VERSION"
 COREDNS_BIN="$BIN_ROOT/coredns-$COREDNS_VERSION"
 KIND_BIN="$BIN_ROOT/kind-$KIND_VERSION"
+CRICTL_BIN="$BIN_ROOT/crictl-$CRICTL_VERSION"
 STATE="$TASKHERD_HOME/cluster"
 IMAGES_CACHE="$TASKHERD_HOME/images"
 KUBECONFIG_PATH="$STATE/admin.kubeconfig"
@@ -57,3 +58,66 @@ go_env() {
     command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || die "go toolchain not found"
     command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 }
+
+# ---- processes this project starts: one pid file per component, "PID EXE", in $STATE/run ----
+RUN_DIR="$STATE/run"
+LOG_DIR="$STATE/logs"
+
+# PID of component $1 if its pid file names a live process still running the recorded binary
+# (guards against a stale pid file whose PID was reused by something else).
+proc_pid() {
+    local f="$RUN_DIR/$1.pid" pid exe
+    [ -f "$f" ] || return 1
+    read -r pid exe <"$f" || true
+    [ -n "${pid:-}" ] && [ -d "/proc/$pid" ] || return 1
+    [ "$(readlink "/proc/$pid/exe" 2>/dev/null | sed 's/ (deleted)$//')" = "$exe" ] || return 1
+    echo "$pid"
+}
+
+# start_proc NAME BINARY ARGS...: detached (own session), logs to $LOG_DIR/NAME.log
+start_proc() {
+    local name=$1 exe
+    shift
+    exe=$(readlink -f "$1")
+    mkdir -p "$RUN_DIR" "$LOG_DIR"
+    setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid $exe" >"$RUN_DIR/$name.pid"
+    sleep 0.2
+    proc_pid "$name" >/dev/null || { tail -20 "$LOG_DIR/$name.log" >&2; die "$name exited at once (log: $LOG_DIR/$name.log)"; }
+    log "started $name (pid $pid)"
+}
+
+# stop_proc NAME [SECONDS]: SIGTERM, then SIGKILL after SECONDS; removes the pid file
+stop_proc() {
+    local name=$1 grace=${2:-15} pid i
+    if pid=$(proc_pid "$name"); then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < grace * 10; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+        if [ -d "/proc/$pid" ]; then
+            log "$name (pid $pid) ignored SIGTERM for ${grace}s: SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            for ((i = 0; i < 50; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+        fi
+        log "stopped $name (pid $pid)"
+    fi
+    rm -f "$RUN_DIR/$name.pid"
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: poll every 0.5 s, log progress every 10 s, fail loudly
+wait_for() {
+    local what=$1 limit=$2 start=$SECONDS next=10
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS - start >= limit)); then
+            log "timed out after ${limit}s waiting for $what; last attempt said:"
+            "$@" 2>&1 | tail -5 >&2 || true
+            return 1
+        fi
+        if ((SECONDS - start >= next)); then log "waiting for $what ($((SECONDS - start))s)"; next=$((next + 10)); fi
+        sleep 0.5
+    done
+}
+
+kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+ctr_() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }

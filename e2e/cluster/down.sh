@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Stop the local cluster and remove its state. Stops exactly what up.sh started (by the PIDs in
+# $TASKHERD_HOME/cluster/run), then removes what those processes left behind: pod sandboxes and
+# their network namespaces, mounts below the state directory, the pod bridge, iptables chains, the
+# kubelet's cgroups, and restores the sysctls up.sh changed. Safe to run at any time, repeatedly,
+# and after a crash or a half-finished up.sh. The last run's logs are kept in
+# $TASKHERD_HOME/cluster-logs.last.
+source "$(dirname "$0")/lib.sh"
+need_root
+BRIDGE=taskherd0
+CRICTL=("$CRICTL_BIN/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 30s)
+
+stop_proc kubelet 30
+if proc_pid containerd >/dev/null && [ -x "$CRICTL_BIN/crictl" ]; then
+    # Stop and remove every pod sandbox the normal way: CNI DEL, network namespace, mounts.
+    if [ -n "$("${CRICTL[@]}" pods -q 2>/dev/null)" ]; then
+        log "removing pod sandboxes"
+        timeout 120 "${CRICTL[@]}" rmp -fa >/dev/null 2>&1 || log "crictl rmp -fa failed; cleaning up by hand"
+    fi
+fi
+stop_proc kube-proxy
+if [ -x "$K8S_BIN/kube-proxy" ] && iptables -w -t nat -S 2>/dev/null | grep -q 'KUBE-SERVICES'; then
+    "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || log "kube-proxy --cleanup reported errors"
+fi
+stop_proc kube-scheduler
+stop_proc kube-controller-manager
+stop_proc kube-apiserver
+stop_proc etcd
+stop_proc containerd
+
+# Shims of our containerd (identified by our socket in their arguments) outlive it by design.
+for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+    *containerd-shim*"$CONTAINERD_SOCK"*) log "killing leftover shim ${p#/proc/}"; kill -KILL "${p#/proc/}" 2>/dev/null || true ;;
+    esac
+done
+# Container processes still in our kubelet's pod cgroups (only after a crash): kill them, then
+# remove the cgroups, deepest first.
+if [ -d /sys/fs/cgroup/pids/kubepods ] || [ -d /sys/fs/cgroup/memory/kubepods ]; then
+    for i in 1 2 3; do
+        pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+        [ -n "$pids" ] || break
+        log "killing leftover pod processes: $(echo $pids)"
+        kill -KILL $pids 2>/dev/null || true
+        sleep 1
+    done
+    for d in /sys/fs/cgroup/*/kubepods; do
+        [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    done
+fi
+
+# Network namespaces of our pod sandboxes that were not removed through the CRI.
+if [ -d "$STATE/containerd" ]; then
+    python3 - "$STATE/containerd" <<'PY' | while read -r ns; do umount "$ns" 2>/dev/null || true; rm -f "$ns"; log "removed netns $ns"; done
+import glob, json, sys
+for f in glob.glob(sys.argv[1] + "/state/io.containerd.runtime.v2.task/*/*/config.json"):
+    try:
+        for n in json.load(open(f)).get("linux", {}).get("namespaces", []):
+            if n.get("type") == "network" and n.get("path", "").startswith("/var/run/netns/cni-"):
+                print(n["path"])
+    except (OSError, ValueError):
+        pass
+PY
+fi
+
+# Mounts below the state directory (overlay rootfs, pod volumes, ...), deepest first.
+if [ -d "$STATE" ]; then
+    st=$(readlink -f "$STATE")
+    awk -v d="$st" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
+    done
+fi
+
+# Host network set-up.
+if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; log "deleted bridge $BRIDGE"; fi
+while iptables -w -D FORWARD -m comment --comment "taskherd cluster" -j TASKHERD-FORWARD 2>/dev/null; do :; done
+if iptables -w -S TASKHERD-FORWARD >/dev/null 2>&1; then
+    iptables -w -F TASKHERD-FORWARD && iptables -w -X TASKHERD-FORWARD
+fi
+if [ -f "$STATE/host/sysctl.orig" ]; then
+    # the first value recorded for each key is the one before the cluster
+    awk -F= '!seen[$1]++' "$STATE/host/sysctl.orig" | while IFS== read -r k v; do sysctl -qw "$k=$v" || true; done
+fi
+if [ -f "$STATE/host/cgroup-mounts" ]; then
+    while read -r m; do umount "$m" 2>/dev/null && rmdir "$m" 2>/dev/null || true; done <"$STATE/host/cgroup-mounts"
+fi
+
+if [ -d "$STATE" ]; then
+    if [ -d "$LOG_DIR" ]; then
+        rm -rf "$TASKHERD_HOME/cluster-logs.last"
+        mv "$LOG_DIR" "$TASKHERD_HOME/cluster-logs.last"
+    fi
+    rm -rf --one-file-system "$STATE" || die "could not remove $STATE (mount still busy?)"
+    log "cluster stopped; state removed (logs of that run: $TASKHERD_HOME/cluster-logs.last)"
+fi
