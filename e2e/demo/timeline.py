@@ -1,0 +1,124 @@
+"""The run's timeline: what the demo sampled each second, the faults it caused, drawn as one PNG.
+
+Pure apart from writing the file: samples and marks in, picture out, so it is tested with
+fabricated samples. Times are seconds since the start of the scenario.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+#: mark kind -> colour of its vertical line
+MARK_COLOURS: dict[str, str] = {
+    "burst": "tab:blue",
+    "kill": "tab:red",
+    "oom": "tab:purple",
+    "poison": "tab:brown",
+    "alert": "tab:orange",
+    "drained": "tab:green",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    depth: int | None  #: ready + reserved/unacknowledged messages in the work queue
+    oldest_age_seconds: float | None
+    replicas: int  #: pods of the worker Deployment that exist (not terminating)
+    ready_replicas: int
+    desired_replicas: int | None  #: what the WorkerPool asked for
+    dlq_depth: int | None
+
+
+@dataclass(frozen=True)
+class Mark:
+    t: float
+    kind: str  #: a key of MARK_COLOURS
+    label: str
+
+
+def in_flight_series(intervals: Iterable[tuple[float, float]], times: Sequence[float]) -> list[int]:
+    """Number of attempts running at each time, from (start, end) intervals (end exclusive)."""
+    starts, ends = [], []
+    for start, end in intervals:
+        starts.append(start)
+        ends.append(end)
+    starts.sort()
+    ends.sort()
+    return [bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t) for t in times]
+
+
+def render(samples: Sequence[Sample], marks: Sequence[Mark], in_flight: Sequence[int], path: Path,
+           *, title: str = "taskherd demo") -> Path:
+    """Draws depth and age, replicas and in-flight tasks, and the DLQ, with the faults as lines."""
+    if len(in_flight) != len(samples):
+        raise ValueError(f"in_flight has {len(in_flight)} values for {len(samples)} samples: one per sample")
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: the picture goes to a file
+    import matplotlib.pyplot as plt
+
+    t = [s.t for s in samples]
+    fig, (ax_queue, ax_pool, ax_dlq) = plt.subplots(3, 1, sharex=True, figsize=(11, 8),
+                                                     gridspec_kw={"height_ratios": [3, 3, 1.4]})
+    fig.suptitle(title)
+
+    ax_queue.plot(t, _series(samples, "depth"), color="tab:blue", label="queue depth (ready + unacked)")
+    ax_queue.set_ylabel("messages")
+    ax_age = ax_queue.twinx()
+    ax_age.plot(t, _series(samples, "oldest_age_seconds"), color="tab:gray", linestyle="--",
+                label="oldest message age")
+    ax_age.set_ylabel("seconds")
+    _legend(ax_queue, ax_age)
+
+    ax_pool.step(t, [s.replicas for s in samples], where="post", color="tab:green", label="worker pods")
+    ax_pool.step(t, [s.ready_replicas for s in samples], where="post", color="tab:olive", linestyle=":",
+                 label="ready pods")
+    ax_pool.step(t, _series(samples, "desired_replicas"), where="post", color="black", linestyle="--",
+                 linewidth=0.8, label="desired (WorkerPool)")
+    ax_pool.plot(t, list(in_flight), color="tab:cyan", label="tasks in flight")
+    ax_pool.set_ylabel("count")
+    ax_pool.legend(loc="upper right", fontsize="small")
+
+    ax_dlq.step(t, _series(samples, "dlq_depth"), where="post", color="tab:red", label="dead-letter queue")
+    ax_dlq.set_ylabel("DLQ")
+    ax_dlq.set_xlabel("seconds since the first task was sent")
+    ax_dlq.legend(loc="upper left", fontsize="small")
+
+    for mark in marks:
+        colour = MARK_COLOURS.get(mark.kind, "black")
+        for ax in (ax_queue, ax_pool, ax_dlq):
+            ax.axvline(mark.t, color=colour, alpha=0.6, linewidth=1)
+        ax_queue.annotate(mark.label, xy=(mark.t, 1), xycoords=("data", "axes fraction"), rotation=90,
+                          va="top", ha="right", fontsize="x-small", color=colour)
+    for ax in (ax_queue, ax_pool, ax_dlq):
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    ax_age.set_ylim(bottom=0)
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _series(samples: Sequence[Sample], name: str) -> list[float]:
+    """One attribute per sample; an unknown value (None) becomes a gap in the line."""
+    return [float("nan") if getattr(s, name) is None else getattr(s, name) for s in samples]
+
+
+def _legend(*axes) -> None:
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    axes[0].legend(handles, labels, loc="upper left", fontsize="small")
+
+
+def samples_as_dicts(samples: Iterable[Sample]) -> list[Mapping]:
+    return [s.__dict__ for s in samples]
