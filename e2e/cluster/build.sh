@@ -8,6 +8,7 @@
 #   build.sh kubernetes etcd only those
 source "$(dirname "$0")/lib.sh"
 go_env
+take_lock build
 
 components=("$@")
 [ ${#components[@]} -gt 0 ] || components=(kubernetes etcd helm coredns crictl)

@@ -7,6 +7,7 @@
 # $TASKHERD_HOME/cluster-logs.last.
 source "$(dirname "$0")/lib.sh"
 need_root
+take_lock cluster
 BRIDGE=taskherd0
 CRICTL=("$CRICTL_BIN/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 30s)
 

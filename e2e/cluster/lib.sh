@@ -121,3 +121,17 @@ wait_for() {
 
 kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
 ctr_() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+
+# One cluster operation at a time per $TASKHERD_HOME (several clones share it). Re-entrant for
+# child scripts through TASKHERD_LOCK_HELD.
+take_lock() {
+    local name=$1
+    [ "${TASKHERD_LOCK_HELD:-}" = "$name" ] && return 0
+    mkdir -p "$TASKHERD_HOME"
+    exec {lock_fd}>"$TASKHERD_HOME/$name.lock"
+    if ! flock -n "$lock_fd"; then
+        log "waiting for another $name operation to finish ($TASKHERD_HOME/$name.lock)"
+        flock "$lock_fd"
+    fi
+    export TASKHERD_LOCK_HELD=$name
+}

@@ -9,6 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 need_root
 T0=$SECONDS
+take_lock cluster
 
 API_HOST=172.28.0.1          # the bridge's address: node IP and the API's advertise address
 API_URL="https://$API_HOST:$API_PORT"
@@ -247,7 +248,10 @@ start_proc containerd "$(command -v containerd)" --config "$STATE/containerd/con
 wait_for "containerd" 30 ctr_ version || die "containerd did not start (log: $LOG_DIR/containerd.log)"
 
 log "importing images into containerd (namespace k8s.io)"
-for tar in "$PAUSE_TAR" "$COREDNS_TAR" "$BASE_TAR"; do
+APP_TARS=()   # worker and operator images, when images/build.sh (make images) has built them
+[ -f "$IMAGES_CACHE/app-images.list" ] && mapfile -t APP_TARS <"$IMAGES_CACHE/app-images.list"
+for tar in "$PAUSE_TAR" "$COREDNS_TAR" "$BASE_TAR" "${APP_TARS[@]}"; do
+    [ -f "$tar" ] || continue
     ctr_ images import --no-unpack "$tar" >/dev/null || die "import of $tar failed"
 done
 # Pin the sandbox image so that image garbage collection never removes it.

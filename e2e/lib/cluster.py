@@ -1,0 +1,236 @@
+"""Which Kubernetes cluster the e2e tests run against, and small helpers to drive it.
+
+Resolution order (:func:`resolve`):
+
+1. an explicit kubeconfig: ``TASKHERD_KUBECONFIG``, else ``KUBECONFIG`` (any cluster a user points
+   us at);
+2. kind, when a ``kind`` binary (on PATH or built by ``make kind-binary``) and a kind node image
+   (``kindest/node``) in the local docker are both present: the ``taskherd`` kind cluster is
+   created if needed and its kubeconfig written to ``$TASKHERD_HOME/kind/kubeconfig``;
+3. the local cluster of ``make cluster``: ``$TASKHERD_HOME/cluster/admin.kubeconfig``.
+
+kubectl and helm are the ones built by ``make cluster-binaries`` (pinned in
+e2e/cluster/versions.env), never whatever else is on PATH, unless ``TASKHERD_KUBECTL`` /
+``TASKHERD_HELM`` say otherwise.
+
+Only the standard library is used. Waits are bounded, log their progress and raise
+:class:`WaitTimeout` with the last thing they saw.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+log = logging.getLogger("taskherd.e2e.cluster")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VERSIONS_FILE = REPO_ROOT / "e2e" / "cluster" / "versions.env"
+KIND_CLUSTER_NAME = "taskherd"
+
+
+class ClusterUnavailable(RuntimeError):
+    """The selected cluster cannot be reached; the message says why, verbatim."""
+
+
+class CommandFailed(RuntimeError):
+    """kubectl or helm failed; the message carries the command and its stderr."""
+
+    def __init__(self, message: str, result: subprocess.CompletedProcess):
+        super().__init__(message)
+        self.result = result
+
+
+class WaitTimeout(TimeoutError):
+    """A bounded wait ran out; the message says what was awaited and what was last seen."""
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def taskherd_home() -> Path:
+    return Path(os.environ.get("TASKHERD_HOME") or Path.home() / ".cache" / "taskherd")
+
+
+def local_kubeconfig() -> Path:
+    """Where `make cluster` writes the local cluster's admin kubeconfig."""
+    return taskherd_home() / "cluster" / "admin.kubeconfig"
+
+
+def kubectl_path() -> str:
+    if os.environ.get("TASKHERD_KUBECTL"):
+        return os.environ["TASKHERD_KUBECTL"]
+    return str(taskherd_home() / "bin" / f"kubernetes-{versions()['KUBERNETES_VERSION']}" / "kubectl")
+
+
+def helm_path() -> str:
+    if os.environ.get("TASKHERD_HELM"):
+        return os.environ["TASKHERD_HELM"]
+    return str(taskherd_home() / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm")
+
+
+def kind_path() -> str | None:
+    built = taskherd_home() / "bin" / f"kind-{versions()['KIND_VERSION']}" / "kind"
+    if built.is_file() and os.access(built, os.X_OK):
+        return str(built)
+    return shutil.which("kind")
+
+
+def kind_node_image() -> str | None:
+    """A kindest/node image in the local docker, or None (no docker, no daemon, no image)."""
+    docker = shutil.which("docker")
+    if not docker:
+        return None
+    try:
+        r = subprocess.run(
+            [docker, "image", "ls", "kindest/node", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    images = [i for i in r.stdout.split() if not i.endswith(":<none>")] if r.returncode == 0 else []
+    return os.environ.get("TASKHERD_KIND_NODE_IMAGE") or (images[0] if images else None)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    source: str  # "explicit", "kind" or "local"
+    kubeconfig: str
+    kubectl_bin: str
+    helm_bin: str
+
+    @property
+    def is_local(self) -> bool:
+        return self.source == "local"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = self.kubeconfig
+        helm_home = taskherd_home() / "helm"
+        env.setdefault("HELM_CACHE_HOME", str(helm_home / "cache"))
+        env.setdefault("HELM_CONFIG_HOME", str(helm_home / "config"))
+        env.setdefault("HELM_DATA_HOME", str(helm_home / "data"))
+        return env
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run kubectl; on failure (with check) raise with the command and its stderr."""
+        return _run([self.kubectl_bin, "--kubeconfig", self.kubeconfig, *args],
+                    env=self.env(), input=input, check=check, timeout=timeout)
+
+    def kubectl_json(self, *args: str, timeout: float = 60) -> Any:
+        return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout).stdout)
+
+    def apply(self, manifest: str, namespace: str | None = None) -> None:
+        ns = ["-n", namespace] if namespace else []
+        self.kubectl(*ns, "apply", "-f", "-", input=manifest)
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        return _run([self.helm_bin, "--kubeconfig", self.kubeconfig, *args],
+                    env=self.env(), check=check, timeout=timeout)
+
+    def check_reachable(self) -> None:
+        """Raise ClusterUnavailable with the exact error when the API server is not ready."""
+        if not Path(self.kubectl_bin).is_file():
+            raise ClusterUnavailable(
+                f"kubectl not found at {self.kubectl_bin}: run `make cluster-binaries` (or `make cluster`)"
+            )
+        if not Path(self.kubeconfig).is_file():
+            raise ClusterUnavailable(f"kubeconfig {self.kubeconfig} ({self.source} cluster) does not exist"
+                                     + _make_cluster_hint(self))
+        r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=30)
+        if r.returncode != 0 or r.stdout.strip() != "ok":
+            raise ClusterUnavailable(
+                f"{self.source} cluster ({self.kubeconfig}) is not ready: "
+                f"{(r.stderr or r.stdout).strip()}" + _make_cluster_hint(self)
+            )
+
+
+def _make_cluster_hint(c: Cluster) -> str:
+    if not c.is_local:
+        return ""
+    up_log = taskherd_home() / "cluster-up.log"
+    if up_log.is_file():
+        tail = "\n".join(up_log.read_text(errors="replace").splitlines()[-25:])
+        return f"\n`make cluster` output ({up_log}), last lines:\n{tail}"
+    return "\nstart it with `make cluster`"
+
+
+def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None, check: bool,
+         timeout: float) -> subprocess.CompletedProcess:
+    r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    if check and r.returncode != 0:
+        shown = " ".join(cmd)
+        raise CommandFailed(f"`{shown}` exited {r.returncode}: {(r.stderr or r.stdout).strip()}", r)
+    return r
+
+
+def _ensure_kind(kind: str, image: str) -> str:
+    kubeconfig = taskherd_home() / "kind" / "kubeconfig"
+    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+    clusters = subprocess.run([kind, "get", "clusters"], capture_output=True, text=True, timeout=60)
+    if KIND_CLUSTER_NAME not in clusters.stdout.split():
+        log.info("creating kind cluster %s from %s", KIND_CLUSTER_NAME, image)
+        subprocess.run(
+            [kind, "create", "cluster", "--name", KIND_CLUSTER_NAME, "--image", image,
+             "--kubeconfig", str(kubeconfig), "--wait", "180s"],
+            check=True, timeout=600,
+        )
+    r = subprocess.run([kind, "get", "kubeconfig", "--name", KIND_CLUSTER_NAME],
+                       capture_output=True, text=True, check=True, timeout=60)
+    kubeconfig.write_text(r.stdout)
+    kubeconfig.chmod(0o600)
+    return str(kubeconfig)
+
+
+def resolve() -> Cluster:
+    """Pick the cluster: explicit kubeconfig, else kind (binary + node image), else local."""
+    kubectl, helm = kubectl_path(), helm_path()
+    for var in ("TASKHERD_KUBECONFIG", "KUBECONFIG"):
+        if os.environ.get(var):
+            log.info("cluster: explicit kubeconfig from %s=%s", var, os.environ[var])
+            return Cluster("explicit", os.environ[var], kubectl, helm)
+    kind, image = kind_path(), None
+    if kind:
+        image = kind_node_image()
+    if kind and image:
+        log.info("cluster: kind (%s, node image %s)", kind, image)
+        return Cluster("kind", _ensure_kind(kind, image), kubectl, helm)
+    log.info("cluster: local (%s)", local_kubeconfig())
+    return Cluster("local", str(local_kubeconfig()), kubectl, helm)
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0,
+             progress_every: float = 10.0) -> Any:
+    """Call probe() until it returns something truthy; return that. Log progress; raise
+    WaitTimeout naming `what` and the last value or exception seen."""
+    start = time.monotonic()
+    next_log = start + progress_every
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - reported in the timeout message
+            last = e
+        now = time.monotonic()
+        if now - start >= timeout:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+        if now >= next_log:
+            log.info("still waiting for %s (%.0fs): %r", what, now - start, last)
+            next_log = now + progress_every
+        time.sleep(interval)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build the worker and operator images from images/{worker,operator}/Dockerfile on the debootstrap
+# base, save them as tarballs in $TASKHERD_HOME/images, and import them into the local cluster's
+# containerd (namespace k8s.io) when it is running (up.sh also imports them when it starts).
+#
+# Python wheels (the repository's own distribution and its dependencies) are resolved on the host
+# by Debian's /usr/bin/python3 (3.11.2, the same as the image's) and put into the build context:
+# containers do not trust this machine's CA, and the build runs with --network none.
+#
+# docker: a private dockerd is started for the build (own data root, exec root and socket under
+# $TASKHERD_HOME/docker, no bridge, no iptables) and stopped again by PID afterwards.
+source "$(dirname "$0")/lib.sh"
+need_root
+ensure_apt docker.io python3-pip
+APP_LIST="$IMAGES_CACHE/app-images.list"   # tarballs up.sh imports
+DOCKER_HOME="$TASKHERD_HOME/docker"
+DOCKER_SOCK="$DOCKER_HOME/docker.sock"
+DOCKER=(docker -H "unix://$DOCKER_SOCK")
+PY=/usr/bin/python3
+"$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' ||
+    die "$PY must be Python 3.11 (the images' Python)"
+
+BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
+
+# ---- wheels: copy the distribution's sources (not .venv, not build leftovers) and resolve
+work=$(mktemp -d "$IMAGES_CACHE/app.XXXXXX")
+started_dockerd=
+cleanup() {
+    if [ -n "$started_dockerd" ]; then stop_dockerd; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/src" "$work/wheels"
+(cd "$REPO_ROOT" && for f in pyproject.toml setup.cfg setup.py README.md LICENSE worker operator; do
+    [ -e "$f" ] && cp -r "$f" "$work/src/"
+done)
+find "$work/src" \( -name '*.egg-info' -o -name __pycache__ -o -name build \) -prune -exec rm -rf {} +
+log "resolving wheels for taskherd[operator] with $("$PY" --version)"
+"$PY" -m pip wheel -q --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" \
+    "$work/src[operator]" 2>&1 | grep -v '^$' >&2 || true
+ls "$work/wheels"/taskherd-*.whl >/dev/null 2>&1 || die "building the taskherd wheel failed"
+
+# ---- private dockerd
+stop_dockerd() {
+    local pid
+    if [ -f "$DOCKER_HOME/dockerd.pid" ]; then
+        pid=$(cat "$DOCKER_HOME/dockerd.pid")
+        if [ -d "/proc/$pid" ] && [ "$(readlink "/proc/$pid/exe")" = "$(readlink -f "$(command -v dockerd)")" ]; then
+            kill -TERM "$pid"
+            for _ in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
+            [ -d "/proc/$pid" ] && kill -KILL "$pid"
+        fi
+        rm -f "$DOCKER_HOME/dockerd.pid"
+    fi
+}
+stop_dockerd   # a leftover from an interrupted run
+mkdir -p "$DOCKER_HOME/data" "$DOCKER_HOME/exec"
+echo '{}' >"$DOCKER_HOME/daemon.json"
+setsid dockerd --config-file "$DOCKER_HOME/daemon.json" -H "unix://$DOCKER_SOCK" \
+    --data-root "$DOCKER_HOME/data" --exec-root "$DOCKER_HOME/exec" --pidfile "$DOCKER_HOME/dockerd.pid" \
+    --bridge none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
+    --storage-driver overlay2 >"$DOCKER_HOME/dockerd.log" 2>&1 </dev/null &
+started_dockerd=1
+wait_for dockerd 60 "${DOCKER[@]}" version || { tail -20 "$DOCKER_HOME/dockerd.log" >&2; die "dockerd did not start"; }
+
+"${DOCKER[@]}" load -q -i "$BASE_TAR" >/dev/null
+imported=()
+for name in worker operator; do
+    var="${name^^}_IMAGE"; tag=${!var}
+    ctx="$work/ctx-$name"
+    mkdir -p "$ctx"
+    cp "$IMAGES_SRC/$name/Dockerfile" "$ctx/"
+    cp -r "$work/wheels" "$ctx/wheels"
+    log "docker build $tag (BASE_IMAGE=$BASE_IMAGE)"
+    DOCKER_BUILDKIT=0 "${DOCKER[@]}" build -q --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+        -t "$tag" "$ctx" >/dev/null
+    out="$IMAGES_CACHE/$name.tar"
+    "${DOCKER[@]}" save -o "$out.partial" "$tag"
+    mv "$out.partial" "$out"
+    imported+=("$out")
+    log "$tag saved to $out"
+done
+printf '%s\n' "${imported[@]}" >"$APP_LIST"
+
+if proc_pid containerd >/dev/null; then
+    for t in "${imported[@]}"; do ctr_ images import --no-unpack "$t" >/dev/null; done
+    log "imported ${WORKER_IMAGE} and ${OPERATOR_IMAGE} into the cluster's containerd (k8s.io)"
+else
+    log "cluster not running: up.sh will import the images when it starts"
+fi
