@@ -1,0 +1,85 @@
+"""Helpers for the effects tests: separate processes delivering the same idempotency key."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def tests_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    return env
+
+
+class Deliverers:
+    """Starts `apps.effects_duplicates` processes, releases them together, collects what they saw."""
+
+    def __init__(self, sync_dir: Path):
+        self.sync_dir = sync_dir
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self, store: str, url: str, key: str, name: str, **options: float) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "apps.effects_duplicates", store, url, key, name, str(self.sync_dir)]
+        for option, value in options.items():
+            cmd += [f"--{option}", str(value)]
+        process = subprocess.Popen(cmd, env=tests_env(), cwd=TESTS_DIR, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def wait_ready(self, names, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while not (self.sync_dir / f"ready-{name}").exists():
+                process = self.processes[name]
+                if process.poll() is not None:
+                    raise AssertionError(f"deliverer {name} exited early: {process.stderr.read()}")
+                assert time.monotonic() < deadline, f"deliverer {name} not ready within {timeout}s"
+                time.sleep(0.02)
+
+    def go(self) -> None:
+        (self.sync_dir / "go").touch()
+
+    def outcome(self, name: str, timeout: float = 60) -> dict:
+        process = self.processes[name]
+        out, err = process.communicate(timeout=timeout)
+        assert process.returncode == 0, f"deliverer {name} failed ({process.returncode}): {err}"
+        return json.loads(out.strip().splitlines()[-1])
+
+    def kill_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            for pipe in (process.stdout, process.stderr):
+                pipe.close()
+
+
+@pytest.fixture
+def deliverers(tmp_path):
+    sync_dir = tmp_path / "sync"
+    sync_dir.mkdir()
+    group = Deliverers(sync_dir)
+    yield group
+    group.kill_all()
+
+
+@pytest.fixture
+def ledger_dsn(pg_dsn) -> str:
+    """A fresh database with the idempotency key table and a `ledger` of effects (no unique key)."""
+    from apps.effects_duplicates import LEDGER_DDL
+    from taskherd.worker.idempotency import PostgresStore
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        PostgresStore().create_table(conn)
+        conn.execute(LEDGER_DDL)
+    return pg_dsn

@@ -1,0 +1,230 @@
+"""Idempotency guard: one effect per key, whatever the number of concurrent deliveries.
+
+Real Redis and PostgreSQL; duplicates as threads in this process and as separate processes.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+import redis
+
+from taskherd.worker.idempotency import (InProgress, InvalidKey, PostgresStore, RedisStore, idempotent)
+from taskherd.worker.idempotency.records import Action, decide, done_record, in_progress_record
+
+
+# --- pure decisions -------------------------------------------------------------------------------
+
+def test_decision_on_each_record_state():
+    assert decide(True, None, 0).action is Action.RUN
+    busy = decide(False, in_progress_record("host:1"), 2500)
+    assert (busy.action, busy.holder, busy.retry_after) == (Action.BUSY, "host:1", 2.5)
+    done = decide(False, done_record("host:2", {"charged": 5}), 1000)
+    assert (done.action, done.result) == (Action.RETURN, {"charged": 5})
+    with pytest.raises(ValueError, match="state 'weird'"):
+        decide(False, '{"state": "weird"}', 10)
+
+
+@pytest.mark.parametrize("key", ["", None, 42, "x" * 513])
+def test_a_bad_key_is_refused_naming_it(key):
+    store = PostgresStore()
+    with pytest.raises(InvalidKey, match="idempotency key"):
+        with store.guard(key, conn=None):
+            pass
+
+
+def test_store_settings_are_validated():
+    client = redis.Redis()  # not contacted
+    with pytest.raises(ValueError, match=r"lease_seconds=0; valid: a number >= 0.1"):
+        RedisStore(client=client, lease_seconds=0)
+    with pytest.raises(ValueError, match=r"result_ttl_seconds=5; valid: a number >= 30.0"):
+        RedisStore(client=client, lease_seconds=30, result_ttl_seconds=5)
+    with pytest.raises(ValueError, match="table='bad name'"):
+        PostgresStore(table="bad name")
+    with pytest.raises(TypeError, match="needs connection="):
+        idempotent(PostgresStore(), key=str)
+
+
+# --- Redis store ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def test_redis_duplicate_threads_run_the_effect_once(redis_client):
+    store = RedisStore(client=redis_client, poll_interval_seconds=0.01)
+    key = f"charge:{uuid.uuid4()}"
+    barrier = threading.Barrier(16)
+    results: list = []
+
+    @idempotent(store, key=lambda order: f"charge:{order}", wait_seconds=20)
+    def charge(order):
+        redis_client.rpush(f"ledger:{order}", threading.get_ident())
+        time.sleep(0.3)  # hold the key while the others arrive
+        return {"charged_by": threading.get_ident()}
+
+    def deliver():
+        barrier.wait()
+        results.append(charge(key.split(":", 1)[1]))
+
+    threads = [threading.Thread(target=deliver) for _ in range(16)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert redis_client.llen(f"ledger:{key.split(':', 1)[1]}") == 1
+    assert len(results) == 16 and all(r == results[0] for r in results), results
+
+
+def test_redis_duplicate_processes_run_the_effect_once(redis_url, redis_client, deliverers):
+    names = [f"p{i}" for i in range(6)]
+    for name in names:
+        deliverers.start("redis", redis_url, "order-7", name, hold=1.0)
+    deliverers.wait_ready(names)
+    deliverers.go()
+    outcomes = [deliverers.outcome(name) for name in names]
+    winners = [o for o in outcomes if o["ran"]]
+    assert len(winners) == 1, outcomes
+    assert redis_client.lrange("ledger:order-7", 0, -1) == [winners[0]["name"].encode()]
+    # Without waiting, the others saw it in progress, with the lease left as their retry countdown.
+    assert all(o.get("in_progress") and 0 < o["retry_after"] <= 30 for o in outcomes if not o["ran"]), outcomes
+    # A later duplicate gets the stored result, without running the effect.
+    with RedisStore(client=redis_client).guard("order-7") as claim:
+        assert (claim.done, claim.result) == (True, winners[0]["name"])
+
+
+def test_redis_failed_effect_releases_the_key_for_a_retry(redis_client):
+    store = RedisStore(client=redis_client)
+    with pytest.raises(ConnectionError):
+        with store.guard("send-mail:1") as claim:
+            assert not claim.done
+            raise ConnectionError("smtp down")
+    assert store.state("send-mail:1") is None
+    with store.guard("send-mail:1") as claim:
+        assert not claim.done
+        claim.set_result("sent")
+    assert store.state("send-mail:1")["state"] == "done"
+    assert 0 < redis_client.ttl(store.prefix + "send-mail:1") <= 7 * 24 * 3600
+
+
+def test_redis_lease_of_a_killed_holder_is_taken_over_after_the_lease(redis_url, redis_client, deliverers):
+    holder = deliverers.start("redis", redis_url, "job-1", "holder", hold=120, lease=2)
+    deliverers.wait_ready(["holder"])
+    deliverers.go()
+    assert '"effect"' in holder.stdout.readline()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    killed_at = time.monotonic()
+
+    store = RedisStore(client=redis_client, lease_seconds=2, poll_interval_seconds=0.05)
+    with pytest.raises(InProgress) as busy:
+        with store.guard("job-1"):
+            pytest.fail("ran while the dead holder's lease was still valid")
+    assert "job-1" in str(busy.value) and busy.value.retry_after <= 2
+    with store.guard("job-1", wait_seconds=10) as claim:
+        taken_over_after = time.monotonic() - killed_at
+        assert not claim.done
+        redis_client.rpush("ledger:job-1", "taker")
+    # Taken over when the lease ran out: not before it, and not much later.
+    assert 0.5 < taken_over_after < 3.5, taken_over_after
+    assert redis_client.lrange("ledger:job-1", 0, -1) == [b"holder", b"taker"]
+
+
+def test_redis_live_slow_holder_keeps_its_key_past_the_lease(redis_url, redis_client, deliverers):
+    holder = deliverers.start("redis", redis_url, "job-2", "holder", hold=4, lease=1)
+    deliverers.wait_ready(["holder"])
+    deliverers.go()
+    assert '"effect"' in holder.stdout.readline()
+
+    store = RedisStore(client=redis_client, lease_seconds=1)
+    refused = 0
+    while holder.poll() is None:  # four leases long: renewal must keep it
+        try:
+            with store.guard("job-2") as claim:
+                if not claim.done:
+                    pytest.fail("took over the key of a live holder")
+                break
+        except InProgress:
+            refused += 1
+        time.sleep(0.2)
+    outcome = deliverers.outcome("holder")
+    assert outcome["ran"] and refused >= 10, (outcome, refused)
+    with store.guard("job-2") as claim:
+        assert (claim.done, claim.result) == (True, "holder")
+    assert redis_client.llen("ledger:job-2") == 1
+
+
+# --- PostgreSQL store -----------------------------------------------------------------------------
+
+def ledger(dsn: str, key: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT who FROM ledger WHERE key = %s", (key,))]
+
+
+def test_postgres_duplicate_threads_run_the_effect_once(ledger_dsn):
+    store = PostgresStore()
+    barrier = threading.Barrier(12)
+    results: list = []
+
+    def deliver(name):
+        with psycopg.connect(ledger_dsn, autocommit=True) as conn:
+            barrier.wait()
+            with store.guard("refund:9", conn=conn) as claim:
+                if claim.done:
+                    results.append(claim.result)
+                    return
+                conn.execute("INSERT INTO ledger (key, who) VALUES ('refund:9', %s)", (name,))
+                time.sleep(0.3)
+                claim.set_result({"refunded_by": name})
+                results.append(claim.result)
+
+    threads = [threading.Thread(target=deliver, args=(f"t{i}",)) for i in range(12)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert len(ledger(ledger_dsn, "refund:9")) == 1
+    assert len(results) == 12 and all(r == results[0] for r in results), results
+
+
+def test_postgres_duplicate_processes_run_the_effect_once(ledger_dsn, deliverers):
+    names = [f"p{i}" for i in range(6)]
+    for name in names:
+        deliverers.start("postgres", ledger_dsn, "ship:3", name, hold=1.0)
+    deliverers.wait_ready(names)
+    deliverers.go()
+    outcomes = [deliverers.outcome(name) for name in names]
+    winners = [o["name"] for o in outcomes if o["ran"]]
+    assert len(winners) == 1, outcomes
+    # The losers waited for the winner's transaction and then got its result.
+    assert all(o["result"] == winners[0] for o in outcomes), outcomes
+    assert ledger(ledger_dsn, "ship:3") == winners
+
+
+def test_postgres_key_and_effect_commit_or_roll_back_together(ledger_dsn):
+    store = PostgresStore()
+    with psycopg.connect(ledger_dsn) as conn:
+        with pytest.raises(ZeroDivisionError):
+            with store.guard("invoice:1", conn=conn):
+                conn.execute("INSERT INTO ledger (key, who) VALUES ('invoice:1', 'first')")
+                1 / 0
+        assert not store.is_done(conn, "invoice:1") and ledger(ledger_dsn, "invoice:1") == []
+
+        # Inside the caller's own transaction: the caller's rollback undoes the key too.
+        with conn.transaction() as outer:
+            with store.guard("invoice:1", conn=conn):
+                conn.execute("INSERT INTO ledger (key, who) VALUES ('invoice:1', 'second')")
+            assert ledger(ledger_dsn, "invoice:1") == []  # not committed yet: invisible elsewhere
+            raise psycopg.Rollback(outer)
+        assert not store.is_done(conn, "invoice:1")
+
+        with store.guard("invoice:1", conn=conn) as claim:
+            assert not claim.done
+            conn.execute("INSERT INTO ledger (key, who) VALUES ('invoice:1', 'third')")
+            claim.set_result(3)
+        with store.guard("invoice:1", conn=conn) as claim:
+            assert (claim.done, claim.result) == (True, 3)
+    assert ledger(ledger_dsn, "invoice:1") == ["third"]

@@ -1,0 +1,69 @@
+"""What a guard hands to its body, and the errors both stores raise."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Keys are stored verbatim (Redis key suffix, PostgreSQL text primary key); this bound keeps
+#: them index-friendly and catches a key function that serialises a whole payload by mistake.
+MAX_KEY_LENGTH = 512
+
+
+class InvalidKey(ValueError):
+    """The key function returned something that cannot be a key."""
+
+
+class InProgress(Exception):
+    """Another holder is running the effect for this key right now (Redis store).
+
+    Retryable: the holder either finishes (the retry then returns its stored result) or dies and
+    its lease expires (the retry then takes the key over). `retry_after` is the lease time left,
+    in seconds: a sensible countdown for `task.retry`.
+    """
+
+    def __init__(self, key: str, *, retry_after: float, holder: str | None = None):
+        self.key = key
+        self.retry_after = retry_after
+        self.holder = holder
+        super().__init__(f"idempotency key {key!r} is in progress (holder {holder or 'unknown'}, "
+                         f"lease expires in {retry_after:.1f}s): retry after the lease")
+
+
+class LeaseLost(Exception):
+    """The holder's lease expired while its body ran, and the key may have been taken over.
+
+    The effect may therefore have run twice: the lease was too short for a pause of this holder
+    (renewal could not run). Raised at the end of the guard, after the body.
+    """
+
+    def __init__(self, key: str, *, lease_seconds: float):
+        self.key = key
+        self.lease_seconds = lease_seconds
+        super().__init__(f"idempotency key {key!r}: lease of {lease_seconds}s was lost while the effect ran "
+                         "(the holder was paused longer than the lease); the effect may have run twice")
+
+
+@dataclass
+class Claim:
+    """`done` means the effect already happened for `key`; `result` is what it returned."""
+
+    key: str
+    done: bool
+    result: Any = None
+    _result_set: bool = field(default=False, repr=False)
+
+    def set_result(self, value: Any) -> None:
+        """Records what the effect returned; duplicates get it back (must be JSON-serialisable)."""
+        if self.done:
+            raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        self.result = value
+        self._result_set = True
+
+
+def validate_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidKey(f"idempotency key must be a non-empty str, got {key!r} ({type(key).__name__})")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidKey(f"idempotency key {key[:40]!r}… is {len(key)} characters long; "
+                         f"valid: 1..{MAX_KEY_LENGTH} (hash long natural keys)")
+    return key

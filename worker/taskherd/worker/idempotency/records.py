@@ -1,0 +1,56 @@
+"""The Redis store's record format and the pure decision taken on it.
+
+A key holds one JSON record: ``{"state": "in_progress", "holder", "token"}`` with a TTL equal to
+the lease, or ``{"state": "done", "result", "holder"}`` with a TTL equal to the result TTL. The
+lease is Redis's own key expiry, so no client clock is ever compared with another's: a holder
+that stops renewing simply loses its key.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+IN_PROGRESS = "in_progress"
+DONE = "done"
+
+
+class Action(Enum):
+    RUN = "run"            # the key was free and is now ours
+    RETURN = "return"      # done: hand back the stored result, do not run
+    BUSY = "busy"          # another live holder has it
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    result: Any = None
+    holder: str | None = None
+    retry_after: float = 0.0
+
+
+def in_progress_record(holder: str) -> str:
+    # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
+    return json.dumps({"state": IN_PROGRESS, "holder": holder, "token": uuid.uuid4().hex})
+
+
+def done_record(holder: str, result: Any) -> str:
+    return json.dumps({"state": DONE, "holder": holder, "result": result})
+
+
+def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int) -> Decision:
+    """What to do after the claim script: `claimed` if SET NX won, else the existing record."""
+    if claimed:
+        return Decision(Action.RUN)
+    if raw is None:  # expired between calls; the caller simply tries again
+        return Decision(Action.BUSY, retry_after=0.0)
+    record = json.loads(raw)
+    state = record.get("state")
+    if state == DONE:
+        return Decision(Action.RETURN, result=record.get("result"), holder=record.get("holder"))
+    if state == IN_PROGRESS:
+        return Decision(Action.BUSY, holder=record.get("holder"), retry_after=max(pttl_ms, 0) / 1000)
+    raise ValueError(f"idempotency record has state {state!r}; valid: {IN_PROGRESS!r}, {DONE!r} "
+                     f"(record: {raw!r})")

@@ -1,0 +1,130 @@
+"""Redis store: a `SET NX` state machine, in_progress (with a lease) -> done (with the result).
+
+- The claim is one Lua script: SET NX PX lease, or else return the record and its TTL.
+- While the body runs, the process-wide renewer extends the lease every third of it, only if the
+  record is still this claim's (compare-and-PEXPIRE).
+- On success the record becomes done, kept for `result_ttl_seconds`, only if it is still ours (or
+  has expired with nobody taking it, in which case the effect still ran exactly once).
+- On an exception the record is deleted (if ours) so that a retry runs the effect again.
+- A crashed holder stops renewing; Redis expires its record after the lease; the next claim wins.
+
+A duplicate that finds the key in progress raises `InProgress` (after waiting up to
+`wait_seconds`, if asked to). A duplicate that finds it done gets the stored result back.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from typing import Any, Iterator
+
+from .claim import Claim, InProgress, LeaseLost, validate_key
+from .records import Action, decide, done_record, in_progress_record
+from .renewer import renewer
+
+_CLAIM = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
+return {0, redis.call('get', KEYS[1]), redis.call('pttl', KEYS[1])}
+"""
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+# 1: ours, now done. 2: our lease had expired but nobody took the key: done too. 0: taken over.
+_COMPLETE = """
+local current = redis.call('get', KEYS[1])
+if current == ARGV[1] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
+if not current then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 2 end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def _positive(name: str, value: float, minimum: float) -> float:
+    if not isinstance(value, (int, float)) or value < minimum:
+        raise ValueError(f"RedisStore {name}={value!r}; valid: a number >= {minimum}")
+    return float(value)
+
+
+class RedisStore:
+    def __init__(
+        self,
+        *,
+        client,
+        prefix: str = "taskherd:idempotency:",
+        lease_seconds: float = 30.0,
+        result_ttl_seconds: float = 7 * 24 * 3600,
+        poll_interval_seconds: float = 0.1,
+    ):
+        #: a redis.Redis client (thread-safe; the renewer thread shares it)
+        self.client = client
+        #: every key is stored as prefix + key
+        self.prefix = prefix
+        #: how long a dead holder blocks its key; renewed every third of it while the holder lives
+        self.lease_seconds = _positive("lease_seconds", lease_seconds, 0.1)
+        #: how long a done key answers duplicates: must outlive every way a duplicate can arrive
+        #: (Redis visibility timeout, retries with their backoff, an outbox relay restarted late)
+        self.result_ttl_seconds = _positive("result_ttl_seconds", result_ttl_seconds, self.lease_seconds)
+        #: how often `wait_seconds` polls a busy key
+        self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
+        self._claim = client.register_script(_CLAIM)
+        self._renew = client.register_script(_RENEW)
+        self._complete = client.register_script(_COMPLETE)
+        self._release = client.register_script(_RELEASE)
+
+    def state(self, key: str) -> dict | None:
+        """The stored record for `key` (for inspection and tests), or None."""
+        raw = self.client.get(self.prefix + validate_key(key))
+        return json.loads(raw) if raw is not None else None
+
+    @contextlib.contextmanager
+    def guard(self, key: str, *, wait_seconds: float = 0.0) -> Iterator[Claim]:
+        key = validate_key(key)
+        redis_key = self.prefix + key
+        lease_ms = int(self.lease_seconds * 1000)
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        record = in_progress_record(holder)
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            claimed, *rest = self._claim(keys=[redis_key], args=[record, lease_ms])
+            decision = decide(bool(claimed), *(rest or [None, 0]))
+            if decision.action is not Action.BUSY:
+                break
+            if time.monotonic() >= deadline:
+                raise InProgress(key, retry_after=decision.retry_after, holder=decision.holder)
+            time.sleep(self.poll_interval_seconds)
+
+        if decision.action is Action.RETURN:
+            yield Claim(key, done=True, result=decision.result)
+            return
+
+        lease_id = renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
+                               self.lease_seconds / 3)
+        claim = Claim(key, done=False)
+        try:
+            yield claim
+        except BaseException:
+            renewer.remove(lease_id)
+            self._release(keys=[redis_key], args=[record])
+            raise
+        renewer.remove(lease_id)
+        self._finish(key, redis_key, record, holder, claim.result)
+
+    def _finish(self, key: str, redis_key: str, record: str, holder: str, result: Any) -> None:
+        ttl_ms = int(self.result_ttl_seconds * 1000)
+        try:
+            done = done_record(holder, result)
+            error = None
+        except TypeError as exc:
+            # The effect has happened: record it as done anyway, so it never runs again, then say why.
+            done, error = done_record(holder, None), exc
+        if not self._complete(keys=[redis_key], args=[record, done, ttl_ms]):
+            raise LeaseLost(key, lease_seconds=self.lease_seconds)
+        if error is not None:
+            raise TypeError(f"idempotency key {key!r}: result {result!r} is not JSON-serialisable ({error}); "
+                            "the key is recorded as done with result None") from error

@@ -1,0 +1,75 @@
+"""One background thread per process extends the lease of every claim it is told about.
+
+Shared rather than one thread per claim: starting a thread per task costs more than the task
+itself for short tasks (see bench/throughput.py). Fork-safe: a forked child (prefork pool) starts
+its own thread on first use, because threads do not survive fork.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Lease:
+    renew: Callable[[], bool]      # returns False when the key is no longer ours
+    every_seconds: float
+    due: float
+    lost: bool = False
+
+
+class Renewer:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._leases: dict[int, _Lease] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pid: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, renew: Callable[[], bool], every_seconds: float) -> int:
+        with self._lock:
+            if self._pid != os.getpid():   # first use, or we are a forked child
+                self._pid, self._leases = os.getpid(), {}
+                self._thread = threading.Thread(target=self._run, name="taskherd-lease-renewer", daemon=True)
+                self._thread.start()
+            lease_id = next(self._ids)
+            self._leases[lease_id] = _Lease(renew, every_seconds, self._clock() + every_seconds)
+        self._wake.set()
+        return lease_id
+
+    def remove(self, lease_id: int) -> bool:
+        """Stops renewing; returns True when a renewal found the key was no longer ours."""
+        with self._lock:
+            lease = self._leases.pop(lease_id, None)
+        return bool(lease and lease.lost)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()  # before looking, so an add() from now on wakes the wait below
+            with self._lock:
+                now = self._clock()
+                due = [lease for lease in self._leases.values() if lease.due <= now and not lease.lost]
+                for lease in due:
+                    lease.due = now + lease.every_seconds
+            for lease in due:
+                try:
+                    lease.lost = not lease.renew()
+                except Exception:  # a broker blip: keep trying until the lease itself runs out
+                    logger.warning("idempotency lease renewal failed; retrying", exc_info=True)
+            with self._lock:
+                waiting = [lease.due for lease in self._leases.values() if not lease.lost]
+            timeout = max(min(waiting) - self._clock(), 0.0) if waiting else None
+            self._wake.wait(timeout)
+
+
+#: The process-wide renewer every RedisStore uses.
+renewer = Renewer()
