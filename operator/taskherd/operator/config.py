@@ -1,0 +1,48 @@
+"""Operator settings, in one place: environment variables, overridable by `python -m taskherd.operator` flags."""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+from .metrics import METRICS_PORT
+
+
+def _namespaces(value: str | None) -> list[str]:
+    return [n.strip() for n in (value or "").split(",") if n.strip()]
+
+
+@dataclass(kw_only=True)
+class OperatorConfig:
+    #: namespaces to watch (TASKHERD_WATCH_NAMESPACES, comma separated); empty = the operator's own.
+    namespaces: list[str] = field(default_factory=list)
+    #: namespace of the leader Lease (POD_NAMESPACE, set by the chart from the downward API).
+    lease_namespace: str = "default"
+    lease_name: str = "taskherd-operator"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    #: False = standalone (a single replica, no Lease).
+    leader_election: bool = True
+    #: port of the operator's /metrics; 0 disables.
+    metrics_port: int = METRICS_PORT
+    #: kopf's liveness endpoint.
+    liveness_endpoint: str | None = "http://0.0.0.0:8080/healthz"
+    #: Alertmanager used when a WorkerPool names no alert target.
+    default_alertmanager_url: str | None = None
+    #: port of the workers' metrics (taskherd_tasks_in_flight).
+    worker_metrics_port: int = 9808
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
+        env = dict(os.environ if env is None else env)
+        own = env.get("POD_NAMESPACE") or "default"
+        return cls(
+            namespaces=_namespaces(env.get("TASKHERD_WATCH_NAMESPACES")) or [own],
+            lease_namespace=own,
+            lease_name=env.get("TASKHERD_LEASE_NAME", "taskherd-operator"),
+            leader_election=env.get("TASKHERD_LEADER_ELECTION", "true").lower() not in ("0", "false", "no"),
+            metrics_port=int(env.get("TASKHERD_OPERATOR_METRICS_PORT", METRICS_PORT)),
+            liveness_endpoint=env.get("TASKHERD_LIVENESS_ENDPOINT", "http://0.0.0.0:8080/healthz") or None,
+            default_alertmanager_url=env.get("TASKHERD_ALERTMANAGER_URL") or None,
+            worker_metrics_port=int(env.get("TASKHERD_WORKER_METRICS_PORT", 9808)),
+        )

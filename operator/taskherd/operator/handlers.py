@@ -1,0 +1,74 @@
+"""kopf wiring only: settings, the WorkerPool watch feeding the scheduler, health. No decisions here."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from . import kube
+from .alerts import HttpPoster
+from .busyness import MetricsBusynessReader
+from .config import OperatorConfig
+from .leader import AlwaysLeader, LeaderElector
+from .metrics import OperatorMetrics
+from .observe import BrokerObserver
+from .reconcile import Deps
+from .scheduler import PoolScheduler
+
+#: set by __main__ before kopf starts; from the environment otherwise (`kopf run -m ...`).
+CONFIG: OperatorConfig | None = None
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    config = CONFIG or OperatorConfig.from_env()
+    settings.peering.standalone = True      # leader election is our Lease (see leader.py)
+    settings.scanning.disabled = True       # namespaced: no cluster-wide discovery of namespaces/CRDs
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    await kube.load_config()
+    api = kube.ApiKube()
+    metrics = OperatorMetrics()
+    if config.metrics_port:
+        from prometheus_client import start_http_server
+        start_http_server(config.metrics_port)
+    elector = (LeaderElector(namespace=config.lease_namespace, name=config.lease_name, identity=config.identity,
+                             api=api.api) if config.leader_election else AlwaysLeader())
+    deps = Deps(kube=api, observe=BrokerObserver(kube=api), busyness=MetricsBusynessReader(port=config.worker_metrics_port),
+                poster=HttpPoster(), metrics=metrics, default_alertmanager_url=config.default_alertmanager_url)
+    memo.api, memo.elector = api, elector
+    memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading)
+    memo.tasks = [asyncio.create_task(elector.run()), asyncio.create_task(memo.scheduler.run())]
+    logger.info("taskherd operator %s watching %s (leader election %s)", config.identity, config.namespaces,
+                "on" if config.leader_election else "off")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    for task in getattr(memo, "tasks", []):
+        task.cancel()
+    if hasattr(memo, "elector"):
+        await memo.elector.release()
+    if hasattr(memo, "api"):
+        await memo.api.close()
+
+
+@kopf.on.event("taskherd.io", "v1alpha1", "workerpools")
+def workerpool_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    scheduler: PoolScheduler = memo.scheduler
+    if type == "DELETED":
+        scheduler.remove(body.metadata.namespace, body.metadata.name)
+    else:
+        scheduler.upsert(body)
+
+
+@kopf.on.probe(id="leader")
+def leader_probe(memo: kopf.Memo, **_: Any) -> bool:
+    return bool(memo.elector.is_leading)
+
+
+@kopf.on.probe(id="pools")
+def pools_probe(memo: kopf.Memo, **_: Any) -> int:
+    return len(memo.scheduler.pools)

@@ -1,0 +1,115 @@
+"""The one module that talks to the Kubernetes API (kubernetes_asyncio). Everything returns plain
+dicts in the API's camelCase, so the rest of the operator (and its fakes in tests) never sees
+client model classes. The exact verbs used here are listed in rbac.md."""
+from __future__ import annotations
+
+import base64
+import os
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.rest import ApiException
+
+GROUP, VERSION, PLURAL = "taskherd.io", "v1alpha1", "workerpools"
+MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "taskherd-operator"
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Kube(Protocol):
+    """What the reconcile loop needs from the API; tests implement it in memory."""
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str]: ...
+    async def get_scale(self, namespace: str, deployment: str) -> tuple[int, int, str]:
+        """(spec replicas, observed replicas, label selector) from the scale subresource."""
+    async def set_scale(self, namespace: str, deployment: str, replicas: int) -> None: ...
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    async def list_pod_events(self, namespace: str) -> list[dict[str, Any]]: ...
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None: ...
+    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None: ...
+    async def post_event(self, namespace: str, pool: dict[str, Any], *, type: str, reason: str,
+                         message: str) -> None: ...
+
+
+async def load_config() -> None:
+    """In-cluster service account when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+def _not_found(exc: ApiException, what: str) -> Exception:
+    return NotFound(what) if exc.status == 404 else exc
+
+
+class ApiKube:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api = api_client or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def _plain(self, obj: Any) -> Any:
+        return self.api.sanitize_for_serialization(obj)
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        try:
+            secret = await self.core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            raise _not_found(exc, f"Secret {namespace}/{name}") from exc
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    async def get_scale(self, namespace: str, deployment: str) -> tuple[int, int, str]:
+        try:
+            scale = await self.apps.read_namespaced_deployment_scale(deployment, namespace)
+        except ApiException as exc:
+            raise _not_found(exc, f"Deployment {namespace}/{deployment}") from exc
+        return int(scale.spec.replicas or 0), int(scale.status.replicas or 0), scale.status.selector or ""
+
+    async def set_scale(self, namespace: str, deployment: str, replicas: int) -> None:
+        await self.apps.patch_namespaced_deployment_scale(
+            deployment, namespace, {"spec": {"replicas": replicas}}, field_manager=FIELD_MANAGER,
+            _content_type=MERGE_PATCH)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        pods = await self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return self._plain(pods)["items"]
+
+    async def list_pod_events(self, namespace: str) -> list[dict[str, Any]]:
+        events = await self.core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Pod")
+        return self._plain(events)["items"]
+
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        try:
+            await self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": {key: value}}},
+                                                 field_manager=FIELD_MANAGER, _content_type=MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status != 404:  # a pod that went away needs no cost
+                raise
+
+    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, field_manager=FIELD_MANAGER,
+            _content_type=MERGE_PATCH)
+
+    async def post_event(self, namespace: str, pool: dict[str, Any], *, type: str, reason: str,
+                         message: str) -> None:
+        now = datetime.now(timezone.utc)
+        meta = pool.get("metadata") or {}
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name', 'workerpool')}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(
+                api_version=f"{GROUP}/{VERSION}", kind="WorkerPool", name=meta.get("name"), namespace=namespace,
+                uid=meta.get("uid"), resource_version=meta.get("resourceVersion")),
+            reason=reason, message=message[:1024], type=type, first_timestamp=now, last_timestamp=now,
+            count=1, source=client.V1EventSource(component=FIELD_MANAGER), reporting_component=FIELD_MANAGER,
+            reporting_instance=os.environ.get("HOSTNAME", FIELD_MANAGER))
+        await self.core.create_namespaced_event(namespace, event)
+
+    async def close(self) -> None:
+        await self.api.close()

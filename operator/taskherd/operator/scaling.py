@@ -1,0 +1,131 @@
+"""How many workers a pool needs: a pure function of what was observed, with the clock injected.
+
+`desired_replicas()` decides; the caller applies the result through the Deployment's scale
+subresource and appends `decision.recommendation` to the history it passes next time.
+
+Rules (each one a property test in tests/operator/test_scaling.py):
+- depth (ready + unacked) needs ceil(depth / targetDepthPerWorker) workers; scale-up goes there in
+  one step, and 0 -> N happens on the first poll that sees work;
+- an oldest waiting message older than maxOldestMessageAgeSeconds adds workers even when the
+  depth per worker is under target, in proportion to how far over the limit it is (as the HPA
+  does for any metric), at most once per settle window so that pods still starting are not
+  counted as "not enough" again (compounding would run straight to maxReplicas);
+- scale-down goes to the highest recommendation of the stabilisation window (the HPA's rule),
+  only once the history covers the whole window, and never below the busy workers;
+- N -> 0 only when the queues are empty and no worker is busy;
+- the result is always within [minReplicas, maxReplicas].
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from .policy import ScalingPolicy
+
+#: After an age-triggered scale-up, the age rule waits this long before adding more workers.
+AGE_SETTLE_SECONDS = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    """The queues of one pool at one instant (summed over its queues)."""
+
+    ready: int
+    unacked: int
+    #: age of the oldest READY message over all queues; None when empty or unknown.
+    oldest_message_age_seconds: float | None = None
+    #: dead-letter queue -> messages in it.
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        return self.ready + self.unacked
+
+    @property
+    def dead_letter_depth(self) -> int:
+        return sum(self.dead_letters.values())
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What one poll recommended before stabilisation; the history is a list of these."""
+
+    at: float
+    replicas: int
+    age_triggered: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str
+    #: to append to the history (None when nothing could be observed).
+    recommendation: Recommendation | None = None
+
+
+def _clamp(value: int, policy: ScalingPolicy) -> int:
+    return max(policy.min_replicas, min(policy.max_replicas, value))
+
+
+def _age_ratio(policy: ScalingPolicy, observation: Observation) -> float | None:
+    limit, age = policy.max_oldest_message_age_seconds, observation.oldest_message_age_seconds
+    if limit is None or age is None or observation.ready == 0 or age <= limit:
+        return None
+    return age / limit
+
+
+def _needed(policy: ScalingPolicy, observation: Observation, current: int,
+            history: Sequence[Recommendation], now: float) -> tuple[int, str, bool]:
+    depth = observation.depth
+    by_depth = math.ceil(depth / policy.target_depth_per_worker)
+    why = (f"depth {depth} (ready {observation.ready}, unacked {observation.unacked}) needs {by_depth} "
+           f"at {policy.target_depth_per_worker} per worker")
+    ratio = _age_ratio(policy, observation)
+    if ratio is None:
+        return by_depth, why, False
+    settling = any(r.age_triggered and now - AGE_SETTLE_SECONDS < r.at <= now for r in history)
+    by_age = current if settling else min(depth, max(current + 1, math.ceil(current * ratio)))
+    if by_age > by_depth:
+        return by_age, (f"oldest message waited {observation.oldest_message_age_seconds:.0f}s > "
+                        f"{policy.max_oldest_message_age_seconds:g}s limit, needs {by_age}"), not settling
+    return by_depth, why, False
+
+
+def prune_history(history: Sequence[Recommendation], now: float, window: float) -> list[Recommendation]:
+    """Keep what the next decision needs: the window, plus the newest record older than it
+    (which proves that the history covers the whole window)."""
+    window = max(window, AGE_SETTLE_SECONDS)
+    inside = [r for r in history if r.at > now - window]
+    before = [r for r in history if r.at <= now - window]
+    return ([max(before, key=lambda r: r.at)] if before else []) + inside
+
+
+def desired_replicas(policy: ScalingPolicy, observation: Observation | None, current_replicas: int,
+                     busy_workers: int, history: Sequence[Recommendation], now: float) -> Decision:
+    current = current_replicas
+    if observation is None:
+        held = _clamp(current, policy)
+        return Decision(held, f"queues could not be observed: holding {held}")
+    need, why, age_triggered = _needed(policy, observation, current, history, now)
+    if busy_workers > need:
+        need, why = busy_workers, f"{why}; {busy_workers} workers are busy"
+    recommendation = Recommendation(now, _clamp(need, policy), age_triggered)
+    target = recommendation.replicas
+    if target != need:
+        why = f"{why}; clamped to [{policy.min_replicas}, {policy.max_replicas}]"
+    if target >= current or current > policy.max_replicas:
+        return Decision(target, why, recommendation)
+    # Scale-down: the highest recommendation of the window wins, and only a history that covers
+    # the whole window may lower anything (a restarted operator first watches for one window).
+    window = policy.scale_down_stabilization_seconds
+    since = now - window
+    if window > 0 and not any(r.at <= since for r in history):
+        return Decision(current, f"{why}; holding {current} until {window:g}s of history cover the "
+                                 f"stabilisation window", recommendation)
+    stabilised = max([target] + [r.replicas for r in history if r.at > since])
+    stabilised = min(stabilised, current)
+    if stabilised == current:
+        return Decision(current, f"{why}; holding {current}: stabilisation window ({window:g}s) "
+                                 f"recommended {current} or more", recommendation)
+    return Decision(stabilised, f"{why}; stable for {window:g}s", recommendation)

@@ -1,0 +1,123 @@
+"""Polls every known WorkerPool at its own interval, from one loop.
+
+kopf's daemons and timers would work too, but they put a finalizer on every WorkerPool (so a pool
+cannot be deleted while the operator is down) and fix one interval per handler. Here a kopf event
+handler keeps `upsert`/`remove` in step with the API, and one loop runs whichever polls are due,
+a bounded number at a time, only while this replica holds the leader Lease.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .policy import DEFAULT_POLL_INTERVAL_SECONDS
+from .reconcile import Deps, PoolMemory, poll_once
+
+log = logging.getLogger("taskherd.operator")
+
+#: how often the loop looks for due polls; adds at most this much to the reaction time.
+TICK_SECONDS = 0.25
+#: polls running at once (each mostly waits on the broker and the API).
+DEFAULT_CONCURRENCY = 16
+
+Key = tuple[str, str]
+
+
+def poll_interval(body: Mapping[str, Any]) -> float:
+    try:
+        value = float((body.get("spec") or {}).get("pollIntervalSeconds", DEFAULT_POLL_INTERVAL_SECONDS))
+    except (TypeError, ValueError):
+        return DEFAULT_POLL_INTERVAL_SECONDS
+    return value if value > 0 else DEFAULT_POLL_INTERVAL_SECONDS
+
+
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386, as the API server applies our status patch."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping):
+            result[key] = merge_patch(result.get(key) if isinstance(result.get(key), Mapping) else {}, value)
+        else:
+            result[key] = value
+    return result
+
+
+@dataclass
+class PoolEntry:
+    body: dict[str, Any]
+    memory: PoolMemory = field(default_factory=PoolMemory)
+    next_due: float = 0.0
+    task: asyncio.Task | None = None
+
+
+class PoolScheduler:
+    def __init__(self, *, deps: Deps, is_leading: Callable[[], bool] = lambda: True,
+                 concurrency: int = DEFAULT_CONCURRENCY, tick: float = TICK_SECONDS,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.deps = deps
+        self.is_leading = is_leading
+        self.tick = tick
+        self._monotonic = monotonic
+        self._slots = asyncio.Semaphore(concurrency)
+        self.pools: dict[Key, PoolEntry] = {}
+        self._was_leading = False
+
+    def upsert(self, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        entry = self.pools.get(key)
+        body = copy.deepcopy(dict(body))
+        if entry is None:
+            self.pools[key] = PoolEntry(body, next_due=self._monotonic())  # first poll right away
+            return
+        old_spec = entry.body.get("spec")
+        entry.body = body
+        if body.get("spec") != old_spec:
+            entry.next_due = min(entry.next_due, self._monotonic())  # a spec change applies now
+
+    def remove(self, namespace: str, name: str) -> None:
+        entry = self.pools.pop((namespace, name), None)
+        if entry and entry.task and not entry.task.done():
+            entry.task.cancel()
+
+    async def _poll(self, entry: PoolEntry) -> None:
+        async with self._slots:
+            started = self._monotonic()
+            try:
+                written = await poll_once(entry.body, entry.memory, self.deps)
+                # Our own status write comes back as a watch event later; use it now.
+                entry.body["status"] = merge_patch(entry.body.get("status") or {}, written)
+            except Exception:  # noqa: BLE001 - poll_once handles the expected; this is a bug
+                self.deps.metrics.errors.labels("internal").inc()
+                log.exception("poll of %s/%s failed", entry.body["metadata"].get("namespace"),
+                              entry.body["metadata"].get("name"))
+            entry.next_due = started + poll_interval(entry.body)
+
+    def start_due(self) -> list[asyncio.Task]:
+        """Start every poll that is due and not already running."""
+        leading = self.is_leading()
+        if leading and not self._was_leading:
+            for entry in self.pools.values():  # what we saw before losing the lease is stale
+                entry.memory = PoolMemory()
+                entry.next_due = self._monotonic()
+        self._was_leading = leading
+        if not leading:
+            return []
+        now = self._monotonic()
+        started = []
+        for entry in self.pools.values():
+            if entry.next_due <= now and (entry.task is None or entry.task.done()):
+                entry.task = asyncio.create_task(self._poll(entry))
+                started.append(entry.task)
+        return started
+
+    async def run(self) -> None:
+        while True:
+            self.start_due()
+            await asyncio.sleep(self.tick)
