@@ -1,0 +1,192 @@
+"""Queue inspection on Redis, reading kombu's own data structures (kombu 5.6–5.7).
+
+- A queue is a list per priority step: ``<queue>`` for priority 0 and ``<queue>\\x06\\x16<n>`` for
+  the other steps (3, 6, 9 by default); producers LPUSH, consumers BRPOP, so the oldest message of
+  each list is at index -1.
+- A delivered, unacknowledged message is a field of the hash ``unacked`` (delivery tag →
+  ``[payload, exchange, routing_key]``) and a member of the sorted set ``unacked_index`` (score =
+  delivery time). Neither names the queue: it is resolved as kombu's restore does, through the
+  exchange's binding table ``_kombu.binding.<exchange>``.
+- Every key carries the transport's ``global_keyprefix``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from typing import Any, Iterable
+
+import redis as redis_client
+
+from .stats import AGE_FROM_STAMP, BrokerUnreachable, QueueStats
+
+PUBLISHED_AT_HEADER = "taskherd_published_at"
+#: kombu.transport.redis defaults (Channel.sep, PRIORITY_STEPS, unacked keys, binding prefix).
+SEP = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
+BINDING_KEY = "_kombu.binding.%s"
+#: How many messages per list we read from the oldest end looking for one without an ETA.
+SCAN_LIMIT = 1000
+SCAN_CHUNK = 100
+
+
+def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
+    """The Redis keys holding ``queue``'s ready messages, one per priority step."""
+    return [prefix + (queue if step == 0 else f"{queue}{SEP}{step}") for step in steps]
+
+
+def is_delayed(payload: dict[str, Any]) -> bool:
+    """An ETA/countdown message waits on purpose; it says nothing about backlog age."""
+    headers = payload.get("headers") or {}
+    return bool(headers.get("eta"))
+
+
+def published_at(payload: dict[str, Any]) -> float | None:
+    stamp = (payload.get("headers") or {}).get(PUBLISHED_AT_HEADER)
+    try:
+        return float(stamp) if stamp is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def oldest_undelayed(raw_messages_oldest_first: Iterable[bytes]) -> tuple[bool, float | None]:
+    """(found, publish time) of the first message without an ETA; publish time None if unstamped."""
+    for raw in raw_messages_oldest_first:
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            return True, None  # not a kombu message: counted, but its age is unknown
+        if not isinstance(payload, dict) or is_delayed(payload):
+            continue
+        return True, published_at(payload)
+    return False, None
+
+
+def queues_for_delivery(exchange: str, routing_key: str, bindings: Iterable[str]) -> list[str]:
+    """Queues a message published to (exchange, routing_key) went to, from the binding members.
+
+    Mirrors kombu's lookup for direct and topic exchanges: a member is
+    ``routing_key SEP pattern SEP queue`` (pattern: the regex kombu derives from a topic key);
+    the anonymous exchange routes to the queue named by the routing key.
+    """
+    if not exchange:
+        return [routing_key]
+    matched = []
+    for member in bindings:
+        parts = member.split(SEP)
+        if len(parts) != 3:
+            continue
+        bound_key, pattern, queue = parts
+        if bound_key == routing_key or (pattern and _topic_match(pattern, routing_key)):
+            matched.append(queue)
+    return matched
+
+
+def _topic_match(pattern: str, routing_key: str) -> bool:
+    try:
+        return re.match(pattern, routing_key) is not None
+    except re.error:
+        return False
+
+
+def _client(broker_url: str) -> redis_client.Redis:
+    return redis_client.Redis.from_url(broker_url, socket_timeout=10, socket_connect_timeout=5)
+
+
+def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str = "",
+                  now: float | None = None, visibility_timeout: float = 3600.0,
+                  priority_steps: Iterable[int] = PRIORITY_STEPS,
+                  client: redis_client.Redis | None = None) -> dict[str, QueueStats]:
+    own_client = client is None
+    client = client or _client(broker_url)
+    try:
+        ready = _ready_counts(client, queues, prefix=global_keyprefix, steps=tuple(priority_steps))
+        oldest = {q: _oldest_ready_published_at(client, q, prefix=global_keyprefix,
+                                                steps=tuple(priority_steps)) for q in queues}
+        unacked = _unacked_by_queue(client, prefix=global_keyprefix)
+    except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
+        raise BrokerUnreachable(f"Redis at {_redact(broker_url)}: {exc}") from exc
+    finally:
+        if own_client:
+            client.close()
+    now = time.time() if now is None else now
+    result = {}
+    for queue in queues:
+        delivered_at = unacked.get(queue, [])
+        published = oldest[queue]
+        result[queue] = QueueStats(
+            queue=queue,
+            ready=ready[queue],
+            unacked=len(delivered_at),
+            consumers=None,
+            oldest_age_seconds=max(0.0, now - published) if published is not None else None,
+            oldest_unacked_age_seconds=max(0.0, now - min(delivered_at)) if delivered_at else None,
+            visibility_timeout_seconds=visibility_timeout,
+            oldest_age_method=AGE_FROM_STAMP if published is not None else None,
+            oldest_age_error_seconds=0.0 if published is not None else None,
+        )
+    return result
+
+
+def _ready_counts(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]) -> dict[str, int]:
+    with client.pipeline(transaction=False) as pipe:
+        for queue in queues:
+            for key in priority_list_keys(queue, steps=steps, prefix=prefix):
+                pipe.llen(key)
+        lengths = iter(pipe.execute())
+    return {queue: sum(next(lengths) for _ in steps) for queue in queues}
+
+
+def _oldest_ready_published_at(client, queue: str, *, prefix: str, steps: tuple[int, ...]) -> float | None:
+    """The earliest publish stamp among the oldest non-ETA message of each priority list."""
+    stamps = []
+    for key in priority_list_keys(queue, steps=steps, prefix=prefix):
+        for start in range(0, SCAN_LIMIT, SCAN_CHUNK):
+            # LRANGE with negative indices reads from the oldest end; reverse to go oldest first.
+            chunk = client.lrange(key, -(start + SCAN_CHUNK), -(start + 1))
+            found, stamp = oldest_undelayed(reversed(chunk))
+            if found:
+                if stamp is not None:
+                    stamps.append(stamp)
+                break
+            if len(chunk) < SCAN_CHUNK:
+                break
+    return min(stamps) if stamps else None
+
+
+def _unacked_by_queue(client, *, prefix: str) -> dict[str, list[float]]:
+    """Queue name → delivery times of its unacknowledged messages (all of kombu's unacked hash)."""
+    delivered_at = {_text(tag): score for tag, score in
+                    client.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)}
+    bindings_of: dict[str, list[str]] = {}
+    by_queue: dict[str, list[float]] = defaultdict(list)
+    for tag, raw in client.hscan_iter(prefix + UNACKED_KEY, count=500):
+        tag = _text(tag)
+        try:
+            _payload, exchange, routing_key = json.loads(raw)
+        except (ValueError, TypeError):
+            continue
+        exchange, routing_key = exchange or "", routing_key or ""
+        if exchange and exchange not in bindings_of:
+            bindings_of[exchange] = [_text(m) for m in client.smembers(prefix + BINDING_KEY % exchange)]
+        for queue in queues_for_delivery(exchange, routing_key, bindings_of.get(exchange, [])) or [routing_key]:
+            # A tag in the hash but not (yet) in the index: kombu writes both in one MULTI, so this
+            # is only a read between two commands of ours; count it as delivered now.
+            by_queue[queue].append(delivered_at.get(tag, time.time()))
+    return by_queue
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _redact(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        parts = parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@"))
+    return urlunsplit(parts)
