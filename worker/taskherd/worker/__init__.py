@@ -2,4 +2,47 @@
 
 The reliability profile, retries, dead-lettering, the delivery counter, idempotency, the outbox,
 the heartbeat, the drain and metrics. Each concern is one module; `configure(app)` wires them.
+
+    from taskherd.worker import configure
+    profile = configure(app, soft_time_limit=50, time_limit=60, queues=["orders"])
+
+Names are resolved lazily (PEP 562) so that importing `taskherd.worker` stays cheap and a module
+that needs only, say, the backoff function does not import Celery.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> module defining it
+_EXPORTS: dict[str, str] = {
+    # reliability core (profile, retries, dead-letter queue)
+    "configure": "taskherd.worker.profile",
+    "Profile": "taskherd.worker.profile",
+    "ProfileError": "taskherd.worker.profile",
+    "ProfileWarning": "taskherd.worker.profile",
+    "get_profile": "taskherd.worker.profile",
+    "Task": "taskherd.worker.task",
+    "DeadLettered": "taskherd.worker.task",
+    "TransientError": "taskherd.worker.transient",
+    "PermanentError": "taskherd.worker.transient",
+    "ErrorClassifier": "taskherd.worker.transient",
+    "backoff_delay": "taskherd.worker.backoff",
+    "Envelope": "taskherd.worker.deadletter",
+    # --- other areas' public names (idempotent, outbox, …) are added below this line ---
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'taskherd.worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

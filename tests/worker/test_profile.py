@@ -1,0 +1,142 @@
+"""configure(): the settings it applies, and every invalid combination refused with a clear message."""
+import warnings
+
+import pytest
+from celery import Celery
+
+from taskherd.worker import ProfileError, Task, configure
+from taskherd.worker.profile import ProfileWarning, derived_visibility_timeout
+
+REDIS = "redis://127.0.0.1:6390/1"
+AMQP = "amqp://guest:guest@127.0.0.1:5682//"
+
+
+def app_on(broker: str = REDIS, **conf) -> Celery:
+    app = Celery("profile-test", broker=broker, set_as_current=False)
+    app.conf.update(**conf)
+    return app
+
+
+def test_the_profile_applies_every_setting():
+    app = app_on()
+    profile = configure(app, soft_time_limit=50, time_limit=60, max_tasks_per_child=100,
+                        max_memory_per_child_kb=200_000, broker_heartbeat=10, backoff_cap=30,
+                        queues=["orders"])
+    c = app.conf
+    assert (c.task_acks_late, c.task_reject_on_worker_lost, c.task_acks_on_failure_or_timeout) == (True, True, True)
+    assert c.worker_prefetch_multiplier == 1
+    assert (c.task_soft_time_limit, c.task_time_limit) == (50, 60)
+    assert (c.worker_max_tasks_per_child, c.worker_max_memory_per_child) == (100, 200_000)
+    assert c.accept_content == ["json"] and c.result_accept_content == ["json"]
+    assert c.task_serializer == c.result_serializer == c.event_serializer == "json"
+    assert c.broker_heartbeat == 10
+    assert c.worker_cancel_long_running_tasks_on_connection_loss is True
+    # Redis: outlives the longest run plus the longest retry countdown, with a margin.
+    assert c.broker_transport_options["visibility_timeout"] == profile.visibility_timeout
+    assert profile.visibility_timeout == derived_visibility_timeout(time_limit=60, backoff_cap=30) >= 60 + 30 + 60
+    (queue,) = c.task_queues
+    assert queue.name == "orders" and queue.queue_arguments == {
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders.dlq"}
+    assert c.task_default_queue == "orders"
+    assert profile.dead_letter_queue_for("orders") == "orders.dlq"
+    assert profile.delivery_counter_url == REDIS
+
+
+def test_quorum_queues_get_a_delivery_limit_backstop():
+    app = app_on(AMQP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)
+        profile = configure(app, queue_type="quorum", max_deliveries=3, queues=["q"])
+    (queue,) = app.conf.task_queues
+    assert queue.queue_arguments["x-queue-type"] == "quorum"
+    assert queue.queue_arguments["x-delivery-limit"] == 4
+    assert profile.visibility_timeout is None  # RabbitMQ has none
+    assert "visibility_timeout" not in app.conf.broker_transport_options
+
+
+def test_user_transport_options_are_kept():
+    app = app_on(broker_transport_options={"global_keyprefix": "p:"})
+    configure(app, visibility_timeout=1000)
+    assert app.conf.broker_transport_options == {"global_keyprefix": "p:", "visibility_timeout": 1000}
+
+
+def test_plain_app_task_gets_the_taskherd_task_class():
+    app = app_on()
+
+    @app.task(name="plain")
+    def plain():
+        return 1
+
+    configure(app)
+
+    @app.task(name="later")
+    def later():
+        return 2
+
+    assert isinstance(app.tasks["plain"], Task) and isinstance(app.tasks["later"], Task)
+
+
+def _error(**kwargs) -> str:
+    broker = kwargs.pop("broker", REDIS)
+    conf = kwargs.pop("conf", {})
+    with pytest.raises(ProfileError) as caught:
+        configure(app_on(broker, **conf), **kwargs)
+    return str(caught.value)
+
+
+def test_soft_limit_not_below_hard_limit():
+    message = _error(soft_time_limit=60, time_limit=60)
+    assert "soft_time_limit=60 must be less than time_limit=60" in message
+    assert "valid: 0 < soft_time_limit < 60" in message
+
+
+def test_visibility_timeout_not_above_hard_limit():
+    message = _error(soft_time_limit=50, time_limit=60, visibility_timeout=60)
+    assert "visibility_timeout=60 must be greater than time_limit=60" in message
+    assert "valid: > 60" in message and "Redis redelivers a task that is still running" in message
+
+
+def test_pickle_accepted_is_refused():
+    message = _error(accept_content=["json", "pickle"])
+    assert "accept_content=['json', 'pickle'] accepts non-JSON content ['pickle']" in message
+    assert "valid: ['json']" in message
+    message = _error(conf={"accept_content": ["application/x-python-serialize"]})
+    assert "accept_content=['application/x-python-serialize'] is not JSON (valid: 'json')" in message
+    message = _error(conf={"task_serializer": "pickle"})
+    assert "task_serializer='pickle' is not JSON" in message
+    message = _error(conf={"result_serializer": "yaml"})
+    assert "result_serializer='yaml' is not JSON" in message
+
+
+def test_prefetch_above_one_is_an_error_on_redis():
+    message = _error(prefetch_multiplier=4)
+    assert "prefetch_multiplier=4 with late acks" in message
+    assert "Redis redelivers them after visibility_timeout" in message and "valid: 1" in message
+    assert "prefetch_multiplier=0 must be an integer >= 1" in _error(prefetch_multiplier=0)
+
+
+def test_prefetch_above_one_is_a_warning_on_rabbitmq():
+    app = app_on(AMQP)
+    with pytest.warns(ProfileWarning, match="prefetch_multiplier=4 with late acks"):
+        profile = configure(app, prefetch_multiplier=4, delivery_counter_url=REDIS)
+    assert profile.prefetch_multiplier == 4 and app.conf.worker_prefetch_multiplier == 4
+
+
+def test_rabbitmq_without_a_counter_warns_that_poison_counting_is_off():
+    with pytest.warns(ProfileWarning, match="no delivery_counter_url"):
+        assert configure(app_on(AMQP)).delivery_counter_url is None
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ProfileError) as caught:
+        configure(app_on(), soft_time_limit=0, time_limit=-1, max_retries=-1, backoff_base=0,
+                  max_deliveries=0, queue_type="stream", dead_letter_queue="dlq", broker_heartbeat=-5,
+                  max_tasks_per_child=0)
+    problems = caught.value.problems
+    expected = ["time_limit=-1 must be > 0", "soft_time_limit=0 must be > 0", "max_retries=-1",
+                "backoff_base=0 must be > 0", "max_deliveries=0", "queue_type='stream' must be one of",
+                "dead_letter_queue='dlq' must contain '{queue}'", "broker_heartbeat=-5",
+                "max_tasks_per_child=0"]
+    for fragment in expected:
+        assert any(fragment in p for p in problems), (fragment, problems)
+    assert _error(backoff_base=10, backoff_cap=5).count("backoff_cap=5 must be >= backoff_base=10") == 1

@@ -1,0 +1,223 @@
+"""The base Task class: only transient errors retry, everything else ends in the DLQ with an envelope.
+
+``configure(app)`` makes this the app's default task class (``app.task_cls``), so a plain
+``@app.task`` gets it; ``@app.task(base=taskherd.worker.Task)`` works as well.
+
+On each delivery, in the pool child, before the task body runs:
+
+1. the delivery is counted (``deliveries``); past ``max_deliveries`` the task is dead-lettered
+   unrun — it killed its worker on every earlier delivery;
+2. the body runs; an exception is classified (``transient``):
+   - transient and ``retries < max_retries``: ``self.retry`` after a full-jitter backoff delay;
+   - transient and out of retries, or permanent: the envelope is published to the DLQ (the
+     broker confirms it), then the exception is re-raised so Celery records the failure and
+     acknowledges the message — in that order, so a crash in between duplicates the envelope
+     rather than losing the task.
+
+A hard time limit kills the child before it can do anything: :class:`Request` (the main
+process's side of a task) publishes that envelope instead.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import celery
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+from celery.worker.request import Request as CeleryRequest
+
+from . import deliveries
+from .backoff import backoff_delay
+from .deadletter import (FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope, Reason, exception_fields,
+                         json_safe, publish_envelope)
+from .profile import Profile, get_profile
+
+logger = logging.getLogger(__name__)
+
+#: Protocol-2 header names kept in an envelope (with every custom header) so a redrive rebuilds
+#: the message faithfully.
+_PROTOCOL_HEADERS = ("lang", "task", "id", "shadow", "eta", "expires", "group", "group_index",
+                     "retries", "timelimit", "root_id", "parent_id", "argsrepr", "kwargsrepr",
+                     "origin", "ignore_result", "replaced_task_nesting")
+
+
+class DeadLettered(Exception):
+    """The task's message went to the DLQ instead of running (its FAILURE result says why)."""
+
+
+def queue_of(app: Any, profile: Profile, delivery_info: dict | None) -> str:
+    """The work queue a message came from, from its delivery info (routing key → queue)."""
+    info = delivery_info or {}
+    routing_key = info.get("routing_key")
+    if routing_key in profile.queues:
+        return routing_key
+    for queue in app.conf.task_queues or ():
+        if getattr(queue, "routing_key", None) == routing_key and routing_key:
+            return queue.name
+    return routing_key or profile.queues[0]
+
+
+def _redrives(headers: dict | None) -> int:
+    try:
+        return int((headers or {}).get(REDRIVES_HEADER) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _dead_letter(app: Any, profile: Profile, envelope: Envelope) -> None:
+    publish_envelope(envelope, broker_url=profile.broker_url,
+                     dead_letter_queue=profile.dead_letter_queue_for(envelope.queue),
+                     transport_options=dict(app.conf.broker_transport_options or {}),
+                     queue_type=profile.queue_type)
+    logger.error("taskherd: %s[%s] dead-lettered to %s: %s (%s)", envelope.task, envelope.task_id,
+                 profile.dead_letter_queue_for(envelope.queue), envelope.reason, envelope.detail)
+
+
+class Task(celery.Task):
+    """Celery Task with transient-only retries, a DLQ envelope and a bound on worker-killing deliveries."""
+
+    #: Main-process side of each task: dead-letters hard time limits.
+    Request = "taskherd.worker.task:Request"
+
+    def _delivery_key(self) -> str:
+        request = self.request
+        return deliveries.delivery_key(request.id, request.retries or 0, _redrives(request.headers))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or request.is_eager:
+            return super().__call__(*args, **kwargs)
+        profile = get_profile(self.app)
+        count = deliveries.record_delivery(profile.delivery_counter_url, self._delivery_key(),
+                                           ttl=profile.delivery_counter_ttl)
+        if deliveries.exceeds(count, profile.max_deliveries):
+            runs = count - 1
+            self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
+                              detail=f"killed its worker {runs} times (max_deliveries={profile.max_deliveries}); "
+                                     f"dead-lettered without running it again")
+            raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
+        try:
+            return super().__call__(*args, **kwargs)
+        except (Retry, Ignore, Reject):
+            raise  # the task's own control flow
+        except Exception as exc:
+            self._on_error(profile, exc)
+            raise
+
+    def _on_error(self, profile: Profile, exc: Exception) -> None:
+        """Retry (raises Retry) or dead-letter (returns; the caller re-raises ``exc``)."""
+        request = self.request
+        retries = request.retries or 0
+        first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or time.time()
+        transient = profile.classifier.is_transient(exc)
+        if transient and retries < profile.max_retries:
+            delay = backoff_delay(retries, base=profile.backoff_base, cap=profile.backoff_cap,
+                                  rng=profile.backoff_rng)
+            try:
+                raise self.retry(exc=exc, countdown=delay, max_retries=profile.max_retries,
+                                 headers={**(request.headers or {}), FIRST_FAILURE_HEADER: first_failure})
+            except Reject as rejected:
+                # Celery rejects WITHOUT requeue when publishing the retry fails: on Redis that
+                # drops the task. Put it back instead; it will be retried from this message.
+                raise Reject(rejected.reason, requeue=True) from exc
+        attempts = retries + 1
+        if transient:
+            reason, detail = Reason.RETRIES_EXHAUSTED, (
+                f"{type(exc).__name__} is transient but persisted over {attempts} attempts "
+                f"(max_retries={profile.max_retries})")
+        elif isinstance(exc, SoftTimeLimitExceeded):
+            reason, detail = Reason.SOFT_TIME_LIMIT, (
+                f"exceeded its soft time limit ({profile.soft_time_limit}s); not retried")
+        else:
+            reason, detail = Reason.PERMANENT_ERROR, f"{type(exc).__name__} is permanent: not retried"
+        self._send_to_dlq(profile, reason=reason, detail=detail, attempts=attempts, exc=exc,
+                          first_failure_at=float(first_failure))
+
+    def _send_to_dlq(self, profile: Profile, *, reason: str, detail: str, attempts: int,
+                     exc: BaseException | None = None, first_failure_at: float | None = None) -> None:
+        request = self.request
+        now = time.time()
+        envelope = Envelope(
+            reason=reason, detail=detail, queue=queue_of(self.app, profile, request.delivery_info),
+            task=self.name, task_id=request.id, args=json_safe(list(request.args or ())),
+            kwargs=json_safe(dict(request.kwargs or {})),
+            embed=json_safe({"callbacks": request.callbacks, "errbacks": request.errbacks,
+                             "chain": request.chain, "chord": request.chord}),
+            headers=json_safe(_context_headers(request, self.name)),
+            attempts=attempts, first_failure_at=first_failure_at or now, last_failure_at=now,
+            hostname=request.hostname or Envelope.__dataclass_fields__["hostname"].default_factory(),
+            exchange=(request.delivery_info or {}).get("exchange"),
+            routing_key=(request.delivery_info or {}).get("routing_key"),
+            **(exception_fields(exc) if exc is not None else {}),
+        )
+        try:
+            _dead_letter(self.app, profile, envelope)
+        except Exception as publish_error:
+            # Not in the DLQ, so it must not be acked: back to the queue, to be tried again.
+            logger.exception("taskherd: could not dead-letter %s[%s]; requeueing it", self.name, request.id)
+            raise Reject(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
+
+    def after_return(self, status, retval, task_id, args, kwargs, einfo) -> None:
+        request = self.request
+        if not (request.called_directly or request.is_eager):
+            deliveries.forget(get_profile(self.app).delivery_counter_url, self._delivery_key())
+        super().after_return(status, retval, task_id, args, kwargs, einfo)
+
+
+def _context_headers(request: Any, name: str) -> dict:
+    headers = {key: getattr(request, key, None) for key in _PROTOCOL_HEADERS}
+    headers.update(task=name, id=request.id, lang="py", retries=request.retries or 0,
+                   group=request.group, timelimit=list(request.timelimit or (None, None)))
+    headers.update(request.headers or {})
+    return headers
+
+
+class Request(CeleryRequest):
+    """The main process's view of a task: a hard time limit killed the child, dead-letter it here."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        from celery.worker import state
+
+        if not soft and not state.should_terminate and self.task.acks_late:
+            try:
+                self._dead_letter_hard_timeout(timeout)
+            except Exception:
+                logger.exception("taskherd: could not dead-letter %s[%s] after its hard time limit; "
+                                 "requeueing it", self.name, self.id)
+                self.reject(requeue=True)  # acknowledge() below becomes a no-op
+        super().on_timeout(soft, timeout)
+
+    def _dead_letter_hard_timeout(self, timeout: float) -> None:
+        app = self.task.app
+        profile = get_profile(app)
+        headers = dict(self._request_dict)
+        body = self.body if isinstance(self.body, (list, tuple)) else None
+        embed = body[2] if body and len(body) > 2 else None
+        now = time.time()
+        envelope = Envelope(
+            reason=Reason.HARD_TIME_LIMIT,
+            detail=f"exceeded its hard time limit ({timeout}s); its process was killed; not retried",
+            queue=queue_of(app, profile, self.delivery_info), task=self.name, task_id=self.id,
+            args=json_safe(list(self.args or ())), kwargs=json_safe(dict(self.kwargs or {})),
+            embed=json_safe(embed), headers=json_safe(headers),
+            exception_type="billiard.exceptions.TimeLimitExceeded",
+            exception_message=f"TimeLimitExceeded({timeout})", traceback=None,
+            attempts=int(headers.get("retries") or 0) + 1,
+            first_failure_at=float(headers.get(FIRST_FAILURE_HEADER) or now), last_failure_at=now,
+            hostname=self.hostname, exchange=self.delivery_info.get("exchange"),
+            routing_key=self.delivery_info.get("routing_key"),
+        )
+        _dead_letter(app, profile, envelope)
+
+
+def install(app: Any, profile: Profile) -> None:
+    """Make :class:`Task` the app's default task class (tasks defined before finalize included)."""
+    app.task_cls = Task
+    app.__dict__.pop("Task", None)  # `app.Task` is a cached_property built from task_cls
+    if app.finalized:
+        plain = [name for name, task in app.tasks.items()
+                 if not name.startswith("celery.") and not isinstance(task, Task)]
+        if plain:
+            logger.warning("taskherd: tasks %s were created before configure(app) and do not retry/"
+                           "dead-letter; call configure() before the app is finalized", plain)
