@@ -1,0 +1,280 @@
+"""What `helm install` would create, for the defaults and for each ci/ scenario."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from conftest import BROKER, CHART, CI_VALUES, by_kind, helm, render
+
+WORKER = "taskherd-worker"
+
+
+def container(deployment: dict, name: str) -> dict:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def env_of(c: dict) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_helm_lint_passes_for_every_scenario():
+    for values in CI_VALUES:
+        result = helm("lint", str(CHART), "--strict", "-f", str(values), "--kube-version", "v1.34.4",
+                      check=False)
+        assert result.returncode == 0, f"{values.name}:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.stem)
+def test_every_scenario_renders_restricted_pods(values):
+    """Each pod the chart creates meets the restricted Pod Security Standard."""
+    objects = render([values])
+    deployments = by_kind(objects, "Deployment")
+    assert deployments
+    for name, d in deployments.items():
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"]["drop"] == ["ALL"], name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert "resources" in c and c["resources"]["limits"]["memory"], name
+        # Every writable path is an emptyDir with a size limit.
+        for v in pod["volumes"]:
+            assert "hostPath" not in v, name
+
+
+def test_defaults_give_one_autoscaled_pool_and_the_operator():
+    objects = render(values=BROKER)
+    deployments = by_kind(objects, "Deployment")
+    assert set(deployments) == {"th-taskherd-default", "th-taskherd-operator"}
+    worker = deployments["th-taskherd-default"]
+    # The operator owns the replica count: an upgrade must not reset it.
+    assert "replicas" not in worker["spec"]
+    pools = by_kind(objects, "WorkerPool")
+    assert set(pools) == {"th-taskherd-default"}
+    spec = pools["th-taskherd-default"]["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "th-taskherd-default"}
+    assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
+                              "queues": ["celery"]}
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
+    assert spec["deadLetter"] == {"threshold": 1}
+    # Rolling upgrades never lower capacity: new workers come up before old ones drain.
+    assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
+    assert len(by_kind(objects, "KopfPeering")) == 1
+
+
+def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_secret():
+    worker = by_kind(render(values=BROKER), "Deployment")["th-taskherd-default"]
+    pod = worker["spec"]["template"]["spec"]
+    c = container(worker, WORKER)
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain"]
+    assert c["startupProbe"]["exec"]["command"] == ["taskherd", "probe", "startup"]
+    assert c["readinessProbe"]["exec"]["command"] == ["taskherd", "probe", "readiness"]
+    assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness"]
+    env = env_of(c)
+    assert env["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
+    assert not any("redis://" in str(v) or "amqp://" in str(v) for v in env.values())
+    assert env["TASKHERD_HEARTBEAT_DIR"] == "/run/taskherd/heartbeat"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in ("/tmp", "/run/taskherd/heartbeat", env["PROMETHEUS_MULTIPROC_DIR"]):
+        assert "emptyDir" in volumes[mounts[path]], path
+    assert {"name": "metrics", "containerPort": 9808, "protocol": "TCP"} in c["ports"]
+    assert env["TASKHERD_METRICS_PORT"] == "9808"
+    assert c["command"][:4] == ["celery", "--app=tasks", "worker", "--queues=celery"]
+    # Workers never talk to the API server: no token in their pods.
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_grace_period_is_derived_from_the_same_limits_the_worker_gets():
+    values = {**BROKER, "workerPools": [
+        {"name": "short", "app": "a", "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
+        {"name": "long", "app": "a", "timeLimits": {"softSeconds": 3000, "hardSeconds": 3300},
+         "drainMarginSeconds": 40, "shutdownSeconds": 15},
+    ]}
+    values["broker"] = {**values["broker"], "visibilityTimeoutSeconds": 7200}
+    deployments = by_kind(render(values=values), "Deployment")
+    for name, hard, soft, margin, shutdown in (("short", 60, 50, 20, 10), ("long", 3300, 3000, 40, 15)):
+        d = deployments[f"th-taskherd-{name}"]
+        c = container(d, WORKER)
+        env = env_of(c)
+        grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace == hard + margin + shutdown
+        assert int(env["TASKHERD_TIME_LIMIT"]) == hard
+        assert int(env["TASKHERD_SOFT_TIME_LIMIT"]) == soft
+        assert int(env["TASKHERD_DRAIN_SECONDS"]) == hard + margin
+        # The drain deadline leaves the shutdown allowance before SIGKILL.
+        assert grace - int(env["TASKHERD_DRAIN_SECONDS"]) == shutdown
+        assert f"--time-limit={hard}" in c["command"] and f"--soft-time-limit={soft}" in c["command"]
+        assert int(env["TASKHERD_VISIBILITY_TIMEOUT"]) == 7200 > hard
+
+
+def test_an_explicit_grace_period_that_is_long_enough_is_kept():
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "a", "terminationGracePeriodSeconds": 900}]}
+    d = by_kind(render(values=values), "Deployment")["th-taskherd-p"]
+    assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900
+
+
+def test_a_pool_overrides_defaults_with_false_and_zero():
+    """A pool can turn autoscaling off and set minReplicas 0 (sprig's merge would drop both)."""
+    values = {**BROKER, "workerPools": [
+        {"name": "fixed", "app": "a", "autoscaling": {"enabled": False}, "replicas": 3},
+        {"name": "zero", "app": "a", "autoscaling": {"minReplicas": 0}},
+    ]}
+    objects = render(values=values)
+    deployments = by_kind(objects, "Deployment")
+    assert deployments["th-taskherd-fixed"]["spec"]["replicas"] == 3
+    assert "replicas" not in deployments["th-taskherd-zero"]["spec"]
+    pools = by_kind(objects, "WorkerPool")
+    assert set(pools) == {"th-taskherd-zero"}
+    assert pools["th-taskherd-zero"]["spec"]["minReplicas"] == 0
+    # Keys the pool did not mention keep their defaults.
+    assert pools["th-taskherd-zero"]["spec"]["maxReplicas"] == 10
+
+
+def test_rabbitmq_multipool_scenario():
+    objects = render([CHART / "ci" / "rabbitmq-multipool-values.yaml"])
+    deployments = by_kind(objects, "Deployment")
+    fast, reports = deployments["th-taskherd-fast"], deployments["th-taskherd-reports"]
+    assert "replicas" not in fast["spec"] and reports["spec"]["replicas"] == 2
+    assert reports["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 1900
+    c = container(reports, WORKER)
+    assert env_of(c)["REPORTS_BUCKET"] == "reports"
+    assert "--max-tasks-per-child=1" in c["command"]
+    assert {"name": "cache", "mountPath": "/var/cache/reports"} in c["volumeMounts"]
+    assert container(fast, WORKER)["command"][3] == "--queues=orders,emails"
+    pools = by_kind(objects, "WorkerPool")
+    assert set(pools) == {"th-taskherd-fast"}
+    spec = pools["th-taskherd-fast"]["spec"]
+    assert spec["broker"]["type"] == "rabbitmq"
+    assert spec["broker"]["secretRef"] == {"name": "rabbitmq-broker", "key": "amqp-url",
+                                           "managementUrlKey": "management-url"}
+    assert spec["broker"]["deadLetterQueues"] == ["orders.dlq", "emails.dlq"]
+    assert spec["minReplicas"] == 0
+    assert spec["deadLetter"] == {"threshold": 5, "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
+    policies = by_kind(objects, "NetworkPolicy")
+    worker_egress = policies["th-taskherd-worker"]["spec"]["egress"]
+    broker_rule = next(r for r in worker_egress if {"port": 5672, "protocol": "TCP"} in r.get("ports", []))
+    assert broker_rule["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "messaging"}}}]
+    assert any(r.get("to") == [{"ipBlock": {"cidr": "10.20.0.0/16"}}] for r in worker_egress)
+    api_rule = next(r for r in policies["th-taskherd-operator"]["spec"]["egress"]
+                    if {"port": 6443, "protocol": "TCP"} in r.get("ports", []))
+    assert api_rule["to"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+
+
+def test_network_policies_allow_only_dns_broker_api_server_and_the_operator_reading_workers():
+    policies = by_kind(render(values=BROKER), "NetworkPolicy")
+    worker = policies["th-taskherd-worker"]["spec"]
+    assert worker["policyTypes"] == ["Ingress", "Egress"]
+    # The only ingress: the operator reading busyness on the metrics port.
+    assert worker["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "taskherd",
+                                                   "app.kubernetes.io/instance": "th",
+                                                   "app.kubernetes.io/component": "operator"}}}],
+        "ports": [{"port": 9808, "protocol": "TCP"}]}]
+    ports = [p for r in worker["egress"] for p in r["ports"]]
+    assert sorted((p["port"], p["protocol"]) for p in ports) == [(53, "TCP"), (53, "UDP"), (6379, "TCP")]
+    operator = policies["th-taskherd-operator"]["spec"]
+    assert operator["ingress"] == []  # no metrics ingress unless asked for
+    op_ports = sorted({p["port"] for r in operator["egress"] for p in r["ports"]})
+    assert op_ports == [53, 443, 6379, 6443, 9808]
+
+
+def test_operator_runs_two_replicas_with_peering_and_a_namespaced_role_without_wildcards():
+    objects = render(values=BROKER)
+    op = by_kind(objects, "Deployment")["th-taskherd-operator"]
+    assert op["spec"]["replicas"] == 2
+    c = container(op, "taskherd-operator")
+    assert c["command"] == ["python3", "-m", "taskherd.operator"]
+    assert "--peering=th-taskherd-operator" in c["args"]
+    assert "--namespace=$(POD_NAMESPACE)" in c["args"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert by_kind(objects, "KopfPeering")["th-taskherd-operator"]["metadata"]["namespace"] == "jobs"
+    assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
+    role = by_kind(objects, "Role")["th-taskherd-operator"]
+    rules = {(g, r): rule for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+    assert set(rules[("apps", "deployments")]["verbs"]) == {"get", "list", "watch"}
+    assert set(rules[("apps", "deployments/scale")]["verbs"]) == {"get", "patch", "update"}
+    assert rules[("", "secrets")]["resourceNames"] == ["celery-broker"]
+    assert rules[("", "secrets")]["verbs"] == ["get"]
+    assert ("", "pods/exec") not in rules
+    assert set(rules[("kopf.dev", "kopfpeerings")]["verbs"]) == {"get", "list", "watch", "patch"}
+    binding = by_kind(objects, "RoleBinding")["th-taskherd-operator"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "th-taskherd-operator", "namespace": "jobs"}]
+
+
+def test_minimal_scenario_has_no_operator_objects():
+    objects = render([CHART / "ci" / "minimal-values.yaml"])
+    assert {o["kind"] for o in objects} == {"Deployment"}
+    (d,) = objects
+    assert d["spec"]["replicas"] == 3
+
+
+def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
+    objects = render([CHART / "ci" / "monitoring-values.yaml"])
+    rule = by_kind(objects, "PrometheusRule")["th-taskherd"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # The PrometheusRule is the tested rules file, unchanged.
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {"TaskherdDeadLetterQueueNotEmpty", "TaskherdOldestMessageTooOld",
+                      "TaskherdTaskErrorRateHigh", "TaskherdWorkerRestarting", "TaskherdHeartbeatStale"}
+    pm = by_kind(objects, "PodMonitor")["th-taskherd-worker"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    sm = by_kind(objects, "ServiceMonitor")["th-taskherd-operator"]
+    service = by_kind(objects, "Service")["th-taskherd-operator-metrics"]
+    assert all(service["metadata"]["labels"][k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
+    dashboard = by_kind(objects, "ConfigMap")["th-taskherd-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["taskherd.json"])["uid"] == "taskherd"
+    ingress = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["ingress"]
+    assert {"port": 9808, "protocol": "TCP"} in ingress[-1]["ports"]
+    assert ingress[-1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_labels_and_selectors_follow_the_kubernetes_conventions():
+    for o in render(values=BROKER):
+        labels = o["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "th", o["metadata"]["name"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"].startswith("taskherd-")
+        if o["kind"] == "Deployment":
+            selector = o["spec"]["selector"]["matchLabels"]
+            template = o["spec"]["template"]["metadata"]["labels"]
+            assert all(template[k] == v for k, v in selector.items())
+            # The chart version is not in the selector (selectors are immutable).
+            assert "helm.sh/chart" not in selector and "app.kubernetes.io/version" not in selector
+
+
+def test_notes_tell_the_user_how_to_see_pools_and_where_alerts_go(tmp_path):
+    # `helm template` skips NOTES.txt and `helm install --dry-run` has no --kube-version (this
+    # helm's built-in default, v1.20, fails the chart's kubeVersion); so a copy of the chart
+    # renders the same NOTES.txt text into a ConfigMap.
+    chart = tmp_path / "taskherd"
+    shutil.copytree(CHART, chart)
+    notes_text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "notes" }}' + notes_text + "{{- end }}")
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        "data:\n  notes: {{ include \"notes\" . | quote }}\n")
+    result = helm("template", "th", str(chart), "--namespace", "jobs", "--kube-version", "v1.34.4",
+                  "--show-only", "templates/notes.yaml",
+                  "--set", "broker.existingSecret.name=celery-broker",
+                  "--set", "workerPools[0].name=default", "--set", "workerPools[0].app=tasks",
+                  "--set", "workerPools[0].autoscaling.deadLetter.alertmanagerUrl=http://am:9093")
+    notes = yaml.safe_load(result.stdout)["data"]["notes"]
+    assert "kubectl get workerpools -n jobs" in notes
+    assert "Alertmanager at http://am:9093" in notes
+    assert "grace period 330s" in notes
+    assert "Secret celery-broker" in notes
