@@ -120,7 +120,7 @@ def parse_spec(spec: Mapping[str, Any]) -> PoolSpec:
         scaling=ScalingPolicy(
             min_replicas=int(spec.get("minReplicas", 0)),
             max_replicas=int(spec.get("maxReplicas", 1)),
-            target_depth_per_worker=int(spec.get("targetDepthPerWorker", 1)),
+            target_depth_per_worker=int(spec.get("targetDepthPerWorker", 5)),
             max_oldest_message_age_seconds=None if age is None else float(age),
             scale_down_stabilization_seconds=float(
                 spec.get("scaleDownStabilizationSeconds", DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS)),

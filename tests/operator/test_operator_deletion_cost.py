@@ -1,0 +1,93 @@
+"""Idle workers first: the pod-deletion-cost annotations (taskherd.operator.deletion_cost, busyness)."""
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, strategies as st
+
+from taskherd.operator.busyness import parse_in_flight, read_busyness
+from taskherd.operator.deletion_cost import (PodBusyness, annotations_to_change, busy_count, deletion_costs,
+                                             removed_by_replicaset)
+
+pods = st.lists(
+    st.builds(PodBusyness, name=st.uuids().map(str), in_flight=st.one_of(st.none(), st.integers(0, 50)),
+              running=st.booleans()),
+    max_size=30, unique_by=lambda p: p.name)
+
+
+@given(pods, st.data())
+def test_a_busy_pod_is_never_removed_while_an_idle_one_remains(pool, data):
+    costs = deletion_costs(pool)
+    remove = data.draw(st.integers(0, len(pool)))
+    removed = set(removed_by_replicaset(costs, remove))
+    busy = {p.name for p in pool if p.busy}
+    idle = {p.name for p in pool} - busy
+    if removed & busy:
+        assert idle <= removed, "a busy pod was chosen while an idle one was left"
+
+
+@given(pods)
+def test_every_idle_pod_costs_less_than_every_busy_pod(pool):
+    costs = deletion_costs(pool)
+    idle = [costs[p.name] for p in pool if not p.busy]
+    busy = [costs[p.name] for p in pool if p.busy]
+    if idle and busy:
+        assert max(idle) < min(busy)
+
+
+@given(pods)
+def test_busier_pods_cost_more_and_unreadable_pods_cost_most(pool):
+    costs = deletion_costs(pool)
+    for a in pool:
+        for b in pool:
+            if a.running and b.running and a.in_flight is not None:
+                if b.in_flight is None or b.in_flight > a.in_flight:
+                    assert costs[b.name] >= costs[a.name]
+
+
+@given(pods)
+def test_a_steady_pool_needs_no_annotation_writes(pool):
+    costs = deletion_costs(pool)
+    assert annotations_to_change(costs, {k: str(v) for k, v in costs.items()}) == {}
+    assert annotations_to_change(costs, {}) == costs
+
+
+def test_busy_count_treats_unreadable_running_pods_as_busy():
+    assert busy_count([PodBusyness("a", 0), PodBusyness("b", 2), PodBusyness("c", None),
+                       PodBusyness("d", None, running=False)]) == 2
+
+
+METRICS = """# HELP taskherd_tasks_in_flight Tasks being executed right now
+# TYPE taskherd_tasks_in_flight gauge
+taskherd_tasks_in_flight{queue="a"} 2.0
+taskherd_tasks_in_flight{queue="b"} 1.0
+# HELP taskherd_tasks_in_flight_total_bogus other
+# TYPE taskherd_tasks_in_flight_total_bogus counter
+taskherd_tasks_in_flight_total_bogus 9.0
+"""
+
+
+def test_in_flight_gauge_is_summed_over_label_sets():
+    assert parse_in_flight(METRICS) == 3
+    assert parse_in_flight("taskherd_tasks_in_flight 0\n") == 0
+    assert parse_in_flight("other_metric 1\n") is None
+    assert parse_in_flight("not { the format") is None
+
+
+def test_read_busyness_reads_only_running_pods():
+    calls = []
+
+    async def reader(pod):
+        calls.append(pod["metadata"]["name"])
+        return 4
+
+    listed = [
+        {"metadata": {"name": "run"}, "status": {"phase": "Running", "podIP": "10.0.0.1"}},
+        {"metadata": {"name": "pending"}, "status": {"phase": "Pending"}},
+        {"metadata": {"name": "leaving", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+         "status": {"phase": "Running", "podIP": "10.0.0.2"}},
+    ]
+    result = asyncio.run(read_busyness(listed, reader))
+    assert calls == ["run"]
+    assert {p.name: (p.in_flight, p.running) for p in result} == {
+        "run": (4, True), "pending": (0, False), "leaving": (0, False)}

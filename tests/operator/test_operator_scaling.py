@@ -1,0 +1,166 @@
+"""Properties of the pure scaling decision (taskherd.operator.scaling)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+from taskherd.operator.policy import ScalingPolicy
+from taskherd.operator.scaling import (AGE_SETTLE_SECONDS, Observation, Recommendation, desired_replicas,
+                                       prune_history)
+
+NOW = 1_000_000.0
+
+
+@st.composite
+def policies(draw) -> ScalingPolicy:
+    lo = draw(st.integers(0, 5))
+    return ScalingPolicy(
+        min_replicas=lo,
+        max_replicas=draw(st.integers(max(lo, 1), 30)),
+        target_depth_per_worker=draw(st.integers(1, 20)),
+        max_oldest_message_age_seconds=draw(st.one_of(st.none(), st.integers(1, 120).map(float))),
+        scale_down_stabilization_seconds=draw(st.sampled_from([0.0, 15.0, 60.0, 300.0])),
+    )
+
+
+observations = st.builds(
+    Observation,
+    ready=st.integers(0, 500), unacked=st.integers(0, 100),
+    oldest_message_age_seconds=st.one_of(st.none(), st.floats(0, 1000)),
+)
+histories = st.lists(st.builds(Recommendation, at=st.floats(NOW - 1000, NOW - 0.001),
+                               replicas=st.integers(0, 40), age_triggered=st.booleans()), max_size=8)
+
+
+@given(policies(), st.one_of(st.none(), observations), st.integers(0, 40), st.integers(0, 40), histories)
+def test_never_outside_min_max(policy, observation, current, busy, history):
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    assert policy.min_replicas <= decision.replicas <= policy.max_replicas, decision
+
+
+@given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
+def test_never_below_busy_workers(policy, observation, current, busy, history):
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    assert decision.replicas >= min(busy, policy.max_replicas), decision
+
+
+@given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
+def test_scale_up_goes_in_one_step_to_the_needed_count(policy, observation, current, busy, history):
+    needed = min(policy.max_replicas, math.ceil(observation.depth / policy.target_depth_per_worker))
+    assume(current <= policy.max_replicas and needed > current)
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    assert decision.replicas >= needed, decision
+
+
+@st.composite
+def under_target_with_old_message(draw):
+    """A pool whose depth per worker is under target, with more messages than workers."""
+    current = draw(st.integers(1, 29))
+    target = draw(st.integers(2, 20))
+    policy = ScalingPolicy(min_replicas=draw(st.integers(0, current)), max_replicas=draw(st.integers(current + 1, 30)),
+                           target_depth_per_worker=target,
+                           max_oldest_message_age_seconds=float(draw(st.integers(1, 120))),
+                           scale_down_stabilization_seconds=draw(st.sampled_from([0.0, 60.0, 300.0])))
+    depth = draw(st.integers(current + 1, current * target))
+    return policy, current, depth
+
+
+@given(under_target_with_old_message(), st.floats(1.01, 50), histories)
+def test_old_message_scales_up_even_under_the_depth_target(case, over, history):
+    policy, current, depth = case
+    history = [r for r in history if not (r.age_triggered and r.at > NOW - AGE_SETTLE_SECONDS)]
+    observation = Observation(ready=depth, unacked=0,
+                              oldest_message_age_seconds=policy.max_oldest_message_age_seconds * over)
+    assert math.ceil(depth / policy.target_depth_per_worker) <= current  # under target by depth alone
+    decision = desired_replicas(policy, observation, current, 0, history, NOW)
+    assert decision.replicas > current, decision
+    assert "oldest message" in decision.reason
+    assert decision.recommendation.age_triggered
+
+
+def test_age_scale_up_does_not_compound_while_new_workers_start():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=50, target_depth_per_worker=100,
+                           max_oldest_message_age_seconds=10)
+    observation = Observation(ready=40, unacked=2, oldest_message_age_seconds=25)
+    first = desired_replicas(policy, observation, 2, 2, [], NOW)
+    assert first.replicas == 5  # 2 workers * 25s/10s, rounded up
+    again = desired_replicas(policy, observation, first.replicas, 2, [first.recommendation], NOW + 5)
+    assert again.replicas == 5, "pods still starting must not be counted as 'not enough' again"
+    later = desired_replicas(policy, observation, 5, 2, [first.recommendation], NOW + AGE_SETTLE_SECONDS + 1)
+    assert later.replicas > 5
+
+
+@given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
+def test_scale_down_only_after_the_window_and_to_its_highest_recommendation(policy, observation, current, busy,
+                                                                           history):
+    assume(current <= policy.max_replicas)
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    if decision.replicas < current:
+        window = policy.scale_down_stabilization_seconds
+        if window > 0:
+            assert any(r.at <= NOW - window for r in history), "history must cover the whole window"
+        in_window = [r.replicas for r in history if r.at > NOW - window]
+        assert decision.replicas >= min(max(in_window, default=0), current)
+
+
+@given(policies(), observations, st.integers(0, 40), histories)
+def test_zero_to_n_as_soon_as_work_appears(policy, observation, busy, history):
+    assume(observation.depth > 0)
+    decision = desired_replicas(policy, observation, 0, busy, history, NOW)
+    assert decision.replicas >= 1
+
+
+@given(policies(), observations, st.integers(1, 40), st.integers(0, 40), histories)
+def test_n_to_zero_only_when_empty_and_idle(policy, observation, current, busy, history):
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    if decision.replicas == 0:
+        assert observation.depth == 0 and busy == 0
+
+
+@given(policies(), st.integers(0, 40), histories)
+def test_unobservable_queues_hold_the_current_count(policy, current, history):
+    decision = desired_replicas(policy, None, current, 0, history, NOW)
+    assert decision.replicas == max(policy.min_replicas, min(policy.max_replicas, current))
+    assert "could not be observed" in decision.reason
+
+
+@settings(max_examples=60)
+@given(st.sampled_from([15.0, 60.0, 300.0]), st.integers(2, 20), st.sampled_from([1.0, 5.0, 10.0]))
+def test_an_emptied_pool_reaches_zero_exactly_one_window_after_the_last_work(window, start, poll):
+    """Simulated polls: work until t=0, then empty and idle. Replicas hold for the whole window,
+    then drop to zero in one step."""
+    policy = ScalingPolicy(min_replicas=0, max_replicas=20, target_depth_per_worker=1,
+                           scale_down_stabilization_seconds=window)
+    busy_trace = Observation(ready=0, unacked=start)
+    empty = Observation(ready=0, unacked=0)
+    history: list[Recommendation] = []
+    replicas, t = start, -window - 2 * poll
+    while t <= 0:
+        d = desired_replicas(policy, busy_trace, replicas, start, history, t)
+        history = prune_history(history + [d.recommendation], t, window)
+        replicas, t = d.replicas, t + poll
+    last_work = t - poll
+    assert replicas == start
+    while t < last_work + window + 2 * poll:
+        d = desired_replicas(policy, empty, replicas, 0, history, t)
+        history = prune_history(history + [d.recommendation], t, window)
+        if t - last_work < window:
+            assert d.replicas == start, (t, d)
+        replicas, t = d.replicas, t + poll
+    assert replicas == 0
+
+
+@pytest.mark.parametrize("depth,expected", [(0, 1), (1, 1), (10, 1), (11, 2), (95, 10), (1000, 10)])
+def test_depth_per_worker_examples(depth, expected):
+    policy = ScalingPolicy(min_replicas=1, max_replicas=10, target_depth_per_worker=10)
+    decision = desired_replicas(policy, Observation(ready=depth, unacked=0), 1, 0, [], NOW)
+    assert decision.replicas == expected
+    assert f"depth {depth}" in decision.reason
+
+
+def test_prune_keeps_one_record_older_than_the_window():
+    history = [Recommendation(NOW - s, 1) for s in (900, 400, 301, 200, 10)]
+    kept = prune_history(history, NOW, 300)
+    assert [NOW - r.at for r in kept] == [301, 200, 10]
