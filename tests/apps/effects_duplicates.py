@@ -16,8 +16,6 @@ import time
 
 from taskherd.worker.idempotency import InProgress, PostgresStore, RedisStore
 
-LEDGER_DDL = "CREATE TABLE IF NOT EXISTS ledger (key text NOT NULL, who text NOT NULL, at timestamptz DEFAULT clock_timestamp())"
-
 
 def wait_for_go(sync_dir: str, name: str) -> None:
     open(os.path.join(sync_dir, f"ready-{name}"), "w").close()

@@ -76,10 +76,7 @@ def deliverers(tmp_path):
 @pytest.fixture
 def ledger_dsn(pg_dsn) -> str:
     """A fresh database with the idempotency key table and a `ledger` of effects (no unique key)."""
-    from apps.effects_duplicates import LEDGER_DDL
-    from taskherd.worker.idempotency import PostgresStore
+    from apps.effects_schema import create_tables
 
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        PostgresStore().create_table(conn)
-        conn.execute(LEDGER_DDL)
+    create_tables(pg_dsn)
     return pg_dsn

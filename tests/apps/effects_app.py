@@ -1,0 +1,71 @@
+"""A Celery app whose one task records an idempotent effect, for the whole-worker SIGKILL and
+outbox tests. Configured from the environment:
+
+TEST_BROKER_URL, TEST_QUEUE, TEST_PG_DSN      where to consume and where the ledger lives
+TEST_VISIBILITY_TIMEOUT                       Redis: seconds before an unacked message is restored
+TEST_SLOW_FIRST_SECONDS                       the first attempt of each task sleeps this long (so a
+                                              test can kill it mid-task) ...
+TEST_SLOW_FIRST_AT                            ... "inside" its transaction (the effect is not committed
+                                              yet) or "after" it (committed, message not yet acked)
+
+`effects.record(order)` appends a row to `attempts` (committed at once: it survives a kill), then,
+guarded by the PostgreSQL idempotency store keyed on the task id, appends `order` to `ledger` in
+the same transaction as the key. attempts counts runs; ledger counts effects.
+"""
+import os
+import socket
+import time
+
+import psycopg
+from celery import Celery
+
+from taskherd.worker.idempotency import PostgresStore, idempotent
+
+BROKER_URL = os.environ["TEST_BROKER_URL"]
+QUEUE = os.environ.get("TEST_QUEUE", "celery")
+DSN = os.environ.get("TEST_PG_DSN", "")
+SLOW_FIRST_SECONDS = float(os.environ.get("TEST_SLOW_FIRST_SECONDS", "0"))
+SLOW_FIRST_AT = os.environ.get("TEST_SLOW_FIRST_AT", "inside")
+
+app = Celery("effects", broker=BROKER_URL)
+app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True)
+if BROKER_URL.startswith("redis"):
+    # Sweep for expired unacked messages every second instead of kombu's 10 s x 10 throttle.
+    app.conf.broker_transport_options = {"unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+
+# The reliability settings the taskherd profile applies (by hand until configure() lands).
+visibility = os.environ.get("TEST_VISIBILITY_TIMEOUT")
+if visibility:
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "visibility_timeout": float(visibility)}
+app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
+                accept_content=["json"], task_serializer="json", result_serializer="json")
+
+store = PostgresStore()
+def _attempt(task) -> int:
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute("INSERT INTO attempts (task_id, hostname) VALUES (%s, %s)",
+                     (task.request.id, task.request.hostname or socket.gethostname()))
+        return conn.execute("SELECT count(*) FROM attempts WHERE task_id = %s", (task.request.id,)).fetchone()[0]
+
+
+@app.task(name="effects.record", bind=True)
+def record(task, order):
+    attempt = _attempt(task)
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        result = _record(task, order, attempt=attempt, conn=conn)
+    if attempt == 1 and SLOW_FIRST_SECONDS and SLOW_FIRST_AT == "after":
+        _hold(task, "is committed, holds its message unacknowledged")
+    return result
+
+
+def _hold(task, state: str) -> None:
+    print(f"effects: first attempt of {task.request.id} {state} for {SLOW_FIRST_SECONDS}s", flush=True)
+    time.sleep(SLOW_FIRST_SECONDS)
+
+
+@idempotent(store, key=lambda task, order, **_: f"task:{task.request.id}", connection=lambda *_, conn, **__: conn)
+def _record(task, order, *, attempt, conn):
+    conn.execute("INSERT INTO ledger (key, who) VALUES (%s, %s)", (f"task:{task.request.id}", str(order)))
+    if attempt == 1 and SLOW_FIRST_SECONDS and SLOW_FIRST_AT == "inside":
+        _hold(task, "holds its transaction open")
+    return {"order": order, "attempt": attempt}
