@@ -1,0 +1,74 @@
+"""A Celery app with taskherd's runtime modules (heartbeat, drain, metrics) installed by hand.
+
+Configured like taskherd's reliability profile (acks_late, reject_on_worker_lost, prefetch 1, time
+limits) until `taskherd.worker.configure` wires these installers itself. Environment:
+TEST_BROKER_URL, TEST_QUEUE, TEST_LEDGER_URL (a Redis URL where tasks record what they did),
+TASKHERD_HEARTBEAT_DIR, TASKHERD_HEARTBEAT_INTERVAL, TEST_METRICS_PORT (metrics when set).
+"""
+import os
+import time
+
+import redis
+from celery import Celery
+
+from taskherd.worker import draining, heartbeat
+
+app = Celery("runtime_app", broker=os.environ["TEST_BROKER_URL"])
+app.conf.update(
+    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+    broker_connection_retry_on_startup=True,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_soft_time_limit=float(os.environ.get("TEST_SOFT_TIME_LIMIT", 40)),
+    task_time_limit=float(os.environ.get("TEST_TIME_LIMIT", 50)),
+    worker_max_tasks_per_child=int(os.environ.get("TEST_MAX_TASKS_PER_CHILD", 0)) or None,
+    accept_content=["json"],
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+)
+heartbeat.install(app)
+draining.install(app, poll=0.1)
+if os.environ.get("TEST_METRICS_PORT"):
+    from taskherd.worker import metrics
+
+    metrics.install(app, port=int(os.environ["TEST_METRICS_PORT"]))
+
+_ledger = None
+
+
+def ledger() -> redis.Redis:
+    global _ledger
+    if _ledger is None:
+        _ledger = redis.Redis.from_url(os.environ["TEST_LEDGER_URL"])
+    return _ledger
+
+
+@app.task(name="runtime.sleep")
+def sleep(key: str, seconds: float) -> str:
+    ledger().incr(f"runs:{key}")
+    ledger().rpush("started", key)
+    time.sleep(seconds)
+    ledger().rpush("done", key)
+    return key
+
+
+@app.task(name="runtime.fail")
+def fail(key: str) -> None:
+    ledger().incr(f"runs:{key}")
+    raise ValueError(f"task {key} fails on purpose")
+
+
+@app.task(name="runtime.retry_once", bind=True, max_retries=3)
+def retry_once(self, key: str) -> str:
+    if ledger().incr(f"runs:{key}") == 1:
+        raise self.retry(countdown=0)
+    return key
+
+
+@app.task(name="runtime.record")
+def record(key: str, outcome: str) -> None:
+    """Stands in for the DLQ/delivery-limit modules, which call metrics.record_outcome themselves."""
+    from taskherd.worker import metrics
+
+    ledger().incr(f"runs:{key}")
+    metrics.record_outcome("runtime.record", outcome)

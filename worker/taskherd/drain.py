@@ -1,0 +1,125 @@
+"""`taskherd drain`: the preStop command. Asks the worker to drain and waits until it is idle.
+
+It writes ``drain-request.json`` in the heartbeat directory (the worker's drain bootstep notices it
+within ~0.25 s, stops consuming, returns unstarted messages to the queue and lets running tasks
+finish — see taskherd.worker.draining), then follows heartbeat.json until no task is running.
+No Celery import, no broker round trip, no signal: it works from an exec preStop hook and needs
+nothing but the shared emptyDir.
+
+Exit 0 when the worker is idle (SIGTERM then ends it at once); 1 at the deadline with tasks still
+running, when the worker does not acknowledge the request, or when its heartbeat goes stale.
+Kubernetes sends SIGTERM after preStop returns either way.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from taskherd import heartbeat_file, probe
+
+DEADLINE_ENV = "TASKHERD_DRAIN_DEADLINE"
+#: Seconds to wait for the worker to acknowledge the request before giving up.
+ACKNOWLEDGE_TIMEOUT = 10.0
+USAGE = (
+    "usage: taskherd drain [--dir DIR] [--deadline SECONDS] [--poll SECONDS]\n"
+    f"  --dir       heartbeat directory (default ${heartbeat_file.DIR_ENV} or {heartbeat_file.DEFAULT_DIR})\n"
+    f"  --deadline  return after this many seconds even if tasks still run (default ${DEADLINE_ENV}, else none:\n"
+    "              Kubernetes' terminationGracePeriodSeconds bounds the wait)\n"
+    "  --poll      seconds between heartbeat reads (default 0.2)"
+)
+
+
+def drain_state(record: dict | None, *, requested_at: float, now: float, max_age: float | None = None) -> tuple[str, str]:
+    """Where a drain stands: ("idle"|"draining"|"waiting"|"gone", reason). Pure: tested directly."""
+    if record is None:
+        return "gone", "the heartbeat file disappeared"
+    fresh = probe.startup(record, now=now, max_age=max_age)
+    if not fresh.ok:
+        return "gone", fresh.reason
+    draining_since = record.get("draining_since")
+    if not draining_since or draining_since < requested_at:
+        return "waiting", "the worker has not acknowledged the drain request yet"
+    active = record.get("active") or []
+    if active:
+        names = ", ".join(f"{task.get('name')}[{task.get('id')}]" for task in active[:5])
+        return "draining", f"{len(active)} task(s) still running: {names}"
+    return "idle", "no task running"
+
+
+def _parse(argv: list[str]) -> dict:
+    deadline_env = os.environ.get(DEADLINE_ENV)
+    options: dict = {"dir": None, "deadline": deadline_env or None, "poll": 0.2}
+    rest = list(argv)
+    while rest:
+        flag, *rest = rest
+        name, _, value = flag.partition("=")
+        key = {"--dir": "dir", "--deadline": "deadline", "--poll": "poll"}.get(name)
+        if key is None:
+            raise ValueError(f"unknown option {name!r}")
+        if not value:
+            if not rest:
+                raise ValueError(f"option {name} needs a value")
+            value, *rest = rest
+        options[key] = value
+    for key in ("deadline", "poll"):
+        if options[key] is None or key == "dir":
+            continue
+        try:
+            options[key] = float(options[key])
+        except ValueError:
+            raise ValueError(f"{key}={options[key]!r} is not a number of seconds") from None
+        if options[key] <= 0:
+            raise ValueError(f"{key}={options[key]!r} must be a positive number of seconds")
+    return options
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    try:
+        options = _parse(argv)
+    except ValueError as exc:
+        print(f"taskherd drain: {exc}\n{USAGE}", file=sys.stderr)
+        return 2
+    started = time.time()
+    path = heartbeat_file.heartbeat_path(options["dir"])
+    try:
+        record = heartbeat_file.read_json(path)
+    except (OSError, ValueError) as exc:
+        print(f"drain: cannot read heartbeat: {exc}")
+        return 1
+    if record is None:
+        print(f"drain: no heartbeat at {path}: no worker to drain")
+        return 0
+    heartbeat_file.write_json_atomically(heartbeat_file.drain_request_path(options["dir"]),
+                                         {"requested_at": started, "pid": record.get("pid")})
+    deadline = started + options["deadline"] if options["deadline"] else None
+    while True:
+        now = time.time()
+        try:
+            record = heartbeat_file.read_json(path)
+        except (OSError, ValueError):
+            record = {}  # mid-replace on an exotic filesystem: read again next poll
+        if record != {}:
+            state, reason = drain_state(record, requested_at=started, now=now)
+            if state == "idle":
+                print(f"drain: worker idle after {now - started:.1f}s")
+                return 0
+            if state == "gone":
+                print(f"drain: stopped waiting after {now - started:.1f}s: {reason}")
+                return 1
+            if state == "waiting" and now - started > ACKNOWLEDGE_TIMEOUT:
+                print(f"drain: the worker did not acknowledge the request within {ACKNOWLEDGE_TIMEOUT:g}s "
+                      "(is taskherd.worker.draining installed?)")
+                return 1
+            if deadline is not None and now >= deadline:
+                print(f"drain: deadline of {options['deadline']:g}s reached: {reason}")
+                return 1
+        time.sleep(options["poll"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

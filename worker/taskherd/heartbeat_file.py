@@ -1,0 +1,73 @@
+"""The heartbeat file contract shared by the worker, `taskherd probe` and `taskherd drain`.
+
+Import-light on purpose (standard library only, no Celery): the probe runs in every pod every few
+seconds and imports this module.
+
+The worker's main loop writes ``heartbeat.json`` in the heartbeat directory (an emptyDir in
+Kubernetes) every ``interval_seconds``; readers never talk to the worker or the broker. The drain
+command asks the worker to drain by writing ``drain-request.json`` in the same directory.
+Both files are replaced atomically (temporary file + rename), so a reader sees the old or the new
+record, never half of one.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+
+#: Environment variable naming the heartbeat directory.
+DIR_ENV = "TASKHERD_HEARTBEAT_DIR"
+#: Used when the variable is unset. The chart mounts an emptyDir there.
+DEFAULT_DIR = "/tmp/taskherd"
+HEARTBEAT_FILE = "heartbeat.json"
+DRAIN_REQUEST_FILE = "drain-request.json"
+#: Bumped when a field changes meaning; readers refuse a format they do not know.
+FORMAT = 1
+
+
+def heartbeat_dir(directory: str | None = None) -> str:
+    """The directory given, else $TASKHERD_HEARTBEAT_DIR, else the default."""
+    return directory or os.environ.get(DIR_ENV) or DEFAULT_DIR
+
+
+def heartbeat_path(directory: str | None = None) -> str:
+    return os.path.join(heartbeat_dir(directory), HEARTBEAT_FILE)
+
+
+def drain_request_path(directory: str | None = None) -> str:
+    return os.path.join(heartbeat_dir(directory), DRAIN_REQUEST_FILE)
+
+
+def write_json_atomically(path: str, record: dict[str, object]) -> None:
+    """Writes `record` to `path` through a temporary file and a rename (atomic on POSIX)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        json.dump(record, handle, separators=(",", ":"))
+    # No fsync: the directory is a tmpfs/emptyDir and a reader only needs rename atomicity.
+    os.replace(temporary, path)
+
+
+def read_json(path: str) -> dict[str, object] | None:
+    """The record at `path`, or None when the file does not exist.
+
+    Raises ValueError naming the path when the file exists but is not a JSON object.
+    """
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds a {type(record).__name__}, expected a JSON object")
+    return record
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

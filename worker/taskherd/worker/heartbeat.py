@@ -1,0 +1,231 @@
+"""The heartbeat: a consumer bootstep in the worker's MAIN process that writes heartbeat.json.
+
+Why a bootstep on the event loop's timer and not a thread: the record must go stale when the main
+loop is wedged (a blocking call without timeout, a deadlock, SIGSTOP). A thread would keep ticking
+while the loop that consumes, acknowledges and enforces time limits is dead.
+
+While the broker is down Celery leaves the event loop and retries the connection in the main
+thread (kombu's ``retry_over_time``, which calls back about once a second). The step hooks that
+callback, so the heartbeat keeps being refreshed — by the main thread — with
+``broker.state = "disconnected"``: readiness fails, liveness does not (see taskherd.probe).
+A connection attempt that hangs without timeout stops the callbacks and does go stale.
+
+The record (format 1, see taskherd.heartbeat_file): ``written_at``, ``interval_seconds``,
+``hostname``, ``pid``, ``started_at``, ``broker`` {state, since}, ``draining_since``,
+``active`` [{id, name, started_at, worker_pid, time_limit, soft_time_limit}], ``reserved``,
+``scheduled``, ``pool_pids``.
+
+Caveat: with ``--pool solo`` tasks run on the main loop itself, so a task longer than the
+staleness threshold fails liveness. Use prefork (the default) or threads.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from celery import Celery, bootsteps
+from celery.worker import state as worker_state
+
+from taskherd import heartbeat_file
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable for the interval in seconds.
+INTERVAL_ENV = "TASKHERD_HEARTBEAT_INTERVAL"
+#: Default interval between heartbeats, in seconds.
+DEFAULT_INTERVAL = 5.0
+#: Attribute of the Celery app holding the HeartbeatSettings given to install().
+SETTINGS_ATTR = "taskherd_heartbeat_settings"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatSettings:
+    directory: str
+    interval: float
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0:
+            raise ValueError(f"heartbeat interval={self.interval!r} must be a positive number of seconds")
+
+
+def settings_from(*, directory: str | None = None, interval: float | None = None,
+                  environ: dict[str, str] | None = None) -> HeartbeatSettings:
+    """Explicit arguments win, then $TASKHERD_HEARTBEAT_DIR / $TASKHERD_HEARTBEAT_INTERVAL, then defaults."""
+    environ = os.environ if environ is None else environ
+    if interval is None:
+        raw = environ.get(INTERVAL_ENV)
+        try:
+            interval = float(raw) if raw else DEFAULT_INTERVAL
+        except ValueError:
+            raise ValueError(f"{INTERVAL_ENV}={raw!r} is not a number of seconds (e.g. 5)") from None
+    directory = directory or environ.get(heartbeat_file.DIR_ENV) or heartbeat_file.DEFAULT_DIR
+    return HeartbeatSettings(directory=directory, interval=float(interval))
+
+
+def hard_limit(request: Any, app: Celery) -> tuple[float | None, float | None]:
+    """(hard, soft) time limits the pool enforces for `request`: message, else task, else app config."""
+    hard, soft = request.time_limits
+    task = request.task
+    return (hard or getattr(task, "time_limit", None) or app.conf.task_time_limit,
+            soft or getattr(task, "soft_time_limit", None) or app.conf.task_soft_time_limit)
+
+
+def active_tasks(app: Celery) -> list[dict[str, Any]]:
+    tasks = []
+    for request in tuple(worker_state.active_requests):
+        hard, soft = hard_limit(request, app)
+        tasks.append({"id": request.id, "name": request.name, "started_at": request.time_start,
+                      "worker_pid": request.worker_pid, "time_limit": hard, "soft_time_limit": soft})
+    return tasks
+
+
+def pool_pids(consumer: Any) -> list[int]:
+    try:
+        return list(consumer.pool.info.get("processes") or [])
+    except Exception:  # noqa: BLE001 - pools without `info` (or not started yet) just report none
+        return []
+
+
+class Heartbeat(bootsteps.StartStopStep):
+    """Consumer bootstep: refreshes heartbeat.json from the event loop's timer."""
+
+    name = "taskherd.worker.heartbeat.Heartbeat"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any):
+        super().__init__(c, **kwargs)
+        self.settings: HeartbeatSettings = getattr(c.app, SETTINGS_ATTR, None) or settings_from()
+        self.path = heartbeat_file.heartbeat_path(self.settings.directory)
+        self.started_at = time.time()
+        self.broker_state, self.broker_since = "connecting", self.started_at
+        self.last_written = 0.0
+        self.timer_entry = None
+        #: Set by the drain step (taskherd.worker.draining) when draining begins.
+        self.draining_since: float | None = None
+        #: Called before each write; the drain step uses it to keep working between heartbeats.
+        self.before_write: list[Callable[[Any], None]] = []
+        os.makedirs(self.settings.directory, exist_ok=True)
+        # The emptyDir outlives a container restart: a previous incarnation's record must not
+        # satisfy the startup probe of this one.
+        heartbeat_file.remove(self.path)
+        c.taskherd_heartbeat = self
+        self._hook_reconnect_loop(c)
+
+    # -- bootstep protocol -------------------------------------------------------------------
+    def start(self, c: Any) -> None:
+        self._set_broker_state("connected")
+        self.write(c)
+        self._cancel_timer(c)
+        self.timer_entry = c.timer.call_repeatedly(self.settings.interval, self.write, (c,), priority=10)
+
+    def stop(self, c: Any) -> None:
+        # Also called when the connection is lost, before Celery reconnects.
+        self._cancel_timer(c)
+        self._set_broker_state("disconnected")
+        self._write_quietly(c)
+
+    def shutdown(self, c: Any) -> None:
+        self._cancel_timer(c)
+
+    # -- the record --------------------------------------------------------------------------
+    def record(self, c: Any, now: float) -> dict[str, Any]:
+        active = active_tasks(c.app)
+        return {
+            "format": heartbeat_file.FORMAT,
+            "written_at": now,
+            "interval_seconds": self.settings.interval,
+            "hostname": c.hostname,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "broker": {"state": self._observed_broker_state(c), "since": self.broker_since},
+            "draining_since": self.draining_since,
+            "active": active,
+            "reserved": max(0, len(worker_state.reserved_requests) - len(active)),
+            "scheduled": len(worker_state.scheduled_requests),
+            "pool_pids": pool_pids(c),
+        }
+
+    def write(self, c: Any) -> None:
+        for hook in self.before_write:
+            hook(c)
+        now = time.time()
+        heartbeat_file.write_json_atomically(self.path, self.record(c, now))
+        self.last_written = now
+
+    # -- internals ---------------------------------------------------------------------------
+    def _write_quietly(self, c: Any) -> None:
+        try:
+            self.write(c)
+        except Exception:  # noqa: BLE001 - a full disk must not stop Celery's own recovery
+            logger.exception("taskherd: could not write heartbeat %s", self.path)
+
+    def _set_broker_state(self, state: str) -> None:
+        if state != self.broker_state:
+            self.broker_state, self.broker_since = state, time.time()
+
+    def _observed_broker_state(self, c: Any) -> str:
+        if self.broker_state == "connected":
+            connection = getattr(c, "connection", None)
+            try:
+                if connection is None or not connection.connected:
+                    return "disconnected"
+            except Exception:  # noqa: BLE001 - a transport that cannot tell is taken at its word
+                pass
+        return self.broker_state
+
+    def _cancel_timer(self, c: Any) -> None:
+        if self.timer_entry is not None:
+            c.timer.cancel(self.timer_entry)
+            self.timer_entry = None
+
+    def _on_reconnect_tick(self, c: Any) -> None:
+        """Runs in the main thread on each (re)connection retry, about once a second."""
+        if self.broker_state == "connected":
+            self._set_broker_state("disconnected")
+        changed = self.last_written < self.broker_since
+        if changed or time.time() - self.last_written >= self.settings.interval:
+            self._write_quietly(c)
+
+    def _hook_reconnect_loop(self, c: Any) -> None:
+        """Wraps this consumer's ensure_connected so that its retry callback also beats.
+
+        Celery passes ``callback=maybe_shutdown`` to ``Connection.ensure_connection``; kombu calls
+        it after every failed attempt and every second while sleeping between attempts.
+        Only this consumer instance and the connections it opens are touched.
+        """
+        original = c.ensure_connected
+
+        def ensure_connected(conn: Any) -> Any:
+            ensure_connection = conn.ensure_connection
+
+            def ensure_connection_with_heartbeat(*args: Any, **kwargs: Any) -> Any:
+                callback = kwargs.get("callback")
+
+                def tick() -> None:
+                    self._on_reconnect_tick(c)
+                    if callback is not None:
+                        callback()
+
+                kwargs["callback"] = tick
+                return ensure_connection(*args, **kwargs)
+
+            conn.ensure_connection = ensure_connection_with_heartbeat
+            return original(conn)
+
+        c.ensure_connected = ensure_connected
+
+
+def install(app: Celery, profile: Any = None, *, directory: str | None = None,
+            interval: float | None = None, **_: Any) -> HeartbeatSettings:
+    """Adds the heartbeat bootstep to `app`'s consumer. Idempotent; returns the settings used.
+
+    `profile` (taskherd.worker.profile.Profile) is accepted for the uniform installer signature;
+    the time limits are read per request, so it is not needed here.
+    """
+    settings = settings_from(directory=directory, interval=interval)
+    setattr(app, SETTINGS_ATTR, settings)
+    app.steps["consumer"].add(Heartbeat)
+    return settings
