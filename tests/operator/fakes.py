@@ -1,0 +1,102 @@
+"""In-memory stand-ins for the operator's injected dependencies (fast tests of the poll loop)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from taskherd.operator.kube import NotFound
+from taskherd.operator.metrics import OperatorMetrics
+from taskherd.operator.reconcile import Deps
+from taskherd.operator.scaling import Observation
+
+
+@dataclass
+class FakeKube:
+    replicas: dict[str, int] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    scale_calls: list[int] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    posted_events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    async def read_secret(self, namespace, name):
+        return {"url": "redis://localhost"}
+
+    async def get_scale(self, namespace, deployment):
+        if deployment not in self.replicas:
+            raise NotFound(deployment)
+        return self.replicas[deployment], self.replicas[deployment], "app=w"
+
+    async def set_scale(self, namespace, deployment, replicas):
+        self.scale_calls.append(replicas)
+        self.replicas[deployment] = replicas
+
+    async def list_pods(self, namespace, selector):
+        return self.pods
+
+    async def list_pod_events(self, namespace):
+        return self.events
+
+    async def annotate_pod(self, namespace, name, key, value):
+        self.annotations[name] = value
+        for pod in self.pods:
+            if pod["metadata"]["name"] == name:
+                pod["metadata"].setdefault("annotations", {})[key] = value
+
+    async def patch_pool_status(self, namespace, name, status):
+        self.statuses.append(status)
+
+    async def post_event(self, namespace, pool, *, type, reason, message):
+        self.posted_events.append((type, reason, message))
+
+
+class FakeBroker:
+    def __init__(self, observation: Observation | None = None, error: Exception | None = None):
+        self.observation, self.error = observation, error
+
+    async def __call__(self, namespace, broker):
+        if self.error:
+            raise self.error
+        return self.observation
+
+
+class Clock:
+    def __init__(self, t: float = 1_800_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make_deps(kube, broker, *, busy: dict[str, int | None] | None = None, posts=None, clock=None,
+              fail_posts: bool = False) -> Deps:
+    busy = busy or {}
+    posts = [] if posts is None else posts
+
+    async def reader(pod):
+        return busy.get(pod["metadata"]["name"], 0)
+
+    async def poster(url, body):
+        if fail_posts:
+            raise ConnectionError("alertmanager down")
+        posts.append((url, body))
+
+    return Deps(kube=kube, observe=broker, busyness=reader, poster=poster,
+                metrics=OperatorMetrics(registry=CollectorRegistry()), clock=clock or Clock())
+
+
+def pool_body(**spec) -> dict[str, Any]:
+    base = {"scaleTargetRef": {"name": "workers"},
+            "broker": {"type": "redis", "secretRef": {"name": "broker"}, "queues": ["celery"]},
+            "minReplicas": 0, "maxReplicas": 10, "targetDepthPerWorker": 5,
+            "scaleDownStabilizationSeconds": 60}
+    base.update(spec)
+    return {"metadata": {"name": "pool", "namespace": "ns", "generation": 1, "uid": "u"}, "spec": base}
+
+
+def running_pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"phase": "Running", "podIP": "10.0.0.1",
+                                                   "containerStatuses": [{"name": "worker", "restartCount": 0}]}}

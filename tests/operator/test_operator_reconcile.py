@@ -1,0 +1,186 @@
+"""One poll end to end against in-memory fakes (the pure parts are tested on their own; the real
+API server and brokers in test_operator_cluster.py and test_operator_services.py)."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import Clock, FakeBroker, FakeKube, make_deps, pool_body, running_pod  # noqa: E402
+
+from taskherd.operator.deletion_cost import ANNOTATION, removed_by_replicaset  # noqa: E402
+from taskherd.operator.observe import ObservationError  # noqa: E402
+from taskherd.operator.reconcile import PoolMemory, poll_once  # noqa: E402
+from taskherd.operator.scaling import Observation  # noqa: E402
+from taskherd.operator.scheduler import PoolScheduler  # noqa: E402
+
+
+def poll(body, memory, deps):
+    status = asyncio.run(poll_once(body, memory, deps))
+    body["status"] = {k: v for k, v in status.items() if v is not None}
+    return status
+
+
+def condition(status, type_):
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_work_on_an_idle_pool_scales_from_zero_on_the_first_poll():
+    kube = FakeKube(replicas={"workers": 0})
+    deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0, oldest_message_age_seconds=4.2)))
+    status = poll(pool_body(), PoolMemory(), deps)
+    assert kube.scale_calls == [5]
+    assert status["desiredReplicas"] == 5 and status["observedDepth"] == 23
+    assert status["oldestMessageAgeSeconds"] == 4 and status["phase"] == "ScalingUp"
+    assert status["lastScaleReason"].startswith("0 -> 5: depth 23")
+    assert condition(status, "Ready")["status"] == "True"
+
+
+def test_an_unreachable_broker_is_a_condition_with_the_error_and_replicas_hold():
+    kube = FakeKube(replicas={"workers": 3})
+    error = ObservationError("BrokerUnreachable: redis://:s3cret@redis:6379/0 refused")
+    deps = make_deps(kube, FakeBroker(error=error))
+    body, memory = pool_body(), PoolMemory()
+    for _ in range(3):
+        status = poll(body, memory, deps)
+        deps.clock.t += 5
+    assert kube.scale_calls == []
+    cond = condition(status, "BrokerReachable")
+    assert cond["status"] == "False" and "refused" in cond["message"] and "s3cret" not in cond["message"]
+    assert status["phase"] == "BrokerUnreachable" and status["desiredReplicas"] == 3
+
+
+def test_a_missing_deployment_is_reported():
+    deps = make_deps(FakeKube(), FakeBroker(Observation(ready=1, unacked=0)))
+    status = poll(pool_body(), PoolMemory(), deps)
+    assert status["phase"] == "ScaleTargetMissing"
+    assert "ns/workers not found" in condition(status, "ScaleTargetFound")["message"]
+
+
+def test_an_invalid_spec_is_reported_not_raised():
+    deps = make_deps(FakeKube(replicas={"workers": 1}), FakeBroker(Observation(ready=1, unacked=0)))
+    status = poll(pool_body(minReplicas=20), PoolMemory(), deps)
+    assert status["phase"] == "InvalidSpec"
+    assert "spec.minReplicas=20" in condition(status, "Ready")["message"]
+
+
+def test_scale_down_waits_for_the_window_then_marks_idle_pods_cheapest():
+    pods = [running_pod(f"w{i}") for i in range(4)]
+    kube = FakeKube(replicas={"workers": 4}, pods=pods)
+    broker = FakeBroker(Observation(ready=0, unacked=2))
+    clock = Clock()
+    deps = make_deps(kube, broker, busy={"w0": 0, "w1": 1, "w2": 0, "w3": 1}, clock=clock)
+    body, memory = pool_body(), PoolMemory()
+    for _ in range(12):  # 55 s < the 60 s window
+        poll(body, memory, deps)
+        clock.t += 5
+    assert kube.scale_calls == [] and kube.annotations == {}
+    poll(body, memory, deps)  # now the history covers the window
+    assert kube.scale_calls == [2], "down to the 2 busy workers, not below"
+    assert kube.annotations == {"w0": "0", "w1": "1", "w2": "0", "w3": "1"}
+    assert sorted(removed_by_replicaset({p["metadata"]["name"]: int(p["metadata"]["annotations"][ANNOTATION])
+                                         for p in pods}, 2)) == ["w0", "w2"]
+    assert body["status"]["busyWorkers"] == 2 and body["status"]["phase"] == "ScalingDown"
+
+
+def test_dead_letters_page_once_resend_and_resolve():
+    posts = []
+    kube = FakeKube(replicas={"workers": 1})
+    broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
+    clock = Clock()
+    deps = make_deps(kube, broker, posts=posts, clock=clock)
+    body = pool_body(minReplicas=1, deadLetter={"threshold": 2, "alertmanagerUrl": "http://am:9093"})
+    memory = PoolMemory()
+    status = poll(body, memory, deps)
+    assert [e[:2] for e in kube.posted_events] == [("Warning", "DeadLetterThreshold")]
+    assert len(posts) == 1 and posts[0][0] == "http://am:9093/api/v2/alerts"
+    assert posts[0][1][0]["labels"]["queue"] == "celery.dlq"
+    assert condition(status, "DeadLetterAlert")["status"] == "True" and status["phase"] == "DeadLetterAlert"
+    for _ in range(11):  # 55 s: no re-send, no new event
+        clock.t += 5
+        poll(body, memory, deps)
+    assert len(posts) == 1 and len(kube.posted_events) == 1
+    clock.t += 5
+    poll(body, memory, deps)
+    assert len(posts) == 2, "re-sent after the 60 s resend interval"
+    broker.observation = Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 1})
+    clock.t += 5
+    status = poll(body, memory, deps)
+    assert len(posts) == 3 and posts[2][1][0]["endsAt"] < posts[1][1][0]["endsAt"]
+    assert [e[:2] for e in kube.posted_events][-1] == ("Normal", "DeadLetterResolved")
+    assert condition(status, "DeadLetterAlert")["status"] == "False"
+    assert status["deadLetterAlert"] == {"celery.dlq": None}
+
+
+def test_a_restarted_operator_does_not_page_twice():
+    posts = []
+    kube = FakeKube(replicas={"workers": 1})
+    broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
+    deps = make_deps(kube, broker, posts=posts)
+    body = pool_body(minReplicas=1, deadLetter={"alertmanagerUrl": "http://am:9093"})
+    poll(body, PoolMemory(), deps)
+    deps.clock.t += 5
+    poll(body, PoolMemory(), deps)  # fresh memory: the state comes from the status
+    assert len(posts) == 1 and len(kube.posted_events) == 1
+
+
+def test_an_undeliverable_page_is_a_condition_and_is_retried():
+    kube = FakeKube(replicas={"workers": 1})
+    broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
+    deps = make_deps(kube, broker, fail_posts=True)
+    body, memory = pool_body(minReplicas=1, deadLetter={"webhookUrl": "http://hook"}), PoolMemory()
+    status = poll(body, memory, deps)
+    assert condition(status, "DeadLetterAlert")["reason"] == "PageNotDelivered"
+    assert "alertmanager down" in condition(status, "DeadLetterAlert")["message"]
+    assert memory.paging.firing["celery.dlq"].last_sent is None
+
+
+def test_a_steady_pool_writes_its_status_once():
+    kube = FakeKube(replicas={"workers": 1})
+    deps = make_deps(kube, FakeBroker(Observation(ready=2, unacked=1)))
+    body, memory = pool_body(minReplicas=1), PoolMemory()
+    for _ in range(5):
+        poll(body, memory, deps)
+        deps.clock.t += 5
+    assert len(kube.statuses) == 1
+
+
+def test_terminations_appear_in_the_status():
+    pod = running_pod("w0")
+    pod["status"]["containerStatuses"][0].update(
+        restartCount=2, lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137,
+                                                  "finishedAt": "2026-11-29T10:00:00Z"}})
+    kube = FakeKube(replicas={"workers": 1}, pods=[pod])
+    deps = make_deps(kube, FakeBroker(Observation(ready=0, unacked=0)))
+    status = poll(pool_body(minReplicas=1), PoolMemory(), deps)
+    assert status["recentTerminations"][0] == {"pod": "w0", "container": "worker", "reason": "OOMKilled",
+                                               "exitCode": 137, "finishedAt": "2026-11-29T10:00:00Z",
+                                               "restartCount": 2}
+
+
+def test_scheduler_polls_each_pool_at_its_interval_and_only_while_leading():
+    async def scenario():
+        kube = FakeKube(replicas={"workers": 1})
+        deps = make_deps(kube, FakeBroker(Observation(ready=0, unacked=0)))
+        seen = []
+        original = deps.observe
+
+        async def counting(namespace, broker):
+            seen.append(t[0])
+            return await original(namespace, broker)
+
+        deps.observe = counting
+        t, leading = [0.0], [False]
+        scheduler = PoolScheduler(deps=deps, is_leading=lambda: leading[0], monotonic=lambda: t[0])
+        scheduler.upsert(pool_body(minReplicas=1, pollIntervalSeconds=2))
+        for step in range(20):
+            t[0] = step * 0.5
+            leading[0] = step >= 4
+            await asyncio.gather(*scheduler.start_due())
+        scheduler.remove("ns", "pool")
+        assert scheduler.start_due() == []
+        return seen
+
+    assert asyncio.run(scenario()) == [2.0, 4.0, 6.0, 8.0]
