@@ -1,0 +1,102 @@
+"""The operator's observation and paging against the REAL services on loopback: Redis, RabbitMQ
+(management API) and Alertmanager (v2 API)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import FakeKube  # noqa: E402
+
+from taskherd.operator.alerts import HttpPoster, deliver  # noqa: E402
+from taskherd.operator.observe import BrokerObserver, ObservationError  # noqa: E402
+from taskherd.operator.paging import PagingState, step  # noqa: E402
+from taskherd.operator.policy import BrokerSpec  # noqa: E402
+
+
+class SecretKube(FakeKube):
+    """The broker Secret, as the chart would create it."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.data = {"url": url, "management-url": os.environ.get("TASKHERD_RABBITMQ_API_URL", "")}
+
+    async def read_secret(self, namespace, name):
+        return self.data
+
+
+def publish(url: str, queue: str, count: int, *, age: float) -> None:
+    app = Celery(broker=url)
+    for i in range(count):
+        app.send_task("t.noop", args=(i,), queue=queue, headers={"taskherd_published_at": time.time() - age},
+                      timestamp=int(time.time() - age))  # what taskherd.worker.stamping sets
+    app.close()
+
+
+def test_observer_reads_depth_age_and_dead_letters_from_a_real_broker(broker_url, unique_name):
+    queue = unique_name
+    publish(broker_url, queue, 7, age=40)
+    publish(broker_url, f"{queue}.dlq", 2, age=5)
+    observer = BrokerObserver(kube=SecretKube(broker_url))
+    rabbit = broker_url.startswith("amqp")
+    spec = BrokerSpec(type="rabbitmq" if rabbit else "redis", secret_name="s",
+                      management_url_key="management-url" if rabbit else None,
+                      queues=(queue,), dead_letter_queues=(f"{queue}.dlq",))
+    deadline = time.monotonic() + 30  # RabbitMQ's management API refreshes its counts every 5 s
+    while True:
+        observation = asyncio.run(observer("ns", spec))
+        if (observation.ready, observation.dead_letters.get(f"{queue}.dlq")) == (7, 2) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert observation.ready == 7 and observation.unacked == 0
+    assert observation.dead_letters == {f"{queue}.dlq": 2}
+    assert observation.oldest_message_age_seconds is not None and 35 <= observation.oldest_message_age_seconds < 120
+
+
+def test_an_unreachable_broker_raises_a_redacted_observation_error(unique_name):
+    observer = BrokerObserver(kube=SecretKube("redis://:hunter2@127.0.0.1:1/3"))
+    spec = BrokerSpec(type="redis", secret_name="s", queues=(unique_name,))
+    with pytest.raises(ObservationError) as info:
+        asyncio.run(observer("ns", spec))
+    assert "hunter2" not in str(info.value) and str(info.value)
+
+
+def _alerts(base: str, pool: str) -> list[dict]:
+    query = urllib.parse.quote(f'pool="{pool}"')
+    with urllib.request.urlopen(f"{base}/api/v2/alerts?filter={query}", timeout=5) as response:
+        return json.load(response)
+
+
+def test_real_alertmanager_receives_the_page_and_its_resolution(unique_name):
+    import urllib.parse  # noqa: F401 - used by _alerts
+
+    base = os.environ.get("TASKHERD_ALERTMANAGER_URL")
+    if not base:
+        pytest.fail("TASKHERD_ALERTMANAGER_URL is not set: run through `make test`")
+    pool = unique_name
+
+    async def send(depth: int, now: float, state: PagingState) -> PagingState:
+        state, pages = step(state, {"jobs.dlq": depth}, threshold=3, resend_interval=60, now=now)
+        for page in pages:
+            await deliver(page, alertmanager_url=base, webhook_url=None, poster=HttpPoster(), pool=pool,
+                          namespace="default", severity="warning", threshold=3)
+        return state
+
+    state = asyncio.run(send(5, time.time(), PagingState()))
+    firing = _alerts(base, pool)
+    assert len(firing) == 1 and firing[0]["status"]["state"] == "active"
+    assert firing[0]["labels"]["queue"] == "jobs.dlq" and firing[0]["labels"]["severity"] == "warning"
+    asyncio.run(send(0, time.time(), state))
+    deadline = time.monotonic() + 10
+    while _alerts(base, pool) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alerts(base, pool) == [], "the resolution (endsAt = now) must clear the alert"
