@@ -1,0 +1,136 @@
+"""Fast recovery on Redis with real workers: SIGKILL of a whole worker, a slow live worker, two at once."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import redis
+from celery import Celery
+
+from taskherd.worker import recovery
+
+pytestmark = pytest.mark.slow
+
+#: The issue's target with the default settings (heartbeat 5 s, timeout 15 s): timeout + 5 s ≤ 30 s.
+TARGET_SECONDS = 30
+
+
+def worker_env(redis_url: str, queue: str, **extra: str) -> dict[str, str]:
+    return {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": queue, "TEST_LEDGER_URL": redis_url,
+            "TEST_RECOVERY": "1", **extra}
+
+
+def runs(client: redis.Redis, token: str) -> list[dict]:
+    return [json.loads(r) for r in client.lrange(f"runs:{token}", 0, -1)]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def starts(client, token):
+    return [r for r in runs(client, token) if r["event"] == "start"]
+
+
+def ends(client, token):
+    return [r for r in runs(client, token) if r["event"] == "end"]
+
+
+def node_of(worker) -> str:
+    return worker.hostname.split("@")[0]
+
+
+def send_hold(redis_url: str, queue: str, token: str, seconds: float, redelivered_seconds: float | None = None):
+    producer = Celery(broker=redis_url)
+    try:
+        producer.send_task("recovery.hold", args=(token, seconds), queue=queue,
+                           kwargs={} if redelivered_seconds is None else {"redelivered_seconds": redelivered_seconds})
+    finally:
+        producer.close()
+
+
+def assert_no_bookkeeping_left(client: redis.Redis) -> None:
+    assert client.hlen("unacked") == 0, "a finished task left its kombu unacked entry"
+    assert client.hlen(recovery.OWNER_KEY) == 0
+    assert not [k for k in client.keys(recovery.KEY_NAMESPACE + "held.*") if client.hlen(k)]
+
+
+def test_killed_worker_task_restarts_elsewhere_within_target(redis_url, unique_name, worker_factory):
+    client = redis.Redis.from_url(redis_url)
+    env = worker_env(redis_url, unique_name)  # default heartbeat 5 s, timeout 15 s
+    first = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    second = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    token = uuid.uuid4().hex
+    # 120 s on first delivery: vanilla Redis would leave it unacked for visibility_timeout (3600 s).
+    send_hold(redis_url, unique_name, token, 120, redelivered_seconds=1)
+    first_start = wait_for(lambda: starts(client, token), 30, "the task to start")[0]
+    victim, survivor = (first, second) if first_start["host"].startswith(node_of(first)) else (second, first)
+
+    killed_at = time.time()
+    victim.kill()  # SIGKILL to the main process and its pool child
+    restarted = wait_for(lambda: starts(client, token)[1:], TARGET_SECONDS + 30, "the task to restart")[0]
+    latency = restarted["at"] - killed_at
+    assert restarted["host"].startswith(node_of(survivor))
+    assert restarted["redelivered"] is True
+    assert latency <= TARGET_SECONDS, f"restarted {latency:.1f}s after SIGKILL, target {TARGET_SECONDS}s"
+
+    wait_for(lambda: ends(client, token), 30, "the restarted task to finish")
+    time.sleep(1)
+    assert len(starts(client, token)) == 2 and len(ends(client, token)) == 1
+    assert_no_bookkeeping_left(client)
+    assert survivor.is_running()
+    print(f"restarted {latency:.1f}s after SIGKILL")
+
+
+def test_slow_live_worker_keeps_its_task(redis_url, unique_name, worker_factory):
+    client = redis.Redis.from_url(redis_url)
+    # A 3 s lease and a task five times longer: the lease, not the task, must decide.
+    env = worker_env(redis_url, unique_name, TEST_RECOVERY_HEARTBEAT="1", TEST_RECOVERY_TIMEOUT="3")
+    busy = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    token = uuid.uuid4().hex
+    send_hold(redis_url, unique_name, token, 15)
+    wait_for(lambda: starts(client, token), 30, "the task to start")
+    # A second worker joins while the task runs: its restorer sweeps every second.
+    idle = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    wait_for(lambda: ends(client, token), 40, "the slow task to finish")
+    time.sleep(4)  # longer than the lease: a wrongful restore would have started a second run
+    assert len(starts(client, token)) == 1, f"the slow task ran again: {runs(client, token)}"
+    assert len(ends(client, token)) == 1
+    assert client.llen(unique_name) == 0 and client.hlen("unacked") == 0
+    assert "restored" not in idle.log() and "restored" not in busy.log()
+
+
+def test_two_workers_killed_at_once_each_task_restored_once(redis_url, unique_name, worker_factory):
+    client = redis.Redis.from_url(redis_url)
+    env = worker_env(redis_url, unique_name, TEST_RECOVERY_HEARTBEAT="2", TEST_RECOVERY_TIMEOUT="6")
+    victims = [worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1) for _ in range(2)]
+    tokens = [uuid.uuid4().hex for _ in victims]
+    for token in tokens:
+        send_hold(redis_url, unique_name, token, 120, redelivered_seconds=2)
+    for token in tokens:
+        wait_for(lambda: starts(client, token), 30, f"task {token} to start")
+    # Two survivors: two restorers race for the same dead workers.
+    survivors = [worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1) for _ in range(2)]
+    killed_at = time.time()
+    for victim in victims:
+        victim.kill()
+    for token in tokens:
+        wait_for(lambda: ends(client, token), 60, f"task {token} to finish elsewhere")
+    time.sleep(3)
+    survivor_nodes = {node_of(w) for w in survivors}
+    for token in tokens:
+        token_starts = starts(client, token)
+        assert len(token_starts) == 2, f"task {token} started {len(token_starts)} times: {token_starts}"
+        assert any(token_starts[1]["host"].startswith(n) for n in survivor_nodes)
+        assert token_starts[1]["at"] - killed_at <= 6 + 2 + 5
+        assert len(ends(client, token)) == 1
+    assert_no_bookkeeping_left(client)
+    assert client.scard(recovery.WORKERS_KEY) == 2  # the dead workers were forgotten
