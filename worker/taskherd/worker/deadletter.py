@@ -161,7 +161,7 @@ def publish_envelope(envelope: Envelope, *, broker_url: str, dead_letter_queue: 
                 # take an envelope for a task.
                 headers={ENVELOPE_HEADER: ENVELOPE_VERSION, "taskherd_reason": envelope.reason,
                          "taskherd_task_id": envelope.task_id, "taskherd_task": envelope.task},
-                timestamp=time.time(),
+                timestamp=int(time.time()),  # AMQP timestamps are whole seconds
                 retry=True,
                 retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
             )

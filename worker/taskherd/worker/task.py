@@ -89,27 +89,42 @@ class Task(celery.Task):
         if request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
         profile = get_profile(self.app)
-        count = deliveries.record_delivery(profile.delivery_counter_url, self._delivery_key(),
-                                           ttl=profile.delivery_counter_ttl)
+        key = self._delivery_key()
+        count = deliveries.record_delivery(profile.delivery_counter_url, key, ttl=profile.delivery_counter_ttl)
         if deliveries.exceeds(count, profile.max_deliveries):
             runs = count - 1
             self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
                               detail=f"killed its worker {runs} times (max_deliveries={profile.max_deliveries}); "
                                      f"dead-lettered without running it again")
+            deliveries.forget(profile.delivery_counter_url, key)
             raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
+        # The counter is forgotten once this delivery has an outcome (the next message, if any,
+        # is a retry with its own key); a requeued delivery keeps counting.
+        outcome_known = True
         try:
             return super().__call__(*args, **kwargs)
-        except (Retry, Ignore, Reject):
+        except Reject as rejected:
+            outcome_known = not rejected.requeue
+            raise
+        except (Retry, Ignore):
             raise  # the task's own control flow
         except Exception as exc:
-            self._on_error(profile, exc)
+            try:
+                self._on_error(profile, exc)
+            except Reject as rejected:
+                outcome_known = not rejected.requeue
+                raise
             raise
+        finally:
+            if outcome_known:
+                deliveries.forget(profile.delivery_counter_url, key)
 
     def _on_error(self, profile: Profile, exc: Exception) -> None:
         """Retry (raises Retry) or dead-letter (returns; the caller re-raises ``exc``)."""
         request = self.request
         retries = request.retries or 0
-        first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or time.time()
+        failed_at = time.time()
+        first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or failed_at
         transient = profile.classifier.is_transient(exc)
         if transient and retries < profile.max_retries:
             delay = backoff_delay(retries, base=profile.backoff_base, cap=profile.backoff_cap,
@@ -132,12 +147,13 @@ class Task(celery.Task):
         else:
             reason, detail = Reason.PERMANENT_ERROR, f"{type(exc).__name__} is permanent: not retried"
         self._send_to_dlq(profile, reason=reason, detail=detail, attempts=attempts, exc=exc,
-                          first_failure_at=float(first_failure))
+                          first_failure_at=float(first_failure), failed_at=failed_at)
 
     def _send_to_dlq(self, profile: Profile, *, reason: str, detail: str, attempts: int,
-                     exc: BaseException | None = None, first_failure_at: float | None = None) -> None:
+                     exc: BaseException | None = None, first_failure_at: float | None = None,
+                     failed_at: float | None = None) -> None:
         request = self.request
-        now = time.time()
+        now = failed_at or time.time()
         envelope = Envelope(
             reason=reason, detail=detail, queue=queue_of(self.app, profile, request.delivery_info),
             task=self.name, task_id=request.id, args=json_safe(list(request.args or ())),
@@ -157,12 +173,6 @@ class Task(celery.Task):
             # Not in the DLQ, so it must not be acked: back to the queue, to be tried again.
             logger.exception("taskherd: could not dead-letter %s[%s]; requeueing it", self.name, request.id)
             raise Reject(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
-
-    def after_return(self, status, retval, task_id, args, kwargs, einfo) -> None:
-        request = self.request
-        if not (request.called_directly or request.is_eager):
-            deliveries.forget(get_profile(self.app).delivery_counter_url, self._delivery_key())
-        super().after_return(status, retval, task_id, args, kwargs, einfo)
 
 
 def _context_headers(request: Any, name: str) -> dict:

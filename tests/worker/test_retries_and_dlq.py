@@ -1,0 +1,65 @@
+"""Retries and the DLQ against a real worker: transient errors retry with growing delays, then
+dead-letter; a validation error dead-letters after one attempt with a complete envelope."""
+import socket
+import time
+
+from conftest import core_env, dead_letters, wait_for  # noqa: F401  (tests/worker/conftest.py)
+
+
+def test_always_transient_failure_retries_max_retries_times_then_dead_letters(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    # base 0.5 s, jitter pinned to the top of its interval: delays 0.5, 1, 2 s.
+    env = core_env(broker_url, unique_name, record_url, max_retries=3, backoff_base=0.5, jitter="max")
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    result = producer.send_task("core.always_transient", args=("attempts",), queue=unique_name)
+
+    letters = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the DLQ envelope")
+    attempts = [when for when, _, _ in recorded("attempts")]
+    assert len(attempts) == 4, "1 run + exactly max_retries=3 retries"
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    for gap, expected in zip(gaps, [0.5, 1.0, 2.0]):
+        assert expected - 0.05 <= gap <= expected + 3.0, (gaps, "delays follow base * 2**retry")
+    assert gaps[0] < gaps[1] < gaps[2], f"delays must grow: {gaps}"
+
+    (letter,) = letters
+    env = letter.envelope
+    assert env.reason == "retries-exhausted" and env.task_id == result.id and env.attempts == 4
+    assert env.exception_type == "builtins.ConnectionResetError"
+    assert env.first_failure_at == attempts[0] or abs(env.first_failure_at - attempts[0]) < 0.5
+    assert env.last_failure_at >= attempts[-1]
+    time.sleep(1)
+    assert len(recorded("attempts")) == 4, "no attempt after dead-lettering"
+
+
+def test_validation_error_dead_letters_after_one_attempt_with_the_envelope(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    env = core_env(broker_url, unique_name, record_url, max_retries=3)
+    worker = worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1,
+                            hostname=f"{unique_name}@envelope-host")
+    before = time.time()
+    result = producer.send_task("core.validation", args=("runs", -5), kwargs={"currency": "USD"},
+                                queue=unique_name, headers={"x-tenant": "acme"})
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the DLQ envelope")
+    time.sleep(1.5)  # would a retry have happened by now? (none must)
+    assert [value for _, _, value in recorded("runs")] == ["0"], "exactly one attempt"
+
+    env = letter.envelope
+    assert env.reason == "permanent-error"
+    assert env.detail == "ValueError is permanent: not retried"
+    assert env.task == "core.validation"
+    assert env.task_id == result.id
+    assert env.args == ["runs", -5]
+    assert env.kwargs == {"currency": "USD"}
+    assert env.headers["id"] == result.id and env.headers["task"] == "core.validation"
+    assert env.headers["x-tenant"] == "acme", "custom headers are kept"
+    assert env.headers["retries"] == 0
+    assert env.exception_type == "builtins.ValueError"
+    assert env.exception_message == "amount must be positive, got -5"
+    assert "Traceback (most recent call last)" in env.traceback and "core_app.py" in env.traceback
+    assert env.attempts == 1
+    assert before <= env.first_failure_at == env.last_failure_at <= env.dead_lettered_at <= time.time()
+    assert env.hostname == f"{unique_name}@envelope-host".replace("%h", socket.gethostname())
+    assert env.queue == unique_name and env.routing_key == unique_name
+    assert env.raw_body_b64 is None and env.version == 1
+    assert letter.kind == "envelope" and letter.ref == result.id
+    assert "dead-lettered" in worker.log()
