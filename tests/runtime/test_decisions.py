@@ -1,0 +1,150 @@
+"""Pure decisions of the probes, the drain and the metrics: no worker, no broker."""
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from taskherd import drain, probe
+from taskherd.worker import draining, metrics
+
+NOW = 1_000_000.0
+
+
+def record(**overrides):
+    base = {"format": 1, "written_at": NOW - 1, "interval_seconds": 5.0, "pid": 42, "started_at": NOW - 100,
+            "broker": {"state": "connected", "since": NOW - 90}, "draining_since": None, "active": []}
+    return {**base, **overrides}
+
+
+def task(started_ago: float, time_limit: float | None):
+    return {"id": "abc", "name": "app.slow", "started_at": NOW - started_ago, "time_limit": time_limit}
+
+
+def test_liveness_passes_with_a_fresh_heartbeat_and_a_long_task_within_its_limit():
+    verdict = probe.liveness(record(active=[task(3000, 3600)]), now=NOW)
+    assert verdict.ok, verdict.reason
+
+
+def test_liveness_fails_when_the_heartbeat_is_older_than_six_intervals_by_default():
+    assert probe.liveness(record(written_at=NOW - 29), now=NOW).ok
+    verdict = probe.liveness(record(written_at=NOW - 31), now=NOW)
+    assert not verdict.ok and "31.0s old (limit 30s)" in verdict.reason
+
+
+def test_liveness_threshold_can_be_given():
+    assert not probe.liveness(record(written_at=NOW - 3), now=NOW, max_age=2).ok
+
+
+def test_liveness_fails_when_a_task_outlived_its_hard_limit_plus_margin():
+    assert probe.liveness(record(active=[task(125, 100)]), now=NOW, task_margin=30).ok
+    verdict = probe.liveness(record(active=[task(131, 100)]), now=NOW, task_margin=30)
+    assert not verdict.ok and "app.slow[abc]" in verdict.reason and "hard limit 100s" in verdict.reason
+
+
+def test_a_task_without_hard_limit_never_fails_liveness():
+    assert probe.liveness(record(active=[task(10**6, None)]), now=NOW).ok
+
+
+def test_a_broker_outage_fails_readiness_but_not_liveness():
+    down = record(broker={"state": "disconnected", "since": NOW - 12})
+    assert probe.liveness(down, now=NOW).ok
+    verdict = probe.readiness(down, now=NOW)
+    assert not verdict.ok and verdict.reason == "broker disconnected for 12s"
+
+
+def test_readiness_fails_while_draining_and_passes_when_connected():
+    assert probe.readiness(record(), now=NOW).ok
+    assert not probe.readiness(record(draining_since=NOW - 2), now=NOW).ok
+
+
+def test_startup_needs_a_heartbeat_and_refuses_an_unknown_format():
+    assert not probe.startup(None, now=NOW).ok
+    assert probe.startup(record(), now=NOW).ok
+    assert not probe.startup(record(format=99), now=NOW).ok
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sideways"], "probe kind must be one of"),
+    (["liveness", "--max-age", "soon"], "--max-age='soon' is not a number"),
+    (["liveness", "--max-age", "0"], "must be a positive number"),
+    (["liveness", "--bogus", "1"], "unknown option '--bogus'"),
+])
+def test_probe_usage_errors_name_the_option(argv, message, capsys):
+    assert probe.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_probe_reports_a_corrupt_heartbeat_file(tmp_path, capsys):
+    (tmp_path / "heartbeat.json").write_text("{half")
+    assert probe.main(["liveness", "--dir", str(tmp_path)]) == 1
+    assert "not valid JSON" in capsys.readouterr().out
+
+
+def test_the_probe_imports_neither_celery_nor_kombu(tmp_path):
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "taskherd.cli", "probe", "liveness",
+                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+    # importlib.import_module (the CLI's lazy dispatch) hides the probe's own line; its import shows.
+    assert "taskherd.heartbeat_file" in imported and "liveness failed" in done.stdout
+    heavy = {name for name in imported if name.split(".")[0] in ("celery", "kombu", "prometheus_client", "redis",
+                                                                   "dataclasses", "typing", "argparse")}
+    assert not heavy, f"the probe imports {sorted(heavy)}"
+
+
+def test_drain_state_follows_acknowledgement_then_idleness():
+    requested = NOW - 5
+    assert drain.drain_state(record(), requested_at=requested, now=NOW)[0] == "waiting"
+    # A drain of an earlier request does not count as acknowledging this one.
+    assert drain.drain_state(record(draining_since=requested - 1), requested_at=requested, now=NOW)[0] == "waiting"
+    busy = record(draining_since=requested + 0.1, active=[task(10, 100)])
+    assert drain.drain_state(busy, requested_at=requested, now=NOW) == ("draining", "1 task(s) still running: app.slow[abc]")
+    assert drain.drain_state(record(draining_since=requested + 0.1), requested_at=requested, now=NOW)[0] == "idle"
+    assert drain.drain_state(record(written_at=NOW - 60), requested_at=requested, now=NOW)[0] == "gone"
+    assert drain.drain_state(None, requested_at=requested, now=NOW)[0] == "gone"
+
+
+def test_a_drain_request_applies_only_to_this_worker_and_only_after_it_started():
+    assert draining.request_applies({"requested_at": 20.0, "pid": 7}, pid=7, started_at=10.0)
+    assert draining.request_applies({"requested_at": 20.0}, pid=7, started_at=10.0)
+    assert not draining.request_applies({"requested_at": 20.0, "pid": 8}, pid=7, started_at=10.0)
+    assert not draining.request_applies({"requested_at": 5.0, "pid": 7}, pid=7, started_at=10.0)
+    assert not draining.request_applies(None, pid=7, started_at=10.0)
+
+
+def test_drain_usage_errors(capsys):
+    assert drain.main(["--deadline", "-3"]) == 2
+    assert "deadline=-3.0 must be a positive number" in capsys.readouterr().err
+
+
+def test_drain_without_a_worker_returns_at_once(tmp_path, capsys):
+    assert drain.main(["--dir", str(tmp_path)]) == 0
+    assert "no worker to drain" in capsys.readouterr().out
+
+
+def test_metrics_count_outcomes_and_refuse_unknown_ones():
+    registry = CollectorRegistry()
+    task_metrics = metrics.TaskMetrics(registry=registry)
+    task_metrics.record_outcome("app.pay", "dead_lettered")
+    task_metrics.record_outcome("app.pay", "dead_lettered")
+    assert registry.get_sample_value("taskherd_tasks_total", {"task": "app.pay", "outcome": "dead_lettered"}) == 2
+    with pytest.raises(ValueError, match="outcome='lost' for task 'app.pay' is not one of succeeded, failed"):
+        task_metrics.record_outcome("app.pay", "lost")
+
+
+def test_metric_names_follow_prometheus_conventions():
+    registry = CollectorRegistry()
+    metrics.TaskMetrics(registry=registry)
+    names = {metric.name for metric in registry.collect()}
+    assert names == {"taskherd_tasks", "taskherd_task_runtime_seconds", "taskherd_task_queue_wait_seconds",
+                     "taskherd_tasks_in_flight", "taskherd_task_deliveries"}  # counters get `_total` on exposition
+
+
+def test_published_at_reads_the_stamp_and_skips_missing_or_garbage():
+    class Request:
+        taskherd_published_at = "1700000000.5"
+
+    assert metrics.published_at(Request()) == 1700000000.5
+    assert metrics.published_at(object()) is None
+    Request.taskherd_published_at = "yesterday"
+    assert metrics.published_at(Request()) is None
