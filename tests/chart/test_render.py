@@ -278,3 +278,40 @@ def test_notes_tell_the_user_how_to_see_pools_and_where_alerts_go(tmp_path):
     assert "Alertmanager at http://am:9093" in notes
     assert "grace period 330s" in notes
     assert "Secret celery-broker" in notes
+
+
+def _unknown_fields(value: object, schema: dict, path: str) -> list[str]:
+    """Fields of a rendered object that the CRD's structural schema does not declare."""
+    if isinstance(value, dict) and "properties" in schema:
+        out = []
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out += _unknown_fields(item, schema["properties"][key], f"{path}.{key}")
+        return out
+    if isinstance(value, list) and "items" in schema:
+        return [e for i, item in enumerate(value) for e in _unknown_fields(item, schema["items"], f"{path}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.stem)
+def test_rendered_workerpools_use_only_fields_the_crd_declares(values):
+    """The CRD in crds/ is written by the operator's side: field names must agree, or the API
+    server would prune what the chart sets."""
+    crd = yaml.safe_load((CHART / "crds" / "workerpools.taskherd.io.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    schema = version["schema"]["openAPIV3Schema"]
+    for name, pool in by_kind(render([values]), "WorkerPool").items():
+        assert pool["apiVersion"] == f"{crd['spec']['group']}/v1alpha1"
+        assert _unknown_fields(pool["spec"], schema["properties"]["spec"], "spec") == [], name
+        assert set(schema["properties"]["spec"]["required"]) <= set(pool["spec"]), name
+
+
+def test_an_image_digest_pins_the_image():
+    digest = "sha256:" + "a" * 64
+    values = {**BROKER, "workerPoolDefaults": {"image": {"repository": "registry.example/app", "digest": digest}},
+              "operator": {"image": {"digest": digest}}}
+    deployments = by_kind(render(values=values), "Deployment")
+    assert container(deployments["th-taskherd-default"], WORKER)["image"] == f"registry.example/app@{digest}"
+    assert container(deployments["th-taskherd-operator"], "taskherd-operator")["image"] == f"taskherd.local/operator@{digest}"

@@ -119,8 +119,13 @@ app.kubernetes.io/component: worker
 taskherd.io/pool: {{ .pool.name }}
 {{- end }}
 
+{{/* repository@digest when a digest is given (immutable), else repository:tag. */}}
 {{- define "taskherd.image" -}}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
 {{- printf "%s:%s" .repository (toString .tag) }}
+{{- end }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,59 @@
+"""Every value is documented where it is defined, in the README table, and in the schema."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from conftest import CHART
+
+GEN = CHART / "hack" / "gen-readme.py"
+
+
+def test_readme_values_table_is_generated_from_values_yaml_and_up_to_date():
+    result = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def _schema_paths(schema: dict, root: dict, prefix: str = "") -> set[str]:
+    if "$ref" in schema:
+        node = root
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            node = node[part]
+        schema = node
+    out = set()
+    for key, sub in schema.get("properties", {}).items():
+        out.add(prefix + key)
+        out |= _schema_paths(sub, root, prefix + key + ".")
+    return out
+
+
+def _value_paths(values: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in values.items():
+        out.add(prefix + key)
+        # Free-form maps (resources, selectors, labels) are typed as objects, not key by key.
+        if isinstance(value, dict) and key not in ("resources", "namespaceSelector", "podSelector", "labels"):
+            out |= _value_paths(value, prefix + key + ".")
+    return out
+
+
+def test_schema_declares_every_value_and_refuses_unknown_keys():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = _value_paths(values) - _schema_paths(schema, schema)
+    assert missing == set()
+
+    def closed(node: dict, where: str) -> None:
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+        for key, sub in node.get("properties", {}).items():
+            closed(sub, f"{where}.{key}")
+
+    closed(schema, "values")
+    closed(schema["$defs"]["pool"], "workerPools[]")
+    # A pool entry accepts exactly the keys of workerPoolDefaults, plus its name.
+    pool_keys = set(schema["$defs"]["pool"]["properties"])
+    assert pool_keys == set(values["workerPoolDefaults"]) | {"name"}
