@@ -1,0 +1,100 @@
+"""The sample shop app (examples/shop) on real workers and brokers on this host, before any cluster:
+pool children SIGKILLed mid-charge, a flaky gateway, a poison charge — every charge recorded once,
+the poison in the DLQ, and the demo's own verdict says so."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHOP = REPO / "examples" / "shop"
+sys.path.insert(0, str(REPO))  # e2e.demo
+sys.path.insert(0, str(SHOP))  # shop (make_app, db) for the producer side
+
+from e2e.demo import ledger  # noqa: E402
+from e2e.demo.verdict import Observed, Sent, judge  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def wait_until(what, check, timeout, interval=0.3, explain=lambda: ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{explain()}")
+
+
+def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
+        broker_url, pg_dsn, worker_factory, unique_name):
+    management_url = os.environ.get("TASKHERD_RABBITMQ_API_URL")
+    env = {"TASKHERD_BROKER_URL": broker_url, "SHOP_DATABASE_URL": pg_dsn, "SHOP_QUEUE": unique_name,
+           "SHOP_CHARGE_SECONDS": "0.8", "SHOP_GATEWAY_FAILURE_RATE": "0.3",
+           "PYTHONPATH": str(SHOP)}
+    os.environ.setdefault("TASKHERD_BROKER_URL", broker_url)  # shop.app builds its module-level app on import
+    from shop import db
+    from shop.app import make_app
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        db.create_schema(conn)
+    producer = make_app(broker_url=broker_url, queue=unique_name)
+    workers = [worker_factory("shop.app", queues=[unique_name], env=env, concurrency=2) for _ in range(2)]
+
+    run = uuid.uuid4().hex[:6]
+    charges = [f"ch-{run}-{i:03d}" for i in range(24)]
+    for i, charge_id in enumerate(charges):
+        producer.send_task("shop.charge", kwargs={"charge_id": charge_id, "customer": f"cust-{i % 5}",
+                                                  "amount_cents": 100 + i}, queue=unique_name)
+    producer.send_task("shop.charge", kwargs={"charge_id": f"bad-{run}", "customer": "cust-x", "amount_cents": -5},
+                       queue=unique_name)
+
+    killed: list[str] = []
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for _ in range(2):  # SIGKILL the pool child running a charge, twice (what an OOM kill does)
+            row = wait_until("a charge in flight", lambda: conn.execute(
+                "SELECT key, pid FROM shop_attempts WHERE finished_at IS NULL AND task_name = 'shop.charge' "
+                "AND started_at < clock_timestamp() - interval '0.2 s' AND NOT (key = ANY(%s)) "
+                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), timeout=30)
+            os.kill(row[1], signal.SIGKILL)
+            killed.append(row[0])
+
+        def settled():
+            effects = ledger.read_effects(conn)
+            dead = ledger.read_dead_letters(broker_url, f"{unique_name}.dlq", management_url=management_url)
+            return (effects, dead) if all(effects.get(c) for c in charges) and dead else None
+
+        def explain():
+            effects = ledger.read_effects(conn)
+            return (f"missing: {[c for c in charges if not effects.get(c)]}\n"
+                    f"dlq: {ledger.read_dead_letters(broker_url, f'{unique_name}.dlq', management_url=management_url)}\n"
+                    + "\n".join(w.tail(40) for w in workers))
+
+        effects, dead = wait_until("every charge recorded and the poison dead-lettered", settled, timeout=90,
+                                   explain=explain)
+        time.sleep(2)  # a duplicate would show up now: the killed children's messages are back in play
+        effects, attempts = ledger.read_effects(conn), ledger.read_attempts(conn)
+        dead = ledger.read_dead_letters(broker_url, f"{unique_name}.dlq", management_url=management_url)
+
+    verdict = judge(Sent(charges=tuple(charges), poison=(f"bad-{run}",)),
+                    Observed(effects=effects, attempts=attempts, dead_letters=dead, expect=frozenset()))
+    assert verdict.ok, verdict.failures
+    assert verdict.lost == [] and verdict.duplicated == {}
+    per_key = ledger.attempts_by_key(attempts)
+    for key in killed:  # the killed attempt never finished, the redelivery did
+        assert per_key[key] >= 2, (key, per_key[key])
+    assert verdict.interrupted_attempts >= 2
+    # the flaky gateway made some charge retry (P(no failure in 24+ calls at 30 %) < 0.0002)
+    assert any(a.outcome == "RETRY" for a in attempts), [a.outcome for a in attempts]
+    [poison] = dead
+    assert poison.key == f"bad-{run}" and poison.reason.startswith("permanent-error"), poison
+    assert poison.attempts == 1 and poison.exception_type.endswith("InvalidCharge")
+    assert all(w.is_running() for w in workers)  # killed children were replaced, the workers kept going
