@@ -1,0 +1,39 @@
+# The Helm chart (issue 6): see docs/chart.md.
+#   make chart-test          the chart's fast tests (lint, rendering, validation, promtool, checkov)
+#   make chart-readme        regenerate the values table of charts/taskherd/README.md
+#   make chart-test-prereqs  what those tests need: the pinned helm, promtool, checkov's own venv
+.PHONY: helm-binary promtool checkov-venv chart-test-prereqs chart-test chart-readme
+
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV := $(TASKHERD_HOME)/venv-checkov
+
+# helm is built from the Go module proxy at the version pinned in e2e/cluster/versions.env, into
+# $(TASKHERD_HOME)/bin/helm-<version>/helm; build.sh is a no-op when it is already there.
+helm-binary:
+	bash e2e/cluster/build.sh helm
+
+# promtool (`promtool test rules`) comes with Debian's prometheus package.
+promtool:
+	@command -v promtool >/dev/null || { apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+# checkov pins dozens of libraries: it gets a venv of its own, never the project's .venv.
+$(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
+	@test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q 'checkov==$(CHECKOV_VERSION)'
+	touch $@
+
+checkov-venv: $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
+
+chart-test-prereqs: helm-binary promtool checkov-venv
+
+TEST_PREREQS += chart-test-prereqs
+# The chart tests are fast tests too: `make test-fast` gets the same prerequisites.
+test-fast: chart-test-prereqs
+
+chart-test: venv chart-test-prereqs
+	$(VENV)/bin/pytest tests/chart -m 'not cluster' $(PYTEST_ARGS)
+
+chart-readme: venv
+	$(PY) charts/taskherd/hack/gen-readme.py
