@@ -1,0 +1,94 @@
+"""`taskherd drain` during three running tasks, on both brokers.
+
+Running tasks finish and are acknowledged once; the queued tasks stay queued; the countdown task the
+worker was holding in memory goes back to the queue; another worker takes all of them; nothing is
+lost or run twice; the drain lasts about as long as the longest running task, and SIGTERM afterwards
+ends the worker at once.
+"""
+import json
+import signal
+import subprocess
+import time
+
+import kombu
+import redis
+from celery import Celery
+
+from runtime.helpers import TASKHERD, probe, wait_until
+
+LONG_TASKS = {"long-4": 4, "long-6": 6, "long-8": 8}
+QUICK_TASKS = ["quick-0", "quick-1", "quick-2", "quick-3"]
+COUNTDOWN = 16
+
+
+def ready_messages(broker_url: str, queue: str) -> int:
+    with kombu.Connection(broker_url) as connection:
+        try:
+            return connection.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except connection.channel_errors:
+            if broker_url.startswith("redis"):
+                return 0  # Redis deletes an empty list: "no such queue" means empty there
+            raise
+
+
+def test_drain_finishes_running_tasks_and_leaves_the_rest_to_another_worker(broker_url, redis_url, unique_name,
+                                                                             worker_factory, tmp_path):
+    ledger = redis.Redis.from_url(redis_url)
+    heartbeat_dir = tmp_path / "heartbeat-a"
+    env = {"TEST_BROKER_URL": broker_url, "TEST_LEDGER_URL": redis_url, "TEST_QUEUE": unique_name,
+           "TASKHERD_HEARTBEAT_INTERVAL": "0.5"}
+    worker_a = worker_factory("apps.runtime_app", queues=[unique_name], concurrency=3,
+                              env={**env, "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir)})
+    producer = Celery(broker=broker_url)
+
+    def heartbeat():
+        return json.loads((heartbeat_dir / "heartbeat.json").read_text())
+
+    # A countdown task first: the worker holds it in memory (reserved, not started).
+    producer.send_task("runtime.sleep", args=("countdown", 0), countdown=COUNTDOWN, queue=unique_name)
+    wait_until(lambda: heartbeat()["scheduled"] == 1, timeout=15, message="the countdown task held by the worker")
+    for key, seconds in LONG_TASKS.items():
+        producer.send_task("runtime.sleep", args=(key, seconds), queue=unique_name)
+    wait_until(lambda: ledger.llen("started") == 3, timeout=15, message="three long tasks started")
+    long_started = time.monotonic()
+    for key in QUICK_TASKS:
+        producer.send_task("runtime.sleep", args=(key, 0), queue=unique_name)
+    time.sleep(1)
+    assert ready_messages(broker_url, unique_name) == 4, "the busy worker (prefetch 1) took a queued task"
+
+    drain = subprocess.Popen([*TASKHERD, "drain", "--dir", str(heartbeat_dir)], stdout=subprocess.PIPE, text=True)
+    drain_started = time.monotonic()
+    wait_until(lambda: probe("readiness", heartbeat_dir)[0] == 1, timeout=3, message="not ready while draining")
+    # Stops consuming at once and gives the held countdown task back.
+    wait_until(lambda: ready_messages(broker_url, unique_name) == 5, timeout=3,
+               message="the countdown task back in the queue")
+    output, _ = drain.communicate(timeout=30)
+    drain_seconds = time.monotonic() - drain_started
+    assert drain.returncode == 0, output
+    assert "worker idle" in output
+    remaining = max(LONG_TASKS.values()) - (drain_started - long_started)
+    assert remaining - 0.5 <= drain_seconds <= remaining + 3, (drain_seconds, remaining)
+
+    assert sorted(ledger.lrange("done", 0, -1)) == sorted(k.encode() for k in LONG_TASKS)
+    assert ready_messages(broker_url, unique_name) == 5, "a queued task was consumed during the drain"
+    assert heartbeat()["active"] == [] and heartbeat()["scheduled"] == 0
+
+    sigterm_at = time.monotonic()
+    worker_a.signal(signal.SIGTERM)
+    worker_a.wait(timeout=15)
+    assert time.monotonic() - sigterm_at < 10, "the warm shutdown after a drain was not quick"
+
+    worker_b = worker_factory("apps.runtime_app", queues=[unique_name], concurrency=2,
+                              env={**env, "TASKHERD_HEARTBEAT_DIR": str(tmp_path / "heartbeat-b")})
+    every_key = [*LONG_TASKS, *QUICK_TASKS, "countdown"]
+    wait_until(lambda: ledger.llen("done") == len(every_key), timeout=COUNTDOWN + 30,
+               message=f"all tasks done ({ledger.lrange('done', 0, -1)})")
+    worker_b.stop()
+    assert sorted(ledger.lrange("done", 0, -1)) == sorted(k.encode() for k in every_key)
+    runs = {key: int(ledger.get(f"runs:{key}")) for key in every_key}
+    assert runs == {key: 1 for key in every_key}, f"a task ran twice: {runs}"
+    assert ready_messages(broker_url, unique_name) == 0
+    # Worker A acknowledged what it ran: worker B (and the broker) saw no redelivery of it.
+    assert not any(f"[{key}" in worker_b.log() for key in LONG_TASKS)
+    assert "runtime.sleep" in worker_b.log()
+    producer.close()
