@@ -41,18 +41,28 @@ app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_pre
                 accept_content=["json"], task_serializer="json", result_serializer="json")
 
 store = PostgresStore()
+_connections: dict[int, psycopg.Connection] = {}
+
+
+def _connection() -> psycopg.Connection:
+    """One connection per pool process (never shared across a fork)."""
+    conn = _connections.get(os.getpid())
+    if conn is None or conn.closed:
+        conn = _connections[os.getpid()] = psycopg.connect(DSN, autocommit=True)
+    return conn
+
+
 def _attempt(task) -> int:
-    with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute("INSERT INTO attempts (task_id, hostname) VALUES (%s, %s)",
-                     (task.request.id, task.request.hostname or socket.gethostname()))
-        return conn.execute("SELECT count(*) FROM attempts WHERE task_id = %s", (task.request.id,)).fetchone()[0]
+    conn = _connection()
+    conn.execute("INSERT INTO attempts (task_id, hostname) VALUES (%s, %s)",
+                 (task.request.id, task.request.hostname or socket.gethostname()))
+    return conn.execute("SELECT count(*) FROM attempts WHERE task_id = %s", (task.request.id,)).fetchone()[0]
 
 
 @app.task(name="effects.record", bind=True)
 def record(task, order):
     attempt = _attempt(task)
-    with psycopg.connect(DSN, autocommit=True) as conn:
-        result = _record(task, order, attempt=attempt, conn=conn)
+    result = _record(task, order, attempt=attempt, conn=_connection())
     if attempt == 1 and SLOW_FIRST_SECONDS and SLOW_FIRST_AT == "after":
         _hold(task, "is committed, holds its message unacknowledged")
     return result

@@ -14,7 +14,7 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
-def tests_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     return env
@@ -31,7 +31,7 @@ class Deliverers:
         cmd = [sys.executable, "-m", "apps.effects_duplicates", store, url, key, name, str(self.sync_dir)]
         for option, value in options.items():
             cmd += [f"--{option}", str(value)]
-        process = subprocess.Popen(cmd, env=tests_env(), cwd=TESTS_DIR, stdout=subprocess.PIPE,
+        process = subprocess.Popen(cmd, env=subprocess_env(), cwd=TESTS_DIR, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.processes[name] = process
         return process

@@ -1,0 +1,160 @@
+"""Transactional outbox: rows committed with the caller's transaction, relayed by real `taskherd
+outbox relay` processes (killed between publish and mark; two of them at once), consumed by a real
+worker whose effect is guarded by the PostgreSQL idempotency store keyed on the task id (= row id).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import httpx
+import psycopg
+import pytest
+
+from apps.effects_schema import create_tables
+from taskherd.worker import outbox
+
+from .conftest import TESTS_DIR, subprocess_env
+from .test_worker_sigkill import rows, wait_until
+
+
+class Relay:
+    def __init__(self, log_dir: Path, name: str, args: list[str], env: dict[str, str]):
+        self.log_path = log_dir / f"relay-{name}.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "taskherd.cli", "outbox", "relay", *args], env=subprocess_env(env),
+                cwd=TESTS_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, needle: str, timeout: float = 60) -> None:
+        wait_until(lambda: needle in self.log() or self.process.poll() is not None, timeout, needle)
+        assert needle in self.log(), self.log()
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+
+@pytest.fixture
+def relays(tmp_path):
+    started: list[Relay] = []
+
+    def start(name: str, args: list[str], env: dict[str, str]) -> Relay:
+        started.append(Relay(tmp_path, name, args, env))
+        return started[-1]
+
+    yield start
+    for relay in started:
+        if relay.process.poll() is None:
+            relay.process.kill()
+            relay.process.wait()
+
+
+def app_env(broker_url: str, queue: str, dsn: str) -> dict[str, str]:
+    return {"TEST_BROKER_URL": broker_url, "TEST_QUEUE": queue, "TEST_PG_DSN": dsn}
+
+
+def relay_args(dsn: str, *extra: str) -> list[str]:
+    return ["--dsn", dsn, "--app", "apps.effects_app:app", *extra]
+
+
+def enqueue_orders(dsn: str, orders, queue: str, *, commit: bool = True) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        ids = [outbox.enqueue(conn, "effects.record", args=[order], queue=queue) for order in orders]
+        conn.commit() if commit else conn.rollback()
+    return ids
+
+
+def wait_for_queue_depth(api_url: str, amqp_url: str, queue: str, expected: int) -> None:
+    """Waits for the management API to report `expected` messages (its counters lag a few seconds)."""
+    vhost = unquote(urlsplit(amqp_url).path[1:])
+    api = urlsplit(api_url)
+    seen: list = []
+    with httpx.Client(base_url=f"{api.scheme}://{api.hostname}:{api.port}", auth=(api.username, api.password)) as c:
+        def depth_is_expected():
+            seen.append(c.get(f"/api/queues/{vhost}/{queue}").json().get("messages"))
+            return seen[-1] == expected
+        try:
+            wait_until(depth_is_expected, 30, f"{expected} messages in {queue}", interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"queue {queue} holds {seen[-1]} messages, expected {expected}") from None
+
+
+@pytest.fixture
+def outbox_dsn(pg_dsn) -> str:
+    create_tables(pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        outbox.create_table(conn)
+    return pg_dsn
+
+
+def test_enqueue_belongs_to_the_callers_transaction(outbox_dsn):
+    kept = enqueue_orders(outbox_dsn, [1, 2], "q")
+    enqueue_orders(outbox_dsn, [3], "q", commit=False)
+    assert [str(r[0]) for r in rows(outbox_dsn, "SELECT id FROM taskherd_outbox ORDER BY created_at")] == kept
+    with pytest.raises(ValueError, match="batch_size=0; valid: an integer in 1..10000"):
+        outbox.Relay(connect=lambda: None, publish=lambda rows: None, batch_size=0)
+
+
+@pytest.mark.slow
+def test_relay_killed_between_publish_and_mark_loses_nothing_and_repeats_no_effect(
+        amqp_url, rabbitmq_api_url, outbox_dsn, unique_name, relays, worker_factory):
+    env = app_env(amqp_url, unique_name, outbox_dsn)
+    ids = enqueue_orders(outbox_dsn, range(10), unique_name)
+
+    crashing = relays("crashing", relay_args(outbox_dsn, "--batch-size", "10", "--once"),
+                      {**env, "TASKHERD_OUTBOX_TEST_PAUSE_AFTER_PUBLISH": "1"})
+    crashing.wait_for_log("pausing before marking them sent")
+    crashing.stop(signal.SIGKILL)
+    # Published (with confirms) but not marked: the broker has the messages, the rows are pending.
+    wait_for_queue_depth(rabbitmq_api_url, amqp_url, unique_name, 10)
+    assert rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL") == [(10,)]
+
+    again = relays("again", relay_args(outbox_dsn, "--once"), env)
+    assert again.process.wait(timeout=60) == 0, again.log()
+    assert "relayed 10 rows" in again.log()
+    assert rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL") == [(0,)]
+    wait_for_queue_depth(rabbitmq_api_url, amqp_url, unique_name, 20)  # every row, twice
+
+    worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=2)
+    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM attempts") == [(20,)], 60, "20 deliveries")
+    time.sleep(1)
+    ledger = rows(outbox_dsn, "SELECT key FROM ledger ORDER BY key")
+    assert sorted(f"task:{i}" for i in ids) == [k for (k,) in ledger]
+
+
+@pytest.mark.slow
+def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
+        broker_url, outbox_dsn, unique_name, relays, worker_factory):
+    env = app_env(broker_url, unique_name, outbox_dsn)
+    worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=2)
+    pair = [relays(name, relay_args(outbox_dsn, "--batch-size", "20", "--poll-interval", "0.05"), env)
+            for name in ("a", "b")]
+    time.sleep(2)  # both relays are polling before the rows arrive
+
+    ids: list[str] = []
+    for batch in range(20):  # 20 transactions of 50 rows, while both relays run
+        ids += enqueue_orders(outbox_dsn, range(batch * 50, batch * 50 + 50), unique_name)
+        time.sleep(0.05)
+    rolled_back = enqueue_orders(outbox_dsn, range(5000, 5050), unique_name, commit=False)
+    assert len(ids) == 1000
+
+    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL") == [(0,)],
+               120, "all rows relayed")
+    wait_until(lambda: rows(outbox_dsn, "SELECT count(DISTINCT task_id) FROM attempts") == [(1000,)],
+               180, "1000 tasks run", interval=0.5)
+    for relay in pair:
+        assert relay.stop() == 0, relay.log()
+    relayed_by = dict(rows(outbox_dsn, "SELECT relayed_by, count(*) FROM taskherd_outbox GROUP BY relayed_by"))
+    assert len(relayed_by) == 2 and sum(relayed_by.values()) == 1000, relayed_by  # SKIP LOCKED shared the work
+    ledger = [k for (k,) in rows(outbox_dsn, "SELECT key FROM ledger")]
+    assert sorted(ledger) == sorted(f"task:{i}" for i in ids)  # no row lost, none applied twice
+    assert not set(ledger) & {f"task:{i}" for i in rolled_back}
