@@ -8,8 +8,10 @@ into the queue, P(t) — and ``messages_ready``. In a FIFO queue the ready messa
 we saw the counter at each value, message k was published between the last observation with
 P < k and the first with P >= k: the head's age is known to within that bracket.
 
-Error: half the bracket (the poll interval while messages keep arriving), plus the management
-statistics lag (``collect_statistics_interval``, 5 s by default). Messages returned to the head
+The counter we read at time t may be up to the management statistics lag L old
+(``collect_statistics_interval``, 5 s by default), so the bracket is widened by L on its early
+side: published in [last P<k − L, first P>=k]. We report its midpoint; the error is half its width
+(about (poll interval + L) / 2 while messages keep arriving). Messages returned to the head
 (nack/requeue, a closed channel) are older than message k: the estimate is then too young by at
 most how long they had been out. Counter resets (queue re-declared, node restart) restart the
 history. When the head predates our first observation we can only say "at least this old".
@@ -24,6 +26,8 @@ from .stats import AGE_FROM_PUBLISH_COUNTER, AGE_LOWER_BOUND
 
 #: Runs kept per queue: bounds memory if a queue never drains.
 MAX_RUNS = 10_000
+#: While a queue reads empty, observations younger than this are kept (statistics lag).
+RECENT_WINDOW_SECONDS = 120.0
 
 
 @dataclass
@@ -44,7 +48,8 @@ class AgeEstimate:
 class PublishHistory:
     """Remembers (time, publish counter) runs per queue key across polls."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stats_lag_seconds: float = 5.0) -> None:
+        self.stats_lag_seconds = stats_lag_seconds
         self._runs: dict[object, list[_Run]] = {}
         self._lock = threading.Lock()
 
@@ -58,7 +63,10 @@ class PublishHistory:
             else:
                 runs.append(_Run(published_total, now, now))
             if ready <= 0:
-                del runs[:-1]  # nothing waits: only the current counter matters from now on
+                # Nothing waits — or the ready count lags the counter (a new quorum queue reports
+                # no counts for ~10 s): keep a recent window so the next head can still be bracketed.
+                recent = [run for run in runs[:-2] if now - run.last_seen <= RECENT_WINDOW_SECONDS]
+                runs[:] = recent + runs[-2:]
                 return None
             head = published_total - ready + 1
             index = next((i for i, run in enumerate(runs) if run.published_total >= head), len(runs) - 1)
@@ -69,7 +77,7 @@ class PublishHistory:
             published_by = runs[index].first_seen
             if index == 0:
                 return AgeEstimate(max(0.0, now - published_by), None, AGE_LOWER_BOUND)
-            published_after = runs[index - 1].last_seen
+            published_after = runs[index - 1].last_seen - self.stats_lag_seconds
             midpoint = (published_after + published_by) / 2
             return AgeEstimate(max(0.0, now - midpoint), (published_by - published_after) / 2,
                                AGE_FROM_PUBLISH_COUNTER)

@@ -1,0 +1,116 @@
+"""Queue inspection on RabbitMQ (management API) against real classic and quorum queues."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from celery import Celery
+from kombu import Exchange, Queue
+
+from taskherd.queues import BrokerUnreachable, inspect_queues
+from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER
+from taskherd.worker import stamping
+
+#: The management statistics refresh every 5 s; a new quorum queue reports nothing for ~10 s.
+STATS_WAIT = 40
+
+
+@pytest.fixture
+def stamped():
+    stamping.install()
+    yield
+    stamping.uninstall()
+
+
+def declared_app(amqp_url: str, queue: str, queue_type: str) -> Celery:
+    app = Celery(broker=amqp_url)
+    app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue,
+                                  queue_arguments={"x-queue-type": queue_type})]
+    return app
+
+
+def poll(amqp_url, api, queues, until, timeout=STATS_WAIT):
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = inspect_queues(amqp_url, queues, management_url=api)
+        if until(stats):
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"management API never showed the expected figures: {stats}")
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_ready_consumers_and_head_age(amqp_url, rabbitmq_api_url, unique_name, queue_type, stamped):
+    queue = unique_name
+    app = declared_app(amqp_url, queue, queue_type)
+    with app.connection_for_write() as conn:
+        Queue(queue, Exchange(queue), routing_key=queue,
+              queue_arguments={"x-queue-type": queue_type})(conn.default_channel).declare()
+    # Observed empty before the publish: the history the quorum estimate brackets from.
+    poll(amqp_url, rabbitmq_api_url, [queue], lambda s: True)
+    before = time.time()
+    for _ in range(3):
+        app.send_task("t.x", queue=queue)
+    after = time.time()
+    app.close()
+    poll(amqp_url, rabbitmq_api_url, [queue], lambda s: s[queue].ready == 3)
+    time.sleep(2)
+    now = time.time()
+    stats = inspect_queues(amqp_url, [queue], management_url=rabbitmq_api_url, now=now)[queue]
+    assert (stats.ready, stats.unacked, stats.consumers, stats.depth) == (3, 0, 0, 3)
+    true_age_range = (now - after, now - before)
+    if queue_type == "classic":
+        assert stats.oldest_age_method == AGE_FROM_HEAD_TIMESTAMP
+        # The AMQP timestamp has whole-second resolution (truncated): up to 1 s older.
+        assert true_age_range[0] - 0.01 <= stats.oldest_age_seconds <= true_age_range[1] + 1.0
+    else:
+        assert stats.oldest_age_method == AGE_FROM_PUBLISH_COUNTER
+        assert stats.oldest_age_error_seconds < 10, "poll every second: the bracket should be tight"
+        low, high = stats.oldest_age_seconds - stats.oldest_age_error_seconds, \
+            stats.oldest_age_seconds + stats.oldest_age_error_seconds
+        assert low <= true_age_range[1] and true_age_range[0] <= high, (stats, true_age_range)
+
+
+def test_unacked_and_consumers_while_a_worker_runs(amqp_url, rabbitmq_api_url, unique_name, worker_factory):
+    queue = unique_name
+    env = {"TEST_BROKER_URL": amqp_url, "TEST_QUEUE": queue}
+    worker_factory("apps.recovery_app", queues=[queue], env=env, concurrency=1)
+    app = Celery(broker=amqp_url)
+    for _ in range(3):
+        app.send_task("recovery.hold", args=(uuid.uuid4().hex, 40), queue=queue)
+    app.close()
+    stats = poll(amqp_url, rabbitmq_api_url, [queue],
+                 lambda s: (s[queue].ready, s[queue].unacked, s[queue].consumers) == (2, 1, 1))[queue]
+    assert stats.depth == 3
+    assert stats.oldest_unacked_age_seconds is None  # the API has no delivery times
+
+
+def test_dlq_depth_and_missing_queue(amqp_url, rabbitmq_api_url, unique_name):
+    dlq = unique_name + ".dlq"
+    from kombu import Connection, Producer
+
+    with Connection(amqp_url) as conn:
+        Queue(dlq, routing_key=dlq)(conn.default_channel).declare()
+        producer = Producer(conn)
+        for i in range(4):
+            producer.publish({"i": i}, routing_key=dlq)
+    stats = poll(amqp_url, rabbitmq_api_url, [dlq, unique_name + ".never"], lambda s: s[dlq].ready == 4)
+    assert stats[dlq].ready == 4
+    never = stats[unique_name + ".never"]
+    assert (never.ready, never.unacked, never.oldest_age_seconds) == (0, 0, None)
+
+
+def test_management_url_is_derived_from_the_amqp_url():
+    from taskherd.queues.rabbitmq import management_url_for, vhost_of
+
+    assert management_url_for("amqp://u:p@rabbit.ns:5672/v") == "http://u:p@rabbit.ns:15672"
+    assert vhost_of("amqp://u:p@h:5672//") == "/"
+    assert vhost_of("amqp://u:p@h:5672/") == "/"
+    assert vhost_of("amqp://u:p@h:5672/t-%2Fx") == "t-/x"
+
+
+def test_unreachable_management_api_raises_broker_unreachable(amqp_url):
+    with pytest.raises(BrokerUnreachable, match="127.0.0.1:1"):
+        inspect_queues(amqp_url, ["q"], management_url="http://u:p@127.0.0.1:1")

@@ -1,0 +1,103 @@
+"""Queue inspection on Redis against real queues with known contents."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from celery import Celery
+
+from taskherd.queues import BrokerUnreachable, inspect_queues
+from taskherd.worker import stamping
+
+PUBLISHED_AT = stamping.PUBLISHED_AT_HEADER
+
+
+def producer(redis_url: str, prefix: str) -> Celery:
+    app = Celery(broker=redis_url)
+    if prefix:
+        app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    return app
+
+
+@pytest.fixture
+def stamped():
+    stamping.install()
+    yield
+    stamping.uninstall()
+
+
+@pytest.mark.parametrize("prefix", ["", "tenant-a:"])
+def test_ready_depth_counts_every_priority_list_and_age_skips_eta(redis_url, unique_name, prefix, stamped):
+    app = producer(redis_url, prefix)
+    queue = unique_name
+    old_stamp = time.time() - 300
+    stamping.uninstall()  # one message with a known, old stamp, in the priority-6 list
+    app.send_task("t.old", queue=queue, priority=6, headers={PUBLISHED_AT: old_stamp})
+    stamping.install()
+    app.send_task("t.eta", queue=queue, countdown=3600)  # the oldest of list 0, but waits on purpose
+    before = time.time()
+    app.send_task("t.a", queue=queue)
+    app.send_task("t.b", queue=queue)
+    after = time.time()
+    app.send_task("t.c", queue=queue, priority=9)
+    app.send_task("t.other", queue=queue + "-other")
+    app.close()
+
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen(prefix + queue + "\x06\x166") == 1, "the priority message is not in its sub-list"
+    now = time.time() + 10
+    stats = inspect_queues(redis_url, [queue, queue + "-missing"], global_keyprefix=prefix, now=now)
+    assert stats[queue].ready == 5 and stats[queue].unacked == 0 and stats[queue].consumers is None
+    assert stats[queue].depth == 5
+    assert abs(stats[queue].oldest_age_seconds - (now - old_stamp)) < 0.01
+    missing = stats[queue + "-missing"]
+    assert (missing.ready, missing.unacked, missing.oldest_age_seconds) == (0, 0, None)
+
+    client.delete(prefix + queue + "\x06\x166")  # without the old one: the oldest non-ETA of list 0
+    age = inspect_queues(redis_url, [queue], global_keyprefix=prefix, now=now)[queue].oldest_age_seconds
+    assert now - after <= age <= now - before
+    if prefix:  # the prefix is honoured, not ignored: unprefixed names hold nothing
+        assert inspect_queues(redis_url, [queue], now=now)[queue].ready == 0
+
+
+def test_unacked_counted_per_queue_while_a_worker_runs(redis_url, unique_name, worker_factory, stamped):
+    queue, other = unique_name, unique_name + "-other"
+    env = {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": queue, "TEST_VISIBILITY_TIMEOUT": "600"}
+    worker_factory("apps.recovery_app", queues=[queue], env=env, concurrency=1)
+    app = producer(redis_url, "")
+    for _ in range(3):
+        app.send_task("recovery.hold", args=(uuid.uuid4().hex, 30), queue=queue)
+    app.send_task("recovery.hold", args=("elsewhere", 1), queue=other)  # no worker consumes it
+    app.close()
+
+    def running():
+        s = inspect_queues(redis_url, [queue, other], visibility_timeout=600)
+        return s if s[queue].unacked == 1 else None
+
+    deadline = time.monotonic() + 30
+    while not (stats := running()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stats, "the worker never took a message"
+    time.sleep(2)
+    stats = inspect_queues(redis_url, [queue, other], visibility_timeout=600)
+    assert (stats[queue].ready, stats[queue].unacked, stats[queue].depth) == (2, 1, 3)
+    assert (stats[other].ready, stats[other].unacked) == (1, 0)
+    assert 2 <= stats[queue].oldest_unacked_age_seconds < 30
+    assert stats[queue].visibility_timeout_seconds == 600
+    assert 570 < stats[queue].visibility_timeout_remaining_seconds <= 598
+    assert stats[other].oldest_unacked_age_seconds is None
+
+
+def test_dlq_depth_is_the_ready_count_of_the_dlq(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    for i in range(4):
+        client.lpush(unique_name + ".dlq", '{"headers": {}, "properties": {}}')
+    stats = inspect_queues(redis_url, [unique_name + ".dlq"])
+    assert stats[unique_name + ".dlq"].ready == 4
+
+
+def test_unreachable_redis_raises_broker_unreachable():
+    with pytest.raises(BrokerUnreachable, match="127.0.0.1:1"):
+        inspect_queues("redis://127.0.0.1:1/3", ["q"])
