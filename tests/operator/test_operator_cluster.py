@@ -221,11 +221,11 @@ def test_two_replicas_elect_one_leader_and_hand_over(cluster, namespace, pod_ima
 
 
 INVALID = [
-    ({"minReplicas": 5, "maxReplicas": 2}, "spec.minReplicas (5) must be <= spec.maxReplicas (2)"),
-    ({"maxReplicas": 0}, "spec.maxReplicas 0 is invalid: must be between 1 and 1000"),
-    ({"targetDepthPerWorker": 0}, "spec.targetDepthPerWorker 0 is invalid: must be >= 1"),
-    ({"pollIntervalSeconds": 0}, "spec.pollIntervalSeconds 0 is invalid: must be between 1 and 300"),
-    ({"maxOldestMessageAgeSeconds": -3}, "spec.maxOldestMessageAgeSeconds -3 is invalid: must be >= 1"),
+    ({"minReplicas": 5, "maxReplicas": 2}, "spec.minReplicas must be less than or equal to spec.maxReplicas"),
+    ({"maxReplicas": 0}, "spec.maxReplicas: Invalid value: 0: spec.maxReplicas in body should be greater than or equal to 1"),
+    ({"targetDepthPerWorker": 0}, "spec.targetDepthPerWorker: Invalid value: 0: spec.targetDepthPerWorker in body should be greater than or equal to 1"),
+    ({"pollIntervalSeconds": 900}, "spec.pollIntervalSeconds: Invalid value: 900: spec.pollIntervalSeconds in body should be less than or equal to 300"),
+    ({"maxOldestMessageAgeSeconds": -3}, "spec.maxOldestMessageAgeSeconds: Invalid value: -3: spec.maxOldestMessageAgeSeconds in body should be greater than or equal to 1"),
     ({"broker": {"type": "kafka", "secretRef": {"name": "b"}, "queues": ["q"]}},
      "spec.broker.type kafka is not a known broker: must be redis or rabbitmq"),
     ({"broker": {"type": "redis", "secretRef": {"name": "b"}, "queues": []}}, "spec.broker.queues"),
@@ -233,14 +233,19 @@ INVALID = [
      "spec.scaleTargetRef.kind StatefulSet is not supported: must be Deployment"),
     ({"deadLetter": {"alertmanagerUrl": "ftp://am"}},
      "spec.deadLetter.alertmanagerUrl ftp://am is invalid: must start with http:// or https://"),
-    ({"deadLetter": {"threshold": 0}}, "spec.deadLetter.threshold 0 is invalid: must be >= 1"),
+    ({"deadLetter": {"threshold": 0}}, "spec.deadLetter.threshold in body should be greater than or equal to 1"),
+    ({"broker": {"type": "redis", "secretRef": {"name": "b", "managementUrlKey": "m"}, "queues": ["q"]}},
+     "spec.broker.secretRef.managementUrlKey applies only to broker type rabbitmq"),
+    ({"maxReplicas": None}, 'spec.maxReplicas: Required value'),
 ]
 
 
 def test_invalid_workerpools_are_rejected_with_clear_messages(cluster, namespace):
     for change, message in INVALID:
         with pytest.raises(CommandFailed) as info:
-            cluster.apply(workerpool("bad", "q", **change), namespace)
+            manifest = json.loads(workerpool("bad", "q", **change))
+            manifest["spec"] = {k: v for k, v in manifest["spec"].items() if v is not None}
+            cluster.apply(json.dumps(manifest), namespace)
         assert message in str(info.value), (change, str(info.value))
     cluster.apply(workerpool("good", "q"), namespace)
     spec = cluster.kubectl_json("-n", namespace, "get", "wp", "good")["spec"]

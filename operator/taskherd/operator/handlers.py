@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -21,6 +22,12 @@ from .scheduler import PoolScheduler
 CONFIG: OperatorConfig | None = None
 
 
+@functools.cache
+def _metrics() -> OperatorMetrics:
+    """One set per process: kopf may start more than once in a process (kopf.testing.KopfRunner)."""
+    return OperatorMetrics()
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     config = CONFIG or OperatorConfig.from_env()
@@ -30,7 +37,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     settings.watching.server_timeout = 300
     await kube.load_config()
     api = kube.ApiKube()
-    metrics = OperatorMetrics()
+    metrics = _metrics()
     if config.metrics_port:
         from prometheus_client import start_http_server
         start_http_server(config.metrics_port)
