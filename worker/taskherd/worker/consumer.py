@@ -34,6 +34,32 @@ def _headers_of(message: Any) -> dict:
     return headers if isinstance(headers, dict) else {}
 
 
+#: Exceptions that say "this message is malformed", whatever a transport files them under.
+_MESSAGE_FAULTS = (LookupError, TypeError, ValueError, AttributeError, UnicodeError)
+
+#: Protocol-2 headers every task message must carry, with their types.
+_REQUIRED_HEADERS = {"id": str, "task": str}
+
+
+def broken_headers(message: Any) -> str | None:
+    """Why a protocol-2 task message's headers are unusable, or None if they look fine.
+
+    Only messages that claim to be protocol 2 (a ``task`` header) are checked; anything else is
+    left to Celery's decoding path (protocol 1, or not a task message at all).
+    """
+    headers = getattr(message, "headers", None)
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    for name, kind in _REQUIRED_HEADERS.items():
+        value = headers.get(name)
+        if not isinstance(value, kind) or not value:
+            return f"broken headers: {name!r} must be a non-empty {kind.__name__}, got {value!r}"
+    for name in ("retries", "group_index"):
+        if headers.get(name) is not None and not isinstance(headers.get(name), int):
+            return f"broken headers: {name!r} must be an integer, got {headers.get(name)!r}"
+    return None
+
+
 class Consumer(CeleryConsumer):
     """Celery's consumer, dead-lettering what it would drop, ack-and-forget or choke on."""
 
@@ -62,11 +88,17 @@ class Consumer(CeleryConsumer):
         connection_errors = tuple(self.connection_errors or ())
 
         def on_task_received(message):
+            problem = broken_headers(message)
+            if problem:
+                return self._dead_letter_message(message, Reason.INVALID_MESSAGE, problem, None)
             try:
                 return handle(message)
-            except connection_errors:
-                raise  # the connection is gone: Celery reconnects and the broker redelivers
             except Exception as exc:  # broken headers and the like: dead-letter, keep consuming
+                # kombu's Redis transport counts KeyError among its connection errors: a missing
+                # key in a message must not pass for a lost connection (that restarts the
+                # consumer and redelivers the same message, forever).
+                if isinstance(exc, connection_errors) and not isinstance(exc, _MESSAGE_FAULTS):
+                    raise  # the connection is gone: Celery reconnects and the broker redelivers
                 self._dead_letter_message(message, Reason.INVALID_MESSAGE,
                                           f"message could not be turned into a task: {exc!r}", exc)
 

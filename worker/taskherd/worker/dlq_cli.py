@@ -79,6 +79,8 @@ def _jsonable(value: Any) -> Any:
 def parse(body: bytes, headers: dict | None, content_type: str | None, content_encoding: str | None,
           handle: Any = None) -> DeadLetter:
     """A DLQ message (our envelope, a natively dead-lettered one, or something else) as a DeadLetter."""
+    if isinstance(body, str):  # py-amqp hands text bodies over already decoded
+        body = body.encode(content_encoding if content_encoding not in (None, "binary") else "utf-8")
     headers = dict(headers or {})
     common = dict(body=body, headers=headers, content_type=content_type, content_encoding=content_encoding,
                   handle=handle)

@@ -1,0 +1,48 @@
+"""Worker death: a killed prefork child's task comes back; a task that kills its worker every time
+is dead-lettered after max_deliveries while the rest of the queue keeps flowing."""
+import os
+import signal
+
+from conftest import core_env, dead_letters, wait_for  # noqa: F401
+
+
+def test_sigkill_of_a_prefork_child_mid_task_redelivers_the_task(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    # Redis: a short visibility_timeout (12 s, above the 10 s hard limit) so that, if the message
+    # were only recoverable by kombu's restore sweep, it would still come back within the test.
+    # (Measured: with reject_on_worker_lost Celery requeues it at once, see the assertion below.)
+    env = core_env(broker_url, unique_name, record_url, soft_time_limit=8, time_limit=10,
+                   visibility_timeout=12)
+    worker = worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    producer.send_task("core.slow", args=("job", 2.0), queue=unique_name)
+
+    wait_for(lambda: recorded("job:start"), timeout=30, what="the task to start")
+    (_, child, _), = recorded("job:start")
+    assert child in worker.child_pids()
+    os.kill(child, signal.SIGKILL)
+
+    wait_for(lambda: recorded("job:done"), timeout=60, what="the task to run again and finish")
+    starts = recorded("job:start")
+    assert len(starts) == 2, "the killed run was not acknowledged: the message came back once"
+    assert starts[1][1] != child, "it ran again in a fresh child"
+    assert len(recorded("job:done")) == 1
+    assert starts[1][0] - starts[0][0] < 10, "redelivered promptly (requeued on worker loss)"
+    assert "WorkerLostError" in worker.log()
+    assert dead_letters(broker_url, unique_name) == []
+
+
+def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    env = core_env(broker_url, unique_name, record_url, max_deliveries=3)
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=2)
+    poison = producer.send_task("core.kill_worker", args=("poison",), queue=unique_name)
+    for i in range(100):
+        producer.send_task("core.record", args=("normal", str(i)), queue=unique_name)
+
+    wait_for(lambda: len(recorded("normal")) == 100, timeout=120, what="100 normal tasks to complete")
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the poison envelope")
+    assert len(recorded("poison")) == 3, "it ran max_deliveries=3 times, never a 4th"
+    assert sorted(int(v) for _, _, v in recorded("normal")) == list(range(100))
+    env = letter.envelope
+    assert env.reason == "killed-worker" and env.task_id == poison.id and env.attempts == 3
+    assert "killed its worker 3 times" in env.detail
