@@ -66,14 +66,13 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
-    assert len(by_kind(objects, "KopfPeering")) == 1
 
 
 def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_secret():
     worker = by_kind(render(values=BROKER), "Deployment")["th-taskherd-default"]
     pod = worker["spec"]["template"]["spec"]
     c = container(worker, WORKER)
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain", "--deadline", "320"]
     assert c["startupProbe"]["exec"]["command"] == ["taskherd", "probe", "startup"]
     assert c["readinessProbe"]["exec"]["command"] == ["taskherd", "probe", "readiness"]
     assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness"]
@@ -83,7 +82,7 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     assert env["TASKHERD_HEARTBEAT_DIR"] == "/run/taskherd/heartbeat"
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for path in ("/tmp", "/run/taskherd/heartbeat", env["PROMETHEUS_MULTIPROC_DIR"]):
+    for path in ("/tmp", "/run/taskherd/heartbeat", env["TASKHERD_METRICS_DIR"]):
         assert "emptyDir" in volumes[mounts[path]], path
     assert {"name": "metrics", "containerPort": 9808, "protocol": "TCP"} in c["ports"]
     assert env["TASKHERD_METRICS_PORT"] == "9808"
@@ -111,6 +110,7 @@ def test_grace_period_is_derived_from_the_same_limits_the_worker_gets():
         assert int(env["TASKHERD_DRAIN_SECONDS"]) == hard + margin
         # The drain deadline leaves the shutdown allowance before SIGKILL.
         assert grace - int(env["TASKHERD_DRAIN_SECONDS"]) == shutdown
+        assert c["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--deadline", str(hard + margin)]
         assert f"--time-limit={hard}" in c["command"] and f"--soft-time-limit={soft}" in c["command"]
         assert int(env["TASKHERD_VISIBILITY_TIMEOUT"]) == 7200 > hard
 
@@ -186,16 +186,19 @@ def test_network_policies_allow_only_dns_broker_api_server_and_the_operator_read
     assert op_ports == [53, 443, 6379, 6443, 9808]
 
 
-def test_operator_runs_two_replicas_with_peering_and_a_namespaced_role_without_wildcards():
+def test_operator_runs_two_replicas_with_a_leader_lease_and_a_namespaced_role_without_wildcards():
     objects = render(values=BROKER)
     op = by_kind(objects, "Deployment")["th-taskherd-operator"]
     assert op["spec"]["replicas"] == 2
     c = container(op, "taskherd-operator")
     assert c["command"] == ["python3", "-m", "taskherd.operator"]
-    assert "--peering=th-taskherd-operator" in c["args"]
-    assert "--namespace=$(POD_NAMESPACE)" in c["args"]
+    assert c["args"] == ["--namespace=$(POD_NAMESPACE)", "--liveness=http://0.0.0.0:8080/healthz",
+                         "--metrics-port=9809"]
+    env = env_of(c)
+    assert env["TASKHERD_LEASE_NAME"] == "th-taskherd-operator"
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["TASKHERD_WORKER_METRICS_PORT"] == "9808"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert by_kind(objects, "KopfPeering")["th-taskherd-operator"]["metadata"]["namespace"] == "jobs"
     assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
     role = by_kind(objects, "Role")["th-taskherd-operator"]
     rules = {(g, r): rule for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
@@ -207,7 +210,12 @@ def test_operator_runs_two_replicas_with_peering_and_a_namespaced_role_without_w
     assert rules[("", "secrets")]["resourceNames"] == ["celery-broker"]
     assert rules[("", "secrets")]["verbs"] == ["get"]
     assert ("", "pods/exec") not in rules
-    assert set(rules[("kopf.dev", "kopfpeerings")]["verbs"]) == {"get", "list", "watch", "patch"}
+    lease_rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert {(tuple(r.get("resourceNames", [])), tuple(r["verbs"])) for r in lease_rules} == {
+        ((), ("create",)), (("th-taskherd-operator",), ("get", "update"))}
+    assert set(rules[("taskherd.io", "workerpools")]["verbs"]) == {"get", "list", "watch", "patch"}
+    assert set(rules[("taskherd.io", "workerpools/status")]["verbs"]) == {"get", "patch"}
+    assert set(rules[("", "pods")]["verbs"]) == {"get", "list", "watch", "patch"}
     binding = by_kind(objects, "RoleBinding")["th-taskherd-operator"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "th-taskherd-operator", "namespace": "jobs"}]
 

@@ -37,6 +37,9 @@ CASES = {
     "two DLQ page targets": (
         values_with(pool(autoscaling={"deadLetter": {"alertmanagerUrl": "http://a", "webhookUrl": "http://b"}})),
         "autoscaling.deadLetter.alertmanagerUrl and autoscaling.deadLetter.webhookUrl are both set"),
+    "autoscaled pool on another metrics port": (
+        values_with(pool(metrics={"port": 9100})),
+        "workerPools[0] (p): metrics.port (9100) differs from workerPoolDefaults.metrics.port (9808)"),
     "duplicate pool names": (
         values_with(pool(), pool()),
         'workerPools[1] (p): name "p" is used by another pool'),

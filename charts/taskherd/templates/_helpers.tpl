@@ -174,6 +174,9 @@ render fails once with one line per problem, each naming the key, its value and 
 {{- if not $v.operator.enabled }}
 {{- $errors = append $errors (printf "%s: autoscaling.enabled is true but operator.enabled is false; nothing would scale the pool (disable autoscaling and set replicas, or enable the operator)" $at) }}
 {{- end }}
+{{- if ne (int $pool.metrics.port) (int $v.workerPoolDefaults.metrics.port) }}
+{{- $errors = append $errors (printf "%s: metrics.port (%d) differs from workerPoolDefaults.metrics.port (%d); the operator reads busyness of autoscaled pools on the default port, so set it there" $at (int $pool.metrics.port) (int $v.workerPoolDefaults.metrics.port)) }}
+{{- end }}
 {{- if and $as.deadLetter.alertmanagerUrl $as.deadLetter.webhookUrl }}
 {{- $errors = append $errors (printf "%s: autoscaling.deadLetter.alertmanagerUrl and autoscaling.deadLetter.webhookUrl are both set; choose one" $at) }}
 {{- end }}
