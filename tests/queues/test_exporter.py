@@ -1,0 +1,105 @@
+"""`taskherd exporter` scraped over HTTP against real queues with known contents, both brokers."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+from celery import Celery
+from kombu import Connection, Exchange, Queue
+from prometheus_client.parser import text_string_to_metric_families
+
+from taskherd.exporter import Snapshot, metric_families
+from taskherd.queues import QueueStats
+from taskherd.worker import stamping
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_for_scrape(port, predicate, timeout=45):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = scrape(port)
+            if predicate(last):
+                return last
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"exporter never showed the expected figures; last scrape: {last}")
+
+
+def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name, tmp_path):
+    queue, dlq = unique_name, unique_name + ".dlq"
+    amqp = broker_url.startswith("amqp")
+    app = Celery(broker=broker_url)
+    app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue), Queue(dlq, routing_key=dlq)]
+    stamping.install()
+    try:
+        before = time.time()
+        for priority in (0, 0, 6):
+            app.send_task("t.x", queue=queue, priority=priority)
+        for _ in range(2):
+            app.send_task("t.dead", queue=dlq)
+    finally:
+        stamping.uninstall()
+    app.close()
+    port = free_port()
+    env = {**os.environ, "TASKHERD_BROKER_URL": broker_url, "TASKHERD_QUEUES": queue}
+    command = [sys.executable, "-m", "taskherd.cli", "exporter", "--port", str(port), "--address", "127.0.0.1",
+               "--interval", "1"] + (["--management-url", rabbitmq_api_url] if amqp else [])
+    log = open(tmp_path / "exporter.log", "wb")
+    exporter = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    holder = Connection(broker_url)
+    try:
+        # One delivery held unacknowledged while we scrape.
+        held = holder.default_channel.basic_get(queue, no_ack=False)
+        assert held is not None
+        q = (("queue", queue),)
+        figures = wait_for_scrape(port, lambda m: m.get(("taskherd_queue_messages", q + (("state", "ready"),))) == 2
+                                  and m.get(("taskherd_queue_messages", q + (("state", "unacked"),))) == 1
+                                  and m.get(("taskherd_dlq_messages", (("dlq", dlq), ("queue", queue)))) == 2)
+        age = figures[("taskherd_queue_oldest_message_age_seconds", q)]
+        assert 0 <= age <= time.time() - before + 1.5
+        assert figures[("taskherd_exporter_poll_success", ())] == 1
+        if amqp:
+            assert figures[("taskherd_queue_consumers", q)] == 0
+        else:
+            assert figures[("taskherd_queue_visibility_timeout_seconds", q)] == 3600
+            assert 0 <= figures[("taskherd_queue_oldest_unacked_age_seconds", q)] < 60
+    finally:
+        holder.release()
+        exporter.terminate()
+        exporter.wait(timeout=10)
+        log.close()
+    assert exporter.returncode == 0, (tmp_path / "exporter.log").read_text()
+
+
+def test_a_failed_poll_exports_no_stale_queue_figures():
+    stats = {"q": QueueStats("q", 3, 1, None, 5.0, 2.0, 3600.0), "q.dlq": QueueStats("q.dlq", 7, 0, None, None, None)}
+    ok = {m.name: m.samples for m in metric_families(Snapshot(stats, True, 100.0, 0.1), ["q"], ".dlq")}
+    assert [s.value for s in ok["taskherd_queue_messages"]] == [3, 1]
+    assert ok["taskherd_dlq_messages"][0].value == 7 and ok["taskherd_dlq_messages"][0].labels["dlq"] == "q.dlq"
+    failed = {m.name: m.samples for m in metric_families(Snapshot(stats, False, 200.0, 0.1), ["q"], ".dlq")}
+    assert failed["taskherd_queue_messages"] == [] and failed["taskherd_exporter_poll_success"][0].value == 0
+
+
+def test_exporter_refuses_missing_settings():
+    result = subprocess.run([sys.executable, "-m", "taskherd.cli", "exporter", "--queue", "q"],
+                            env={k: v for k, v in os.environ.items() if k != "TASKHERD_BROKER_URL"},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and "--broker-url" in result.stderr
