@@ -134,3 +134,25 @@ def test_two_workers_killed_at_once_each_task_restored_once(redis_url, unique_na
         assert len(ends(client, token)) == 1
     assert_no_bookkeeping_left(client)
     assert client.scard(recovery.WORKERS_KEY) == 2  # the dead workers were forgotten
+
+
+def test_recovery_honours_the_global_key_prefix(redis_url, unique_name, worker_factory):
+    client = redis.Redis.from_url(redis_url)
+    prefix = "tenant-c:"
+    env = worker_env(redis_url, unique_name, TEST_KEYPREFIX=prefix, TEST_RECOVERY_HEARTBEAT="1",
+                     TEST_RECOVERY_TIMEOUT="3")
+    victim = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    token = uuid.uuid4().hex
+    producer = Celery(broker=redis_url)
+    producer.conf.broker_transport_options = {"global_keyprefix": prefix}
+    producer.send_task("recovery.hold", args=(token, 120), kwargs={"redelivered_seconds": 1}, queue=unique_name)
+    producer.close()
+    wait_for(lambda: starts(client, token), 30, "the task to start")
+    assert client.hlen(prefix + recovery.OWNER_KEY) == 1 and client.hlen(recovery.OWNER_KEY) == 0
+    survivor = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    killed_at = time.time()
+    victim.kill()
+    restarted = wait_for(lambda: starts(client, token)[1:], 30, "the task to restart")[0]
+    assert restarted["host"].startswith(node_of(survivor)) and restarted["at"] - killed_at <= 3 + 1 + 5
+    wait_for(lambda: ends(client, token), 30, "the restarted task to finish")
+    assert client.hlen(prefix + "unacked") == 0 and client.hlen(prefix + recovery.OWNER_KEY) == 0

@@ -1,0 +1,143 @@
+"""The ownership records and the atomic restore, driven through real kombu channels on real Redis.
+
+Each "worker" here is a kombu channel using TrackingQoS with its own identity, as in a worker
+process; leases are made to lapse by using a tiny timeout.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Connection, Exchange, Queue
+
+from taskherd.worker import recovery
+
+
+class FakeWorker:
+    """A consumer channel with delivery tracking and a lease, like one worker process."""
+
+    def __init__(self, url: str, worker_id: str, *, prefix: str = "", timeout: float = 0.4):
+        options = {"global_keyprefix": prefix} if prefix else {}
+        self.connection = Connection(url, transport_options=options)
+        self.channel = self.connection.channel()
+        qos = recovery._tracking_qos_class()
+        qos.tracker = recovery.Tracker(worker_id=worker_id, prefix=prefix)
+        self.channel.QoS = qos  # before the channel's qos is first built
+        client = redis.Redis.from_url(url)
+        self.lease = recovery.Lease(client=client, worker_id=worker_id, prefix=prefix,
+                                    settings=recovery.RecoverySettings(heartbeat_interval=timeout / 2, timeout=timeout))
+        self.lease.refresh()
+
+    def get(self, queue: str):
+        message = self.channel.basic_get(queue, no_ack=False)
+        assert message is not None, f"nothing to get from {queue}"
+        return message
+
+    def close(self):
+        self.connection.release()
+
+
+def publish(url: str, queue: str, count: int, *, prefix: str = "", priority: int = 0, declared: bool = False):
+    app = Celery(broker=url)
+    if prefix:
+        app.conf.broker_transport_options = {"global_keyprefix": prefix}
+    if declared:  # a direct exchange and a binding table, as Celery declares task_queues
+        app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue)]
+    for i in range(count):
+        app.send_task("t.x", args=(i,), queue=queue, priority=priority)
+    app.close()
+
+
+def all_messages(client: redis.Redis, keys: list[str]) -> list[dict]:
+    return [json.loads(raw) for key in keys for raw in client.lrange(key, 0, -1)]
+
+
+@pytest.mark.parametrize("prefix", ["", "tenant-b:"])
+def test_concurrent_restorers_restore_each_message_exactly_once(redis_url, unique_name, prefix):
+    client = redis.Redis.from_url(redis_url)
+    plain, urgent = unique_name, unique_name + "-urgent"
+    publish(redis_url, plain, 12, prefix=prefix, declared=True)
+    publish(redis_url, urgent, 8, prefix=prefix, priority=9)
+    dead = FakeWorker(redis_url, "dead-1", prefix=prefix)
+    taken = [dead.get(plain) for _ in range(12)] + [dead.get(urgent) for _ in range(8)]
+    tags = {m.delivery_tag for m in taken}
+    assert client.hlen(prefix + "unacked") == 20 and client.hlen(prefix + recovery.held_key("dead-1")) == 20
+    assert client.llen(prefix + plain) == 0
+    time.sleep(0.6)  # the lease lapses (timeout 0.4 s)
+
+    results: list[dict] = []
+    barrier = threading.Barrier(8)
+
+    def restorer():
+        barrier.wait()
+        results.append(recovery.restore_dead_workers(redis.Redis.from_url(redis_url), prefix=prefix))
+
+    threads = [threading.Thread(target=restorer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(r.get("dead-1", 0) for r in results) == 20
+
+    restored = all_messages(client, [prefix + plain, prefix + urgent + "\x06\x169"])
+    assert sorted(m["properties"]["delivery_tag"] for m in restored) == sorted(tags), "lost or duplicated"
+    assert all(m["headers"]["redelivered"] and m["properties"]["delivery_info"]["redelivered"] for m in restored)
+    assert client.hlen(prefix + "unacked") == 0 and client.zcard(prefix + "unacked_index") == 0
+    assert client.hlen(prefix + recovery.OWNER_KEY) == 0
+    assert not client.exists(prefix + recovery.held_key("dead-1"))
+    assert not client.sismember(prefix + recovery.WORKERS_KEY, "dead-1")
+    dead.close()  # kombu's own restore at close finds nothing left to push
+    assert len(all_messages(client, [prefix + plain, prefix + urgent + "\x06\x169"])) == 20
+
+
+def test_a_live_lease_is_never_restored(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 1)
+    live = FakeWorker(redis_url, "live-1", timeout=30)
+    live.get(unique_name)
+    assert recovery.restore_dead_workers(client) == {}
+    assert recovery.restore_worker(client, "live-1") == -1
+    assert client.hlen("unacked") == 1 and client.llen(unique_name) == 0
+    live.close()
+
+
+def test_ack_after_a_lapsed_lease_leaves_the_new_holder_entry_alone(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 1)
+    stale = FakeWorker(redis_url, "stale-1")
+    first = stale.get(unique_name)
+    time.sleep(0.6)
+    assert recovery.restore_dead_workers(client) == {"stale-1": 1}
+    fresh = FakeWorker(redis_url, "fresh-1", timeout=30)
+    second = fresh.get(unique_name)
+    assert second.delivery_tag == first.delivery_tag  # kombu keeps the tag across redeliveries
+
+    first.ack()  # the lapsed worker finishes late: the delivery is fresh-1's now
+    assert client.hexists("unacked", first.delivery_tag), "a stale ack removed the new holder's entry"
+    second.ack()
+    assert client.hlen("unacked") == 0 and client.hlen(recovery.OWNER_KEY) == 0
+    assert client.hlen(recovery.held_key("fresh-1")) == 0
+    stale.close()
+    fresh.close()
+    assert client.llen(unique_name) == 0, "an acked message came back"
+
+
+def test_reject_with_requeue_gives_the_message_back_and_forgets_it(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 1)
+    worker = FakeWorker(redis_url, "w-1", timeout=30)
+    message = worker.get(unique_name)
+    message.reject(requeue=True)
+    assert client.llen(unique_name) == 1 and client.hlen("unacked") == 0
+    assert client.hlen(recovery.OWNER_KEY) == 0 and client.hlen(recovery.held_key("w-1")) == 0
+    worker.close()
+
+
+def test_settings_refuse_a_timeout_shorter_than_two_heartbeats():
+    with pytest.raises(ValueError, match=r"timeout=4 .*heartbeat_interval=5"):
+        recovery.RecoverySettings(heartbeat_interval=5, timeout=4)
+    assert recovery.RecoverySettings().expected_recovery_seconds == 20
