@@ -51,7 +51,7 @@ def test_every_scenario_renders_restricted_pods(values):
 def test_defaults_give_one_autoscaled_pool_and_the_operator():
     objects = render(values=BROKER)
     deployments = by_kind(objects, "Deployment")
-    assert set(deployments) == {"th-taskherd-default", "th-taskherd-operator"}
+    assert set(deployments) == {"th-taskherd-default", "th-taskherd-operator", "th-taskherd-exporter"}
     worker = deployments["th-taskherd-default"]
     # The operator owns the replica count: an upgrade must not reset it.
     assert "replicas" not in worker["spec"]
@@ -238,7 +238,8 @@ def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
                       "TaskherdTaskErrorRateHigh", "TaskherdWorkerRestarting", "TaskherdHeartbeatStale"}
     pm = by_kind(objects, "PodMonitor")["th-taskherd-worker"]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert pm["spec"]["selector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["worker", "exporter"]}]
     sm = by_kind(objects, "ServiceMonitor")["th-taskherd-operator"]
     service = by_kind(objects, "Service")["th-taskherd-operator-metrics"]
     assert all(service["metadata"]["labels"][k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
@@ -323,3 +324,18 @@ def test_an_image_digest_pins_the_image():
     deployments = by_kind(render(values=values), "Deployment")
     assert container(deployments["th-taskherd-default"], WORKER)["image"] == f"registry.example/app@{digest}"
     assert container(deployments["th-taskherd-operator"], "taskherd-operator")["image"] == f"taskherd.local/operator@{digest}"
+
+
+def test_the_exporter_watches_every_pools_queues_with_the_broker_from_the_secret():
+    objects = render([CHART / "ci" / "rabbitmq-multipool-values.yaml"])
+    exporter = by_kind(objects, "Deployment")["th-taskherd-exporter"]
+    c = container(exporter, "taskherd-exporter")
+    assert c["command"] == ["taskherd", "exporter"]
+    env = env_of(c)
+    assert env["TASKHERD_QUEUES"] == "orders,emails,reports"
+    assert env["TASKHERD_DLQ_SUFFIX"] == ".dlq"
+    assert env["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "rabbitmq-broker", "key": "amqp-url"}}
+    assert env["TASKHERD_MANAGEMENT_URL"] == {"secretKeyRef": {"name": "rabbitmq-broker", "key": "management-url"}}
+    policy = by_kind(objects, "NetworkPolicy")["th-taskherd-exporter"]["spec"]
+    assert policy["ingress"] == []
+    assert sorted({p["port"] for r in policy["egress"] for p in r["ports"]}) == [53, 5672, 15672]
