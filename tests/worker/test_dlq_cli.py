@@ -1,0 +1,102 @@
+"""`taskherd dlq list|show|redrive|purge` against real brokers and a real worker."""
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from taskherd.worker.dlq_cli import main
+from taskherd.worker.deadletter import dead_letter_queue_declaration
+
+from conftest import core_env, dead_letters, wait_for  # noqa: F401
+
+
+def dlq(*argv, stdin=""):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdin=io.StringIO(stdin), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    q = unique_name
+    flags = redis.Redis.from_url(record_url)
+    flags.set("bug", 1)  # the tasks fail until "the bug is fixed"
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    first = producer.send_task("core.fails_while_flag", args=("a", "bug"), queue=q)
+    second = producer.send_task("core.fails_while_flag", args=("b", "bug"), queue=q)
+    wait_for(lambda: len(dead_letters(broker_url, q)) == 2, timeout=30, what="two dead letters")
+    where = ["--broker", broker_url, "--queue", q]
+
+    code, out, _ = dlq("list", *where)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["REF", "TASK", "REASON", "QUEUE", "ATTEMPTS", "DEAD-LETTERED"]
+    assert [line.split()[:5] for line in lines[1:]] == [
+        [first.id, "core.fails_while_flag", "permanent-error", q, "1"],
+        [second.id, "core.fails_while_flag", "permanent-error", q, "1"]]
+    code, out, _ = dlq("list", "--json", *where)
+    assert [json.loads(line)["task_id"] for line in out.splitlines()] == [first.id, second.id]
+
+    code, out, _ = dlq("show", first.id, *where)
+    shown = json.loads(out)
+    assert code == 0 and shown["envelope"]["args"] == ["a", "bug"]
+    assert shown["envelope"]["exception_type"] == "taskherd.worker.transient.PermanentError"
+    code, _, err = dlq("show", "no-such-id", *where)
+    assert code == 1 and "no-such-id is not in" in err
+    assert len(dead_letters(broker_url, q)) == 2, "list and show change nothing"
+
+    flags.delete("bug")  # fixed: redrive the first one, it runs again and succeeds
+    code, out, _ = dlq("redrive", first.id, *where)
+    assert code == 0 and f"redriven {first.id}" in out
+    wait_for(lambda: len(recorded("a")) == 2, timeout=30, what="the redriven task to run again")
+    time.sleep(1)
+    assert [l.task_id for l in dead_letters(broker_url, q)] == [second.id], "it succeeded and left the DLQ"
+
+    # purge asks first (through the real `taskherd` entry point); "n" keeps everything
+    env = {**os.environ, "TASKHERD_BROKER_URL": broker_url}
+    asked = subprocess.run([sys.executable, "-m", "taskherd.cli", "dlq", "purge", "--queue", q],
+                           input="n\n", capture_output=True, text=True, env=env, timeout=60)
+    assert asked.returncode == 1
+    assert f"Purge every message in {q}.dlq?" in asked.stdout and "aborted: nothing purged" in asked.stdout
+    assert len(dead_letters(broker_url, q)) == 1
+    code, out, _ = dlq("purge", *where, stdin="y\n")
+    assert code == 0 and f"purged 1 message(s) from {q}.dlq" in out
+    assert dead_letters(broker_url, q) == []
+
+    flags.set("bug-again", 1)
+    producer.send_task("core.fails_while_flag", args=("c", "bug-again"), queue=q)
+    wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="a dead letter")
+    code, out, _ = dlq("purge", "--force", *where)
+    assert code == 0 and "Purge every" not in out and "purged" in out
+    assert dead_letters(broker_url, q) == []
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    q = unique_name
+    # No worker yet: a message is rejected without requeue, and RabbitMQ's dead-lettering
+    # (x-dead-letter-exchange on the work queue) moves it to the DLQ with an x-death header.
+    with producer.connection_for_write() as connection:
+        channel = connection.default_channel
+        producer.conf.task_queues[0](channel).declare()
+        dead_letter_queue_declaration(f"{q}.dlq")(channel).declare()
+        task = producer.send_task("core.record", args=("native", "back"), queue=q)
+        message = wait_for(lambda: channel.basic_get(q, no_ack=False), timeout=10, what="the message")
+        channel.basic_reject(message.delivery_tag, requeue=False)
+
+    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=10, what="native dead letter")
+    assert letter.kind == "native" and letter.reason == "rabbitmq:rejected" and letter.queue == q
+    code, out, _ = dlq("list", "--broker", broker_url, "--queue", q)
+    assert task.id in out and "rabbitmq:rejected" in out
+
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    code, out, _ = dlq("redrive", "--all", "--broker", broker_url, "--queue", q)
+    assert code == 0 and f"redriven {task.id}" in out
+    wait_for(lambda: recorded("native"), timeout=30, what="the redriven task to run")
+    assert recorded("native")[0][2] == "back"
+    assert dead_letters(broker_url, q) == []
