@@ -1,0 +1,61 @@
+"""RabbitMQ quorum queues get the same dead-lettering; a hard time limit is dead-lettered too."""
+import httpx
+import pytest
+from urllib.parse import unquote, urlsplit
+
+from conftest import core_env, dead_letters, wait_for  # noqa: F401
+
+
+def _queue_info(api_url: str, amqp_url: str, name: str) -> dict:
+    vhost = unquote(urlsplit(amqp_url).path.lstrip("/"))
+    api = urlsplit(api_url)
+    response = httpx.get(f"{api.scheme}://{api.hostname}:{api.port}/api/queues/{vhost}/{name}",
+                         auth=(api.username, api.password), timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_quorum_queue_retries_and_dead_letters(broker_url, record_url, recorded, unique_name,
+                                               worker_factory, rabbitmq_api_url):
+    from celery import Celery
+    from taskherd.worker import configure
+
+    q = unique_name
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    configure(producer, queues=[q], queue_type="quorum", delivery_counter_url=record_url, max_deliveries=5)
+    env = core_env(broker_url, q, record_url, queue_type="quorum", max_retries=2, backoff_base=0.5, jitter="max")
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+
+    transient = producer.send_task("core.always_transient", args=("q-attempts",), queue=q)
+    permanent = producer.send_task("core.validation", args=("q-runs", 0), queue=q)
+    letters = wait_for(lambda: (lambda l: l if len(l) == 2 else None)(dead_letters(broker_url, q)),
+                       timeout=60, what="two envelopes in the quorum DLQ")
+    by_id = {letter.task_id: letter.envelope for letter in letters}
+    assert by_id[transient.id].reason == "retries-exhausted" and by_id[transient.id].attempts == 3
+    assert by_id[permanent.id].reason == "permanent-error" and by_id[permanent.id].attempts == 1
+    assert len(recorded("q-attempts")) == 3 and len(recorded("q-runs")) == 1
+
+    work = _queue_info(rabbitmq_api_url, broker_url, q)
+    assert work["type"] == "quorum"
+    assert work["arguments"]["x-dead-letter-exchange"] == ""
+    assert work["arguments"]["x-dead-letter-routing-key"] == f"{q}.dlq"
+    assert work["arguments"]["x-delivery-limit"] == 6
+    dlq = _queue_info(rabbitmq_api_url, broker_url, f"{q}.dlq")
+    assert dlq["type"] == "quorum" and dlq["durable"] is True
+    producer.close()
+
+
+def test_hard_time_limit_is_dead_lettered(broker_url, record_url, recorded, producer, unique_name,
+                                          worker_factory):
+    env = core_env(broker_url, unique_name, record_url, soft_time_limit=1, time_limit=2)
+    worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
+    stuck = producer.send_task("core.ignores_soft_limit", args=("stuck",), queue=unique_name)
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the envelope")
+    env = letter.envelope
+    assert env.reason == "hard-time-limit" and env.task_id == stuck.id and env.args == ["stuck"]
+    assert env.exception_type == "billiard.exceptions.TimeLimitExceeded" and env.attempts == 1
+    producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
+    wait_for(lambda: recorded("after"), timeout=30, what="the next task")
+    assert len(recorded("stuck")) == 1, "not redelivered after the hard limit"
+    assert "Hard time limit (2.0s) exceeded" in worker.log()
