@@ -1,0 +1,218 @@
+"""Putting the shop on the cluster and taking it off again: the cluster, the images, the Secrets,
+the code ConfigMap and `helm upgrade --install` of charts/taskherd with examples/shop/values.yaml.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from e2e.lib import cluster as clusters
+
+from .config import CHART, NAMESPACE, POOL, RELEASE, REPO_ROOT, SHOP, SHOP_VALUES, state_dir
+from .environment import PORTS, World
+
+Log = Callable[[str], None]
+#: the local cluster's pod bridge (e2e/cluster/up.sh): the host's address as the pods see it
+LOCAL_BRIDGE = "taskherd0"
+#: what the worker and operator images are built from: a change here means `make images`
+IMAGE_INPUTS = ("worker", "operator", "pyproject.toml", "setup.py", "images/worker", "images/operator",
+                "images/build.sh", "e2e/cluster/versions.env")
+
+
+class DeployError(RuntimeError):
+    """A deployment step failed; the message has the step and what the tool said."""
+
+
+def run_make(target: str, log: Log, *, timeout: float = 3600) -> None:
+    """`make <target>`, its output streamed with a prefix so the narration stays readable."""
+    log(f"make {target}")
+    started = time.monotonic()
+    proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-30:]
+        print(f"    │ {line}", flush=True)
+    if proc.wait(timeout=timeout) != 0:
+        raise DeployError(f"`make {target}` failed ({proc.returncode}):\n" + "\n".join(tail))
+    log(f"make {target}: done in {time.monotonic() - started:.0f}s")
+
+
+def pick_cluster(log: Log) -> clusters.Cluster:
+    """An explicit kubeconfig, else kind, else the local cluster (started with `make cluster` if down)."""
+    cluster = clusters.resolve()
+    if cluster.is_local:
+        try:
+            cluster.check_reachable()
+        except clusters.ClusterUnavailable:
+            run_make("cluster", log)
+    cluster.check_reachable()
+    log(f"cluster: {cluster.source} ({cluster.kubeconfig})")
+    return cluster
+
+
+def pod_address(cluster: clusters.Cluster) -> str:
+    """The address of this host as the cluster's pods reach it."""
+    explicit = os.environ.get("TASKHERD_DEMO_HOST_ADDRESS")
+    if explicit:
+        return explicit
+    if cluster.source == "local":
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", LOCAL_BRIDGE], capture_output=True,
+                             text=True).stdout.split()
+        if "inet" in out:
+            return out[out.index("inet") + 1].split("/")[0]
+        raise DeployError(f"the local cluster's bridge {LOCAL_BRIDGE} has no IPv4 address: is `make cluster` up?")
+    if cluster.source == "kind":
+        r = subprocess.run(["docker", "network", "inspect", "kind", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
+    raise DeployError(f"cannot tell how pods of the {cluster.source} cluster reach this host: set "
+                      f"TASKHERD_DEMO_HOST_ADDRESS to an address of this host the pods can connect to")
+
+
+def _images_key() -> str:
+    h = hashlib.sha256()
+    for item in IMAGE_INPUTS:
+        path = REPO_ROOT / item
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            if "__pycache__" in f.parts or f.suffix == ".pyc" or ".egg-info" in str(f):
+                continue
+            h.update(str(f.relative_to(REPO_ROOT)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _local_has_images() -> bool:
+    v = clusters.versions()
+    sock = clusters.taskherd_home() / "cluster" / "containerd" / "containerd.sock"
+    r = subprocess.run(["ctr", "--address", str(sock), "-n", "k8s.io", "images", "ls", "-q"],
+                       capture_output=True, text=True)
+    names = set(r.stdout.split())
+    return r.returncode == 0 and {v["WORKER_IMAGE"], v["OPERATOR_IMAGE"]} <= {n.removeprefix("docker.io/") for n in names}
+
+
+def ensure_images(cluster: clusters.Cluster, log: Log) -> None:
+    """`make images` when the sources changed since the last build (or the cluster lacks them)."""
+    stamp = state_dir() / "images.key"
+    key = _images_key()
+    present = _local_has_images() if cluster.is_local else True
+    if stamp.exists() and stamp.read_text() == key and present:
+        log(f"images: up to date (sources unchanged since the last build, key {key})")
+    else:
+        run_make("images", log)
+        stamp.write_text(key)
+    if cluster.source == "kind":
+        kind = clusters.kind_path()
+        for name in ("worker", "operator"):
+            tarball = clusters.taskherd_home() / "images" / f"{name}.tar"
+            subprocess.run([kind, "load", "image-archive", str(tarball), "--name", clusters.KIND_CLUSTER_NAME],
+                           check=True, timeout=600)
+    elif cluster.source == "explicit":
+        log("images: an explicit cluster must be able to pull taskherd.local/worker:dev and "
+            "taskherd.local/operator:dev (push them to your registry and set the image values)")
+
+
+def demo_values(world: World) -> dict:
+    """examples/shop/values.yaml plus what depends on this machine."""
+    values = yaml.safe_load(SHOP_VALUES.read_text())
+    values = copy.deepcopy(values)
+    peer = [{"ipBlock": {"cidr": f"{world.pod_address}/32"}}]
+    broker = values["broker"]
+    broker["type"] = world.broker
+    if world.broker == "redis":
+        broker["existingSecret"].pop("managementUrlKey", None)
+        broker["ports"] = [PORTS["redis"]]
+    else:
+        broker["ports"] = [PORTS["amqp"], PORTS["management"]]
+    broker["networkPeers"] = peer
+    [pool] = [p for p in values["workerPools"] if p["name"] == POOL]
+    # The shop's code reaches the pods as a ConfigMap; your own app would be in its image instead
+    # (examples/shop/Dockerfile).
+    pool["env"] = pool.get("env", []) + [{"name": "PYTHONPATH", "value": "/app"}]
+    pool["extraVolumes"] = [{"name": "shop-code", "configMap": {"name": "shop-code"}}]
+    pool["extraVolumeMounts"] = [{"name": "shop-code", "mountPath": "/app/shop", "readOnly": True}]
+    pool["autoscaling"]["deadLetter"]["alertmanagerUrl"] = world.pods.alertmanager_url
+    egress_ports = [PORTS["postgres"]] + ([PORTS["redis"]] if world.broker == "rabbitmq" else [])
+    values["networkPolicy"] = {
+        "workerExtraEgress": [{"to": peer, "ports": [{"port": p, "protocol": "TCP"} for p in egress_ports]}],
+        "operatorExtraEgress": [{"to": peer, "ports": [{"port": PORTS["alertmanager"], "protocol": "TCP"}]}],
+        # the operator reads each worker's in-flight gauge to remove idle workers first
+        "metricsIngress": {"enabled": True},
+    }
+    return values
+
+
+def _apply_generic(cluster: clusters.Cluster, kind: str, name: str, *args: str) -> None:
+    manifest = cluster.kubectl("create", kind, *([] if kind == "configmap" else ["generic"]), name, *args,
+                               "-n", NAMESPACE, "--dry-run=client", "-o", "yaml").stdout
+    cluster.apply(manifest, namespace=NAMESPACE)
+
+
+def install(cluster: clusters.Cluster, world: World, run_dir: Path, log: Log) -> dict:
+    """Namespace, Secrets, code ConfigMap, chart. Returns the values used (also saved in the run folder)."""
+    cluster.apply(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "labels": {
+            "app.kubernetes.io/part-of": "taskherd-demo",
+            # the chart's pods meet the restricted Pod Security Standard: enforce it
+            "pod-security.kubernetes.io/enforce": "restricted"}}}))
+    broker_secret = [f"--from-literal=url={world.pods.broker_url}"]
+    if world.broker == "rabbitmq":
+        broker_secret += [f"--from-literal=management-url={world.pods.management_url}",
+                          f"--from-literal=delivery-counter-url={world.pods.delivery_counter_url}"]
+    _apply_generic(cluster, "secret", "shop-broker", *broker_secret)
+    _apply_generic(cluster, "secret", "shop-database", f"--from-literal=dsn={world.pods.database_url}")
+    code = sorted(p for p in (SHOP / "shop").glob("*.py"))
+    _apply_generic(cluster, "configmap", "shop-code", *[f"--from-file={p.name}={p}" for p in code])
+    log(f"secrets shop-broker ({world.broker}), shop-database; configmap shop-code ({len(code)} files)")
+
+    values = demo_values(world)
+    values_file = run_dir / "values-demo.yaml"
+    values_file.write_text("# examples/shop/values.yaml + this machine (written by e2e/demo)\n"
+                           + yaml.safe_dump(values, sort_keys=False))
+    started = time.monotonic()
+    cluster.helm("upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
+                 "--wait", "--timeout", "240s", timeout=300)
+    log(f"helm upgrade --install {RELEASE} charts/taskherd -f examples/shop/values.yaml: "
+        f"ready in {time.monotonic() - started:.0f}s")
+    return values
+
+
+def release_exists(cluster: clusters.Cluster) -> bool:
+    r = cluster.helm("status", RELEASE, "--namespace", NAMESPACE, check=False, timeout=60)
+    return r.returncode == 0
+
+
+def uninstall(cluster: clusters.Cluster, log: Log) -> None:
+    if release_exists(cluster):
+        started = time.monotonic()
+        cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "180s", timeout=240)
+        log(f"helm uninstall {RELEASE}: {time.monotonic() - started:.0f}s")
+
+
+def delete_namespace(cluster: clusters.Cluster, log: Log) -> None:
+    r = cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s",
+                        check=False, timeout=240)
+    if r.returncode != 0:
+        raise DeployError(f"deleting namespace {NAMESPACE}: {r.stderr.strip()}")
+    log(f"namespace {NAMESPACE} deleted")
+
+
+def helm_available(cluster: clusters.Cluster) -> bool:
+    return Path(cluster.helm_bin).is_file() or shutil.which(cluster.helm_bin) is not None
+
+
+def dump_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

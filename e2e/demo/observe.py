@@ -1,0 +1,165 @@
+"""Watching the run: one kubectl call and one ledger query per tick, turned into timeline samples,
+pod lifetimes and the latest picture the scenario acts on (which pod is busy, what the operator said).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import psycopg
+
+from e2e.lib import cluster as clusters
+
+from .config import NAMESPACE
+from .timeline import Sample
+from .verdict import PodLife
+
+#: an attempt not finished after this long is a dead one (hard limit 30 s + margin), not in flight
+IN_FLIGHT_HORIZON_SECONDS = 40
+
+
+def parse_time(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _matches(labels: Mapping[str, str] | None, selector: Mapping[str, str]) -> bool:
+    labels = labels or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+@dataclass
+class Snapshot:
+    """The latest tick, for the scenario and the narration."""
+
+    at: float = 0.0
+    pool_status: dict = field(default_factory=dict)
+    pool_spec: dict = field(default_factory=dict)
+    pods: list[dict] = field(default_factory=list)  #: the pool's pods, terminating ones included
+    in_flight: dict[str, int] = field(default_factory=dict)  #: pod -> attempts running on it
+    sample: Sample | None = None
+
+
+class Observer:
+    """Samples the pool every `interval` seconds in a thread until `stop()`."""
+
+    def __init__(self, *, cluster: clusters.Cluster, database_url: str, t0: float, interval: float = 2.0):
+        self.cluster = cluster
+        self.database_url = database_url
+        self.t0 = t0
+        self.interval = interval
+        self.samples: list[Sample] = []
+        self.latest = Snapshot()
+        self.lives: dict[str, PodLife] = {}
+        self.killed: dict[str, float] = {}
+        self.oom_killed_containers: set[tuple[str, int]] = set()
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="demo-observer", daemon=True)
+        self._conn: psycopg.Connection | None = None
+
+    # ---- lifecycle
+    def start(self) -> "Observer":
+        self.tick()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not end the watch; reported at the end
+                self.errors.append(f"{time.time() - self.t0:.0f}s: {type(exc).__name__}: {exc}")
+
+    # ---- the scenario tells us what it did
+    def mark_killed(self, pod: str, at: float) -> None:
+        with self._lock:
+            self.killed[pod] = at
+
+    # ---- one tick
+    def tick(self) -> Snapshot:
+        now = time.time()
+        listing = self.cluster.kubectl_json("get", "workerpools,deployments,pods", "-n", NAMESPACE, timeout=30)
+        items = listing.get("items", [])
+        pools = [i for i in items if i["kind"] == "WorkerPool"]
+        pool = pools[0] if pools else {}
+        spec, status = pool.get("spec") or {}, pool.get("status") or {}
+        target = (spec.get("scaleTargetRef") or {}).get("name")
+        deployment = next((i for i in items if i["kind"] == "Deployment" and i["metadata"]["name"] == target), None)
+        selector = ((deployment or {}).get("spec") or {}).get("selector", {}).get("matchLabels") or {"-": "-"}
+        pods = [i for i in items if i["kind"] == "Pod" and _matches(i["metadata"].get("labels"), selector)]
+        in_flight = self._in_flight({p["metadata"]["name"] for p in pods})
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        sample = Sample(
+            t=round(now - self.t0, 2),
+            depth=status.get("observedDepth"),
+            oldest_age_seconds=status.get("oldestMessageAgeSeconds"),
+            replicas=len(live),
+            ready_replicas=sum(1 for p in live if _ready(p)),
+            desired_replicas=status.get("desiredReplicas"),
+            dlq_depth=status.get("deadLetterDepth"),
+        )
+        with self._lock:
+            self._track_lives(pods, now)
+            self._track_oom(pods)
+            self.samples.append(sample)
+            self.latest = Snapshot(at=now, pool_status=status, pool_spec=spec, pods=pods, in_flight=in_flight,
+                                   sample=sample)
+        return self.latest
+
+    def _in_flight(self, pod_names: set[str]) -> dict[str, int]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.database_url, autocommit=True, connect_timeout=10)
+        rows = self._conn.execute(
+            "SELECT worker, count(*) FROM shop_attempts WHERE finished_at IS NULL "
+            "AND started_at > clock_timestamp() - make_interval(secs => %s) GROUP BY worker",
+            (IN_FLIGHT_HORIZON_SECONDS,)).fetchall()
+        return {w: n for w, n in rows if w in pod_names}
+
+    def _track_lives(self, pods: list[dict], now: float) -> None:
+        seen = set()
+        for p in pods:
+            name = p["metadata"]["name"]
+            seen.add(name)
+            created = parse_time(p["metadata"].get("creationTimestamp")) or now
+            deleted = parse_time(p["metadata"].get("deletionTimestamp"))
+            life = self.lives.get(name) or PodLife(name, created)
+            if deleted is not None and life.removed_at is None:
+                # deletionTimestamp is when the grace period ENDS: the removal was asked that long before
+                grace = p["metadata"].get("deletionGracePeriodSeconds") or 0
+                life = PodLife(name, created, deleted - grace,
+                               "killed" if name in self.killed else "scale-down")
+            self.lives[name] = life
+        for name, life in list(self.lives.items()):
+            if name not in seen and life.removed_at is None:  # vanished at once: a force delete
+                at = self.killed.get(name, now)
+                self.lives[name] = PodLife(name, life.created_at, at, "killed" if name in self.killed else "scale-down")
+
+    def _track_oom(self, pods: list[dict]) -> None:
+        for p in pods:
+            for c in (p.get("status") or {}).get("containerStatuses") or []:
+                for state in (c.get("state") or {}, c.get("lastState") or {}):
+                    if (state.get("terminated") or {}).get("reason") == "OOMKilled":
+                        self.oom_killed_containers.add((p["metadata"]["name"], c.get("restartCount", 0)))
+
+    # ---- results
+    def pod_lives(self) -> tuple[PodLife, ...]:
+        with self._lock:
+            return tuple(self.lives.values())

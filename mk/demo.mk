@@ -1,0 +1,14 @@
+# The demo (issue 7): see docs/demo.md.
+#   make demo                 the full demo on a real cluster; BROKER=redis|rabbitmq (default rabbitmq)
+#   make demo DEMO_SHORT=1    the short version (fewer charges and faults), as `make test` runs it
+#   make demo-down            remove what the demo created (not the cluster, not the services)
+# The driver picks the cluster (kubeconfig, kind, else `make cluster`), starts the services, builds
+# the images when their sources changed, installs the chart and narrates; see e2e/demo/.
+.PHONY: demo demo-down
+BROKER ?= rabbitmq
+
+demo: venv
+	$(PY) -m e2e.demo run --broker $(BROKER)
+
+demo-down: venv
+	$(PY) -m e2e.demo down
