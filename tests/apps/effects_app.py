@@ -3,6 +3,7 @@ outbox tests. Configured from the environment:
 
 TEST_BROKER_URL, TEST_QUEUE, TEST_PG_DSN      where to consume and where the ledger lives
 TEST_VISIBILITY_TIMEOUT                       Redis: seconds before an unacked message is restored
+                                              (time limits are set below it)
 TEST_SLOW_FIRST_SECONDS                       the first attempt of each task sleeps this long (so a
                                               test can kill it mid-task) ...
 TEST_SLOW_FIRST_AT                            ... "inside" its transaction (the effect is not committed
@@ -15,10 +16,12 @@ the same transaction as the key. attempts counts runs; ledger counts effects.
 import os
 import socket
 import time
+import warnings
 
 import psycopg
 from celery import Celery
 
+from taskherd.worker import ProfileWarning, configure
 from taskherd.worker.idempotency import PostgresStore, idempotent
 
 BROKER_URL = os.environ["TEST_BROKER_URL"]
@@ -29,16 +32,18 @@ SLOW_FIRST_AT = os.environ.get("TEST_SLOW_FIRST_AT", "inside")
 
 app = Celery("effects", broker=BROKER_URL)
 app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True)
+visibility = float(os.environ.get("TEST_VISIBILITY_TIMEOUT", "0"))
 if BROKER_URL.startswith("redis"):
     # Sweep for expired unacked messages every second instead of kombu's 10 s x 10 throttle.
     app.conf.broker_transport_options = {"unacked_restore_interval": 1, "unacked_restore_throttle": 1}
-
-# The reliability settings the taskherd profile applies (by hand until configure() lands).
-visibility = os.environ.get("TEST_VISIBILITY_TIMEOUT")
 if visibility:
-    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "visibility_timeout": float(visibility)}
-app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                accept_content=["json"], task_serializer="json", result_serializer="json")
+    # A short visibility timeout needs time limits below it (configure() checks that).
+    configure(app, soft_time_limit=visibility * 0.5, time_limit=visibility * 0.8, visibility_timeout=visibility,
+              backoff_base=0.1, backoff_cap=0.1)
+else:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)  # no delivery counter on RabbitMQ here
+        configure(app)
 
 store = PostgresStore()
 _connections: dict[int, psycopg.Connection] = {}

@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 
 import psycopg
 import pytest
 from celery import Celery
 
 from apps.effects_schema import create_tables
+from taskherd.worker import ProfileWarning, configure
 
 
 def rows(dsn: str, query: str, *params) -> list[tuple]:
@@ -36,6 +38,16 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
     raise AssertionError(f"{what} not reached within {timeout}s")
 
 
+def producer_app(broker_url: str, queue: str) -> Celery:
+    """A producer declares the work queue exactly as the workers do (dead-letter arguments), or
+    RabbitMQ refuses the declaration: producers call configure() too."""
+    producer = Celery(broker=broker_url, set_as_current=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileWarning)
+        configure(producer, queues=[queue])
+    return producer
+
+
 def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, visibility_timeout=None):
     """Runs one task on one of two workers, SIGKILLs that worker's process group mid-task, and
     returns (attempts, ledger rows, seconds from first attempt to rerun, seconds from kill to rerun)."""
@@ -46,7 +58,7 @@ def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, vi
         env["TEST_VISIBILITY_TIMEOUT"] = str(visibility_timeout)
     workers = [worker_factory("apps.effects_app", queues=[queue], env=env, concurrency=1) for _ in range(2)]
 
-    producer = Celery(broker=broker_url, set_as_current=False)
+    producer = producer_app(broker_url, queue)
     task_id = producer.send_task("effects.record", args=[42], queue=queue).id
     producer.close()
     [(first_host,)] = wait_until(lambda: rows(dsn, "SELECT hostname FROM attempts"), 60, "first attempt")

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..transient import TransientError
+
 #: Keys are stored verbatim (Redis key suffix, PostgreSQL text primary key); this bound keeps
 #: them index-friendly and catches a key function that serialises a whole payload by mistake.
 MAX_KEY_LENGTH = 512
@@ -13,12 +15,13 @@ class InvalidKey(ValueError):
     """The key function returned something that cannot be a key."""
 
 
-class InProgress(Exception):
+class InProgress(TransientError):
     """Another holder is running the effect for this key right now (Redis store).
 
-    Retryable: the holder either finishes (the retry then returns its stored result) or dies and
-    its lease expires (the retry then takes the key over). `retry_after` is the lease time left,
-    in seconds: a sensible countdown for `task.retry`.
+    Transient, so a taskherd task retries it with backoff like any other transient error: the
+    holder either finishes (the retry then returns its stored result) or dies and its lease
+    expires (the retry then takes the key over). `retry_after` is the lease time left, in
+    seconds, for callers that schedule their own retry.
     """
 
     def __init__(self, key: str, *, retry_after: float, holder: str | None = None):
