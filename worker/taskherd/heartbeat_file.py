@@ -9,11 +9,12 @@ command asks the worker to drain by writing ``drain-request.json`` in the same d
 Both files are replaced atomically (temporary file + rename), so a reader sees the old or the new
 record, never half of one.
 """
-from __future__ import annotations
-
-import json
 import os
 
+try:  # CPython's JSON scanner without the `json` package: `json` imports `re`, which costs the probe
+    import _json  # ~10 ms of CPU per run (python -X importtime); the worker side may use `json` freely.
+except ImportError:  # pragma: no cover - other interpreters
+    _json = None
 
 #: Environment variable naming the heartbeat directory.
 DIR_ENV = "TASKHERD_HEARTBEAT_DIR"
@@ -38,8 +39,40 @@ def drain_request_path(directory: str | None = None) -> str:
     return os.path.join(heartbeat_dir(directory), DRAIN_REQUEST_FILE)
 
 
+class _ScannerContext:
+    """The settings `_json.make_scanner` reads (those of `json.JSONDecoder()`)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = None
+    memo = None
+
+
+_scan = _json.make_scanner(_ScannerContext()) if _json is not None else None
+
+
+def loads(text: str) -> object:
+    """json.loads for well-formed records, without importing `json` (see the import above)."""
+    if _scan is not None:
+        try:
+            value, end = _scan(text, 0)
+        except Exception:  # noqa: BLE001 - malformed: let `json` produce the real error message
+            pass
+        else:
+            if not text[end:].strip():
+                return value
+    import json
+
+    return json.loads(text)
+
+
 def write_json_atomically(path: str, record: dict[str, object]) -> None:
     """Writes `record` to `path` through a temporary file and a rename (atomic on POSIX)."""
+    import json
+
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as handle:
         json.dump(record, handle, separators=(",", ":"))
@@ -58,8 +91,8 @@ def read_json(path: str) -> dict[str, object] | None:
     except FileNotFoundError:
         return None
     try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
+        record = loads(text)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{path} holds a {type(record).__name__}, expected a JSON object")

@@ -14,8 +14,6 @@ one line on stdout says why (the kubelet puts it in the pod's events).
 
 The decisions are pure functions of the record and `now`, tested without a worker.
 """
-from __future__ import annotations
-
 import sys
 import time
 
