@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         config.liveness_endpoint = args.liveness or None
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.verbose:  # kopf logs every watch event of every pool at INFO ("Handler ... succeeded")
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
     import kopf
 
