@@ -88,7 +88,7 @@ def test_the_probe_imports_neither_celery_nor_kombu(tmp_path):
     # importlib.import_module (the CLI's lazy dispatch) hides the probe's own line; its import shows.
     assert "taskherd.heartbeat_file" in imported and "liveness failed" in done.stdout
     heavy = {name for name in imported if name.split(".")[0] in ("celery", "kombu", "prometheus_client", "redis",
-                                                                   "dataclasses", "typing", "argparse")}
+                                                                   "dataclasses", "typing", "argparse", "json", "re")}
     assert not heavy, f"the probe imports {sorted(heavy)}"
 
 
@@ -148,3 +148,38 @@ def test_published_at_reads_the_stamp_and_skips_missing_or_garbage():
     assert metrics.published_at(object()) is None
     Request.taskherd_published_at = "yesterday"
     assert metrics.published_at(Request()) is None
+
+
+def test_heartbeat_records_round_trip_and_corruption_is_named(tmp_path):
+    from taskherd import heartbeat_file
+
+    path = str(tmp_path / "heartbeat.json")
+    heartbeat_file.write_json_atomically(path, record(active=[task(1, 2.5)]))
+    assert heartbeat_file.read_json(path) == record(active=[task(1, 2.5)])
+    (tmp_path / "heartbeat.json").write_text('{"format": 1} trailing')
+    with pytest.raises(ValueError, match="heartbeat.json is not valid JSON: Extra data"):
+        heartbeat_file.read_json(path)
+    (tmp_path / "heartbeat.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a list, expected a JSON object"):
+        heartbeat_file.read_json(path)
+    assert heartbeat_file.read_json(str(tmp_path / "missing.json")) is None
+
+
+def test_the_metrics_directory_is_per_worker_and_dead_workers_directories_go(tmp_path, monkeypatch):
+    from prometheus_client import values
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    dead = tmp_path / "worker-999999999"  # no such pid
+    (dead / "sub").mkdir(parents=True)
+    alive = tmp_path / "worker-1"  # pid 1 exists
+    alive.mkdir()
+    ours = tmp_path / "worker-4242"
+    ours.mkdir()
+    (ours / "counter_4242.db").write_bytes(b"stale")
+    try:
+        directory = metrics.prepare_multiprocess_dir(base=str(tmp_path), pid=4242)
+        assert directory == str(ours) and list(ours.iterdir()) == []  # a previous run's files are wiped
+        assert not dead.exists() and alive.exists()
+    finally:
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        values.ValueClass = values.get_value_class()
