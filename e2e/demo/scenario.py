@@ -290,16 +290,15 @@ class Scenario:
         rows = self._hog_attempts()
         if len(rows) < 2 and not any(d.key in self.hogs for d in self._dead_letters()):
             return
-        worker = rows[0][0]
-        count = oom_kills_in(self.cluster, worker)
-        reasons = [pod for pod, _ in self.observer.oom_killed_containers]
-        self.outcome.oom_kills = max(count or 0, len(reasons))
-        self.outcome.oom_detail = (f"pod {worker}: memory cgroup oom_kill={count}"
-                                   + (f"; OOMKilled containers: {reasons}" if reasons else ""))
+        counters = {w: oom_kills_in(self.cluster, w) for w in dict.fromkeys(r[0] for r in rows)}
+        statuses = sorted({pod for pod, _ in self.observer.oom_killed_containers})
+        self.outcome.oom_kills = max(sum(c or 0 for c in counters.values()), len(statuses))
+        self.outcome.oom_detail = ("memory cgroup oom_kill counters: "
+                                   + ", ".join(f"{w}={'gone' if c is None else c}" for w, c in counters.items())
+                                   + (f"; OOMKilled containers: {statuses}" if statuses else ""))
         self.mark("oom", "report OOM-killed")
-        self.say.say(f"FAULT: the report outgrew its memory limit on {worker}: the kernel OOM-killed the process "
-                     f"running it (memory cgroup oom_kill={count}); the message came back "
-                     f"({len(rows)} deliveries so far)")
+        self.say.say(f"FAULT: the report outgrew its memory limit: the kernel OOM-killed the process running it "
+                     f"({self.outcome.oom_detail}); the message came back, {len(rows)} deliveries so far")
 
     def _dead_letters(self) -> tuple[DeadLetter, ...]:
         return ledger.read_dead_letters(self.world.host.broker_url, DEAD_LETTER_QUEUE,
