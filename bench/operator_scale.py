@@ -1,0 +1,193 @@
+"""CPU per poll and decision latency of the operator with 200 WorkerPools.
+
+Runs the operator's real poll loop (`taskherd.operator.reconcile.poll_once`: Secret -> REAL queue
+inspection on the host Redis -> decision -> deletion costs -> paging -> status) for 200 pools, 16 at
+a time as the scheduler does. The Kubernetes API is an in-memory stand-in (the API server's own
+cost is not the operator's); Redis is real (a leased database, 200 queues + 200 DLQs with 0-50
+messages each). Prints, side by side:
+- CPU per poll (process time, includes the inspection threads) and wall latency per poll;
+- latency of the decision function alone;
+- the projected share of one core for 200 pools at the default 5 s interval;
+- the baseline: CPU of one `celery inspect ping` (asking the workers instead of the broker, what
+  a naive autoscaler does per pool), measured here in the same run.
+
+    source scripts/services.sh env && .venv/bin/python bench/operator_scale.py [--pools 200] [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from prometheus_client import CollectorRegistry
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support.services import leased_redis_db  # noqa: E402
+
+from taskherd.operator.metrics import OperatorMetrics  # noqa: E402
+from taskherd.operator.observe import BrokerObserver  # noqa: E402
+from taskherd.operator.policy import parse_spec  # noqa: E402
+from taskherd.operator.reconcile import Deps, PoolMemory, poll_once  # noqa: E402
+from taskherd.operator.scaling import Observation, desired_replicas  # noqa: E402
+
+
+class MemoryKube:
+    """The API as dicts: every call the poll makes, answered from memory."""
+
+    def __init__(self, url: str, pools: int):
+        self.url = url
+        self.replicas = {f"workers-{i}": random.randint(0, 6) for i in range(pools)}
+        self.calls = 0
+
+    async def read_secret(self, namespace, name):
+        self.calls += 1
+        return {"url": self.url}
+
+    async def get_scale(self, namespace, deployment):
+        self.calls += 1
+        return self.replicas[deployment], self.replicas[deployment], f"app={deployment}"
+
+    async def set_scale(self, namespace, deployment, replicas):
+        self.calls += 1
+        self.replicas[deployment] = replicas
+
+    async def list_pods(self, namespace, selector):
+        self.calls += 1
+        name = selector.split("=", 1)[1]
+        return [{"metadata": {"name": f"{name}-{k}"}, "status": {"phase": "Running", "podIP": "10.0.0.1",
+                 "containerStatuses": [{"name": "worker", "restartCount": 0}]}} for k in range(self.replicas[name])]
+
+    async def list_pod_events(self, namespace):
+        self.calls += 1
+        return []
+
+    async def annotate_pod(self, namespace, name, key, value):
+        self.calls += 1
+
+    async def patch_pool_status(self, namespace, name, status):
+        self.calls += 1
+
+    async def post_event(self, namespace, pool, *, type, reason, message):
+        self.calls += 1
+
+
+def fill(url: str, pools: int) -> None:
+    client = redis.Redis.from_url(url)
+    now = time.time()
+    for i in range(pools):
+        for queue, n in ((f"q{i}", random.randint(0, 50)), (f"q{i}.dlq", random.choice([0, 0, 0, 2]))):
+            if n:
+                client.lpush(queue, *[json.dumps({"body": "", "headers": {"taskherd_published_at": now - 10}})
+                                      for _ in range(n)])
+
+
+def bodies(pools: int) -> list[dict]:
+    return [{"metadata": {"name": f"pool-{i}", "namespace": "bench", "generation": 1},
+             "spec": {"scaleTargetRef": {"name": f"workers-{i}"},
+                      "broker": {"type": "redis", "secretRef": {"name": "broker"}, "queues": [f"q{i}"]},
+                      "minReplicas": 0, "maxReplicas": 20, "targetDepthPerWorker": 5,
+                      "maxOldestMessageAgeSeconds": 30, "scaleDownStabilizationSeconds": 0}}
+            for i in range(pools)]
+
+
+async def run_rounds(url: str, pools: int, rounds: int) -> tuple[list[float], float, int]:
+    kube = MemoryKube(url, pools)
+    deps = Deps(kube=kube, observe=BrokerObserver(kube=kube), busyness=_idle, poster=_no_post,
+                metrics=OperatorMetrics(registry=CollectorRegistry()))
+    slots = asyncio.Semaphore(16)
+    items = [(b, PoolMemory()) for b in bodies(pools)]
+    latencies: list[float] = []
+
+    async def one(body, memory):
+        async with slots:
+            started = time.perf_counter()
+            await poll_once(body, memory, deps)
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(one(b, m) for b, m in items))  # warm-up: imports, connections, first reads
+    latencies.clear()
+    cpu = time.process_time()
+    for _ in range(rounds):
+        await asyncio.gather(*(one(b, m) for b, m in items))
+    return latencies, time.process_time() - cpu, kube.calls
+
+
+async def _idle(pod):
+    return 0
+
+
+async def _no_post(url, body):
+    return None
+
+
+def decision_latency(pools: int, repeat: int) -> list[float]:
+    specs = [parse_spec(b["spec"]).scaling for b in bodies(pools)]
+    observations = [Observation(ready=random.randint(0, 50), unacked=random.randint(0, 5),
+                                oldest_message_age_seconds=random.uniform(0, 60)) for _ in specs]
+    samples = []
+    for _ in range(repeat):
+        for policy, observation in zip(specs, observations):
+            started = time.perf_counter()
+            desired_replicas(policy, observation, 3, 1, [], 1000.0)
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+def celery_inspect_cpu(url: str, runs: int = 3) -> float:
+    cpus = []
+    for _ in range(runs):
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "celery"), "-b", url, "inspect", "ping",
+                                 "--timeout", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(proc.pid, 0)
+        cpus.append(usage.ru_utime + usage.ru_stime)
+    return statistics.median(cpus)
+
+
+def pct(samples: list[float], q: int) -> float:
+    return statistics.quantiles(samples, n=100)[q - 1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pools", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=5.0)
+    args = parser.parse_args()
+    random.seed(3)
+    base = os.environ.get("TASKHERD_REDIS_URL")
+    if not base:
+        print("TASKHERD_REDIS_URL is not set: `source scripts/services.sh env` first", file=sys.stderr)
+        return 2
+    with leased_redis_db(base) as url:
+        fill(url, args.pools)
+        latencies, cpu, calls = asyncio.run(run_rounds(url, args.pools, args.rounds))
+        baseline = celery_inspect_cpu(url)
+    polls = args.pools * args.rounds
+    per_poll = cpu / polls
+    decisions = decision_latency(args.pools, 50)
+    share = per_poll * args.pools / args.interval
+    print(f"{args.pools} WorkerPools, {args.rounds} rounds ({polls} polls), real Redis inspection, in-memory API")
+    print(f"{'figure':<44} {'taskherd operator':>20} {'baseline':>26}")
+    print(f"{'CPU per poll (process CPU / polls)':<44} {per_poll * 1000:>17.2f} ms "
+          f"{baseline * 1000:>14.0f} ms `celery inspect ping`  ({baseline / per_poll:,.0f}x)")
+    print(f"{'poll latency, wall, median / p99':<44} {statistics.median(latencies) * 1000:>9.2f} / "
+          f"{pct(latencies, 99) * 1000:>6.2f} ms")
+    print(f"{'decision latency (desired_replicas) median / p99':<44} {statistics.median(decisions) * 1e6:>9.1f} / "
+          f"{pct(decisions, 99) * 1e6:>6.1f} us")
+    print(f"{'one core used by 200 pools at ' + format(args.interval, 'g') + ' s polls':<44} {share * 100:>18.1f} %")
+    print(f"{'API calls per poll (in-memory)':<44} {calls / (polls + args.pools):>20.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
