@@ -55,6 +55,7 @@ def test_hard_time_limit_is_dead_lettered(broker_url, record_url, recorded, prod
     env = letter.envelope
     assert env.reason == "hard-time-limit" and env.task_id == stuck.id and env.args == ["stuck"]
     assert env.exception_type == "billiard.exceptions.TimeLimitExceeded" and env.attempts == 1
+    assert env.headers["id"] == stuck.id and "args" not in env.headers and "delivery_info" not in env.headers
     producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
     wait_for(lambda: recorded("after"), timeout=30, what="the next task")
     assert len(recorded("stuck")) == 1, "not redelivered after the hard limit"

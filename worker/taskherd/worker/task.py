@@ -42,6 +42,11 @@ _PROTOCOL_HEADERS = ("lang", "task", "id", "shadow", "eta", "expires", "group", 
                      "origin", "ignore_result", "replaced_task_nesting")
 
 
+#: Keys Celery's Request merges into its request dict that are not message headers.
+_MERGED_INTO_REQUEST = frozenset({"args", "kwargs", "delivery_info", "hostname", "reply_to",
+                                  "correlation_id", "properties", "is_eager"})
+
+
 class DeadLettered(Exception):
     """The task's message went to the DLQ instead of running (its FAILURE result says why)."""
 
@@ -201,9 +206,11 @@ class Request(CeleryRequest):
     def _dead_letter_hard_timeout(self, timeout: float) -> None:
         app = self.task.app
         profile = get_profile(app)
-        headers = dict(self._request_dict)
-        body = self.body if isinstance(self.body, (list, tuple)) else None
-        embed = body[2] if body and len(body) > 2 else None
+        # _request_dict is the message headers plus what Celery merged in from the body and
+        # properties; keep the headers only.
+        headers = {k: v for k, v in self._request_dict.items() if k not in _MERGED_INTO_REQUEST}
+        payload = self._payload
+        embed = payload[2] if isinstance(payload, (list, tuple)) and len(payload) > 2 else None
         now = time.time()
         envelope = Envelope(
             reason=Reason.HARD_TIME_LIMIT,
