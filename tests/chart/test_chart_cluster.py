@@ -1,0 +1,334 @@
+"""The chart on a real cluster: install with a sample Celery app, liveness during a long task and
+on a wedged worker, `helm upgrade` under load with no task lost, `helm uninstall` leaving only the CRD.
+
+One release for the whole module (installing takes a while); the tests run in file order and each
+states what it leaves for the next. The namespace enforces the `restricted` Pod Security Standard,
+so a pod the chart renders outside it would be refused by the API server.
+
+The broker is the loopback Redis of `scripts/services.sh` (a leased database), reached from the
+pods through a small TCP forwarder this module runs on the pods' gateway address: the local
+cluster's pods cannot reach the host's loopback. Local cluster only (`make cluster`, `make images`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from conftest import CHART, REPO
+
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+from e2e.lib import cluster as clusterlib  # noqa: E402
+from support import services  # noqa: E402
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+log = logging.getLogger("taskherd.e2e.chart")
+
+APP = Path(__file__).parent / "apps" / "chart_app.py"
+QUEUE = "chart"
+POOL = "work"
+SOFT, HARD, DRAIN_MARGIN, SHUTDOWN = 100, 120, 10, 5
+
+
+class Forwarder:
+    """TCP forwarder listen_host:<free port> -> target, one thread pair per connection."""
+
+    def __init__(self, *, listen_host: str, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server((listen_host, 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self.sockets:
+            s.close()
+
+
+def pod_gateway_address() -> str:
+    """The host's address on the local cluster's pod bridge (pods reach the host there)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "taskherd0"], capture_output=True, text=True).stdout
+    match = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
+    if not match:
+        pytest.fail("no taskherd0 bridge: the chart's cluster tests need the local cluster (`make cluster`)")
+    return match.group(1)
+
+
+class Release:
+    def __init__(self, k8s: clusterlib.Cluster, namespace: str, name: str, values_file: Path,
+                 host_broker_url: str) -> None:
+        self.k8s, self.namespace, self.name, self.values_file = k8s, namespace, name, values_file
+        self.host_broker_url = host_broker_url
+        self.ledger = redis.Redis.from_url(host_broker_url)
+        self.deployment = f"{name}-taskherd-{POOL}"
+
+    def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.k8s.kubectl("-n", self.namespace, *args, **kw)
+
+    def get(self, *args: str) -> dict:
+        return self.k8s.kubectl_json("-n", self.namespace, "get", *args)
+
+    def worker_pods(self) -> list[dict]:
+        pods = self.get("pods", "-l", f"taskherd.io/pool={POOL},app.kubernetes.io/instance={self.name}")["items"]
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def ready_workers(self) -> list[dict]:
+        return [p for p in self.worker_pods()
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+
+    def send(self, key: str, seconds: float) -> None:
+        from celery import Celery
+
+        producer = Celery(broker=self.host_broker_url)
+        try:
+            producer.send_task("chart.work", args=(key, seconds), queue=QUEUE)
+        finally:
+            producer.close()
+
+    def done(self) -> set[str]:
+        return {k.decode() for k in self.ledger.smembers("done")}
+
+    def diagnostics(self) -> str:
+        parts = []
+        for args in (("get", "all,workerpools,events", "-o", "wide"),
+                     ("logs", "-l", "app.kubernetes.io/component=operator", "--tail=40", "--all-containers"),
+                     ("logs", "-l", f"taskherd.io/pool={POOL}", "--tail=40")):
+            r = self.kubectl(*args, check=False)
+            parts.append(f"$ kubectl {' '.join(args)}\n{r.stdout}{r.stderr}")
+        return "\n".join(parts)
+
+
+def restart_count(pod: dict) -> int:
+    return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
+
+
+def container_host_pid(container_id: str) -> int:
+    """The host PID of the container's main process (PID 1 in its namespace), found through
+    /proc: its cgroup names the container and its NSpid ends in 1."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container_id not in (entry / "cgroup").read_text():
+                continue
+            nspid = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if nspid.split()[-1] == "1":
+            return int(entry.name)
+    raise AssertionError(f"no process of container {container_id} found in /proc")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    k8s = clusterlib.resolve()
+    try:
+        k8s.check_reachable()
+    except clusterlib.ClusterUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    if not k8s.is_local:
+        pytest.fail("the chart's cluster tests run on the local cluster (`make cluster`): its pods reach the "
+                    "host's loopback Redis through the taskherd0 bridge", pytrace=False)
+    versions = clusterlib.versions()
+    node_images = {n for node in k8s.kubectl_json("get", "nodes")["items"]
+                   for img in node["status"].get("images", []) for n in img.get("names", [])}
+    missing = [i for i in (versions["WORKER_IMAGE"], versions["OPERATOR_IMAGE"])
+               if not any(n.endswith(i) for n in node_images)]
+    if missing:
+        pytest.fail(f"images {missing} are not in the cluster: run `make images`", pytrace=False)
+    host_redis = os.environ.get("TASKHERD_REDIS_URL")
+    if not host_redis:
+        pytest.fail("TASKHERD_REDIS_URL is not set: run through `make test` (source scripts/services.sh env)")
+
+    name = "th" + uuid.uuid4().hex[:5]
+    namespace = f"chart-{name}"
+    with services.leased_redis_db(host_redis) as host_url:
+        db = host_url.rsplit("/", 1)[1]
+        gateway = pod_gateway_address()
+        redis_port = int(host_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+        forwarder = Forwarder(listen_host=gateway, target=("127.0.0.1", redis_port))
+        pod_url = f"redis://{gateway}:{forwarder.port}/{db}"
+        k8s.apply(f"""
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {namespace}
+  labels:
+    taskherd.io/test: chart
+    pod-security.kubernetes.io/enforce: restricted
+""")
+        try:
+            clusterlib.wait_for("default ServiceAccount", lambda: k8s.kubectl(
+                "-n", namespace, "get", "sa", "default", check=False).returncode == 0, timeout=60, interval=0.5)
+            k8s.kubectl("-n", namespace, "create", "secret", "generic", "broker", f"--from-literal=url={pod_url}")
+            k8s.kubectl("-n", namespace, "create", "configmap", "chart-app", f"--from-file=chart_app.py={APP}")
+            values = {
+                "broker": {"existingSecret": {"name": "broker"}, "ports": [forwarder.port]},
+                "workerPoolDefaults": {"image": {"pullPolicy": "Never"}},
+                "operator": {"image": {"pullPolicy": "Never"}},
+                "exporter": {"image": {"pullPolicy": "Never"}, "intervalSeconds": 5},
+                "workerPools": [{
+                    "name": POOL, "app": "chart_app", "queues": [QUEUE], "concurrency": 2,
+                    "timeLimits": {"softSeconds": SOFT, "hardSeconds": HARD},
+                    "drainMarginSeconds": DRAIN_MARGIN, "shutdownSeconds": SHUTDOWN,
+                    "resources": {"requests": {"cpu": "10m", "memory": "96Mi"}, "limits": {"memory": "384Mi"}},
+                    "probes": {"liveness": {"periodSeconds": 5, "failureThreshold": 3}},
+                    # The operator owns the replica count: min = max = 2 makes it scale 1 -> 2.
+                    "autoscaling": {"minReplicas": 2, "maxReplicas": 2, "pollIntervalSeconds": 2,
+                                    "scaleDownStabilizationSeconds": 0},
+                    "env": [{"name": "PYTHONPATH", "value": "/app"},
+                            {"name": "TEST_LEDGER_URL",
+                             "valueFrom": {"secretKeyRef": {"name": "broker", "key": "url"}}}],
+                    "extraVolumes": [{"name": "app", "configMap": {"name": "chart-app"}}],
+                    "extraVolumeMounts": [{"name": "app", "mountPath": "/app", "readOnly": True}],
+                }],
+            }
+            values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+            values_file.write_text(yaml.safe_dump(values))
+            rel = Release(k8s, namespace, name, values_file, host_url)
+            try:
+                k8s.helm("install", name, str(CHART), "-n", namespace, "-f", str(values_file),
+                         "--wait", "--timeout", "6m", timeout=420)
+            except clusterlib.CommandFailed as e:
+                pytest.fail(f"helm install failed: {e}\n{rel.diagnostics()}", pytrace=False)
+            yield rel
+        finally:
+            k8s.helm("uninstall", name, "-n", namespace, "--wait", check=False, timeout=300)
+            k8s.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
+            forwarder.close()
+
+
+def test_install_brings_up_restricted_ready_workers_scaled_by_the_operator(release):
+    # helm --wait returned: every Deployment is available. The operator then scales to minReplicas.
+    try:
+        clusterlib.wait_for("2 ready workers (operator scaled the pool)",
+                            lambda: len(release.ready_workers()) == 2, timeout=180, interval=2)
+    except clusterlib.WaitTimeout as e:
+        pytest.fail(f"{e}\n{release.diagnostics()}", pytrace=False)
+    deployment = release.get("deployment", release.deployment)
+    assert deployment["spec"]["replicas"] == 2  # set by the operator through the scale subresource
+    pod = release.ready_workers()[0]
+    assert pod["spec"]["terminationGracePeriodSeconds"] == HARD + DRAIN_MARGIN + SHUTDOWN
+    pool = release.get("workerpool", release.deployment)
+    assert pool["spec"]["scaleTargetRef"]["name"] == release.deployment
+    # A task round trip through the real broker.
+    release.send("hello", 0.1)
+    clusterlib.wait_for("task hello done", lambda: "hello" in release.done(), timeout=60, interval=1)
+
+
+def test_liveness_passes_while_a_long_task_runs(release):
+    before = {p["metadata"]["name"]: restart_count(p) for p in release.worker_pods()}
+    release.send("long", 60)
+    clusterlib.wait_for("task long started", lambda: release.ledger.get("runs:long"), timeout=30, interval=1)
+    clusterlib.wait_for("task long done", lambda: "long" in release.done(), timeout=120, interval=2)
+    after = {p["metadata"]["name"]: restart_count(p) for p in release.worker_pods()}
+    assert after == before, "a worker was restarted while running a task within its limits"
+    events = release.get("events", "--field-selector", "reason=Unhealthy")["items"]
+    liveness_failures = [e["message"] for e in events if "Liveness" in e.get("message", "")]
+    assert liveness_failures == []
+    assert int(release.ledger.get("runs:long")) == 1
+
+
+def test_a_wedged_worker_fails_liveness_and_is_restarted(release):
+    pod = release.ready_workers()[0]
+    name, restarts = pod["metadata"]["name"], restart_count(pod)
+    container = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "taskherd-worker")
+    pid = container_host_pid(container["containerID"].split("://", 1)[1])
+    os.kill(pid, 19)  # SIGSTOP: the main loop (and its heartbeat) stops; the pool children live on
+    started = time.monotonic()
+
+    def restarted():
+        return restart_count(release.get("pod", name)) > restarts
+
+    try:
+        clusterlib.wait_for(f"liveness restart of {name}", restarted, timeout=150, interval=2)
+    finally:
+        try:
+            os.kill(pid, 18)  # SIGCONT, in case it was not killed
+        except ProcessLookupError:
+            pass
+    took = time.monotonic() - started
+    events = release.get("events", "--field-selector", f"involvedObject.name={name},reason=Unhealthy")["items"]
+    assert any("Liveness probe failed" in e.get("message", "") for e in events), events
+    log.info("wedged worker restarted after %.0f s", took)
+    # Stale after 6 heartbeat intervals (30 s) + 3 failed probes 5 s apart: well under 2 minutes.
+    assert took < 120
+    clusterlib.wait_for("2 ready workers again", lambda: len(release.ready_workers()) == 2, timeout=180, interval=2)
+
+
+def test_helm_upgrade_under_load_loses_no_task(release):
+    keys = [f"load-{i}" for i in range(24)]
+    for key in keys:
+        release.send(key, 3)
+    clusterlib.wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
+    old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
+    # Any change of the pod template rolls every worker: each old one drains (preStop) first.
+    release.k8s.helm("upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
+                     "--set", f"workerPools[0].podAnnotations.rollout={uuid.uuid4().hex[:6]}",
+                     "--wait", "--timeout", "6m", timeout=420)
+    clusterlib.wait_for("all load tasks done", lambda: set(keys) <= release.done(), timeout=300, interval=2)
+    new_pods = {p["metadata"]["name"] for p in release.worker_pods()}
+    assert not (old_pods & new_pods), "the upgrade did not replace the workers"
+    runs = {k: int(release.ledger.get(f"runs:{k}") or 0) for k in keys}
+    effects = {k: release.ledger.get(f"effect:{k}") for k in keys}
+    assert all(effects.values()), "a task's effect is missing"
+    log.info("upgrade under load: %d tasks, %d runs (redeliveries: %d)", len(keys), sum(runs.values()),
+             sum(runs.values()) - len(keys))
+    # The operator kept its replica count through the upgrade (no spec.replicas in the chart).
+    assert release.get("deployment", release.deployment)["spec"]["replicas"] == 2
+
+
+def test_uninstall_leaves_only_the_crd(release):
+    release.k8s.helm("uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
+    kinds = ("deployments,replicasets,pods,services,configmaps,serviceaccounts,roles,rolebindings,"
+             "poddisruptionbudgets,networkpolicies,leases,workerpools")
+
+    def leftovers():
+        items = release.get(kinds, "-l", f"app.kubernetes.io/instance={release.name}")["items"]
+        return [f"{i['kind']}/{i['metadata']['name']}" for i in items]
+
+    clusterlib.wait_for("nothing of the release left", lambda: leftovers() == [], timeout=180, interval=2)
+    # Nothing the operator created on its own either (its Lease was the chart's).
+    assert release.get("leases")["items"] == []
+    assert release.get("workerpools")["items"] == []
+    crd = release.k8s.kubectl_json("get", "crd", "workerpools.taskherd.io")
+    assert crd["metadata"]["name"] == "workerpools.taskherd.io"
