@@ -7,7 +7,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import BROKER, CHART, CI_VALUES, by_kind, helm, render
+from conftest import BROKER, CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, render
 
 WORKER = "taskherd-worker"
 
@@ -22,7 +22,7 @@ def env_of(c: dict) -> dict[str, object]:
 
 def test_helm_lint_passes_for_every_scenario():
     for values in CI_VALUES:
-        result = helm("lint", str(CHART), "--strict", "-f", str(values), "--kube-version", "v1.34.4",
+        result = helm("lint", str(CHART), "--strict", "-f", str(values), "--kube-version", KUBE_VERSION,
                       check=False)
         assert result.returncode == 0, f"{values.name}:\n{result.stdout}{result.stderr}"
 
@@ -278,7 +278,7 @@ def test_notes_tell_the_user_how_to_see_pools_and_where_alerts_go(tmp_path):
     (chart / "templates" / "notes.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
         "data:\n  notes: {{ include \"notes\" . | quote }}\n")
-    result = helm("template", "th", str(chart), "--namespace", "jobs", "--kube-version", "v1.34.4",
+    result = helm("template", "th", str(chart), "--namespace", "jobs", "--kube-version", KUBE_VERSION,
                   "--show-only", "templates/notes.yaml",
                   "--set", "broker.existingSecret.name=celery-broker",
                   "--set", "workerPools[0].name=default", "--set", "workerPools[0].app=tasks",
