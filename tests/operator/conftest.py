@@ -90,12 +90,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RBAC_DOC = REPO_ROOT / "operator" / "taskherd" / "operator" / "rbac.md"
+
+
+def rbac_roles() -> str:
+    """The YAML block of rbac.md: the exact Roles the operator documents."""
+    text = RBAC_DOC.read_text()
+    return text.split("```yaml", 1)[1].split("```", 1)[0]
+
+
+def service_account_kubeconfig(cluster, namespace: str, directory: Path) -> Path:
+    """A kubeconfig for a ServiceAccount bound to exactly the Roles of rbac.md."""
+    import yaml
+
+    cluster.apply(rbac_roles(), namespace)
+    cluster.apply(f"""
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: taskherd-operator}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: taskherd-operator}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: taskherd-operator}}
+subjects: [{{kind: ServiceAccount, name: taskherd-operator, namespace: {namespace}}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: taskherd-operator-leader}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: taskherd-operator-leader}}
+subjects: [{{kind: ServiceAccount, name: taskherd-operator, namespace: {namespace}}}]
+""", namespace)
+    token = cluster.kubectl("-n", namespace, "create", "token", "taskherd-operator", "--duration=1h").stdout.strip()
+    admin_path = Path(cluster.kubeconfig)
+    admin = yaml.safe_load(admin_path.read_text())
+    server = dict(admin["clusters"][0]["cluster"])
+    if "certificate-authority" in server:
+        server["certificate-authority"] = str((admin_path.parent / server["certificate-authority"]).resolve())
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
+              "clusters": [{"name": "c", "cluster": server}],
+              "users": [{"name": "sa", "user": {"token": token}}],
+              "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}]}
+    path = directory / f"sa-{namespace}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 class OperatorProcess:
-    def __init__(self, cluster, namespace: str, log_path: Path, *, leader_election: bool = True):
+    def __init__(self, cluster, namespace: str, log_path: Path, *, leader_election: bool = True,
+                 kubeconfig: Path | None = None):
         self.liveness_port = free_port()
         self.log_path = log_path
         env = {**cluster.env(), "POD_NAMESPACE": namespace, "TASKHERD_WATCH_NAMESPACES": namespace,
                "PYTHONUNBUFFERED": "1"}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         args = [sys.executable, "-m", "taskherd.operator", "--metrics-port", "0",
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
         if not leader_election:
@@ -121,7 +170,10 @@ class OperatorProcess:
 def operator_factory(cluster, tmp_path, request):
     started: list[OperatorProcess] = []
 
-    def start(namespace: str, **kwargs) -> OperatorProcess:
+    def start(namespace: str, *, as_service_account: bool = True, **kwargs) -> OperatorProcess:
+        """The operator as a host process, by default with only the permissions of rbac.md."""
+        if as_service_account:
+            kwargs["kubeconfig"] = service_account_kubeconfig(cluster, namespace, tmp_path)
         op = OperatorProcess(cluster, namespace, tmp_path / f"operator-{len(started)}.log", **kwargs)
         started.append(op)
         return op
