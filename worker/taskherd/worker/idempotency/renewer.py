@@ -34,16 +34,22 @@ class Renewer:
         self._wake = threading.Event()
         self._pid: int | None = None
         self._thread: threading.Thread | None = None
+        #: when the thread will next look on its own; an add() due later need not wake it (waking
+        #: it on every task costs a context switch per task, see bench/throughput.py)
+        self._wakes_at = float("inf")
 
     def add(self, renew: Callable[[], bool], every_seconds: float) -> int:
         with self._lock:
             if self._pid != os.getpid():   # first use, or we are a forked child
-                self._pid, self._leases = os.getpid(), {}
+                self._pid, self._leases, self._wakes_at = os.getpid(), {}, float("inf")
                 self._thread = threading.Thread(target=self._run, name="taskherd-lease-renewer", daemon=True)
                 self._thread.start()
             lease_id = next(self._ids)
-            self._leases[lease_id] = _Lease(renew, every_seconds, self._clock() + every_seconds)
-        self._wake.set()
+            due = self._clock() + every_seconds
+            self._leases[lease_id] = _Lease(renew, every_seconds, due)
+            wake = due < self._wakes_at
+        if wake:
+            self._wake.set()
         return lease_id
 
     def remove(self, lease_id: int) -> bool:
@@ -67,7 +73,8 @@ class Renewer:
                     logger.warning("idempotency lease renewal failed; retrying", exc_info=True)
             with self._lock:
                 waiting = [lease.due for lease in self._leases.values() if not lease.lost]
-            timeout = max(min(waiting) - self._clock(), 0.0) if waiting else None
+                self._wakes_at = min(waiting) if waiting else float("inf")
+            timeout = max(self._wakes_at - self._clock(), 0.0) if waiting else None
             self._wake.wait(timeout)
 
 

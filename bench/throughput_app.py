@@ -1,0 +1,54 @@
+"""The two apps bench/throughput.py compares, chosen by BENCH_VARIANT.
+
+vanilla      Celery with the same ack settings as the profile: acks_late, reject_on_worker_lost,
+             prefetch multiplier 1, JSON only.
+taskherd     configure(app) (retries, DLQ, delivery counter) and the Redis idempotency guard keyed
+             on the task id.
+profile      configure(app) alone; idempotency: the guard alone (to attribute the overhead).
+
+BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys and the delivery counter).
+"""
+import os
+import warnings
+
+import redis
+from celery import Celery
+
+VARIANT = os.environ["BENCH_VARIANT"]
+QUEUE = os.environ["BENCH_QUEUE"]
+BROKER_URL = os.environ["BENCH_BROKER_URL"]
+REDIS_URL = os.environ["BENCH_REDIS_URL"]
+
+app = Celery("bench", broker=BROKER_URL, set_as_current=False)
+app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True)
+
+#: variant -> (apply the profile?, guard with idempotency?). The two halves of "taskherd" exist to
+#: attribute its overhead (bench/throughput.py --variants).
+VARIANTS = {"vanilla": (False, False), "taskherd": (True, True), "profile": (True, False), "idempotency": (False, True)}
+if VARIANT not in VARIANTS:
+    raise SystemExit(f"BENCH_VARIANT={VARIANT!r}; valid: {', '.join(VARIANTS)}")
+with_profile, with_idempotency = VARIANTS[VARIANT]
+
+if with_profile:
+    from taskherd.worker import configure
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        configure(app, queues=[QUEUE], delivery_counter_url=REDIS_URL)
+else:
+    app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
+                    accept_content=["json"], task_serializer="json", result_serializer="json")
+
+if with_idempotency:
+    from taskherd.worker.idempotency import RedisStore, idempotent
+
+    store = RedisStore(client=redis.Redis.from_url(REDIS_URL))
+
+    @app.task(name="bench.noop", bind=True, ignore_result=True)
+    @idempotent(store, key=lambda task: f"bench:{task.request.id}")
+    def noop(task):
+        return None
+else:
+    @app.task(name="bench.noop", ignore_result=True)
+    def noop():
+        return None
