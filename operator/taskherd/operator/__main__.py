@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         config.liveness_endpoint = args.liveness or None
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if not args.verbose:  # kopf logs every watch event of every pool at INFO ("Handler ... succeeded")
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if not args.verbose:  # kopf logs every watch event and every health probe at INFO
+        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
     import kopf
 

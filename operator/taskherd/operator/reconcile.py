@@ -61,10 +61,14 @@ class Conditions:
     def __init__(self, previous: list[Mapping[str, Any]] | None, now: float) -> None:
         self._items = {c["type"]: dict(c) for c in previous or [] if "type" in c}
         self._now = rfc3339(now)
+        #: what changed in this poll, for the log.
+        self.transitions: list[str] = []
 
     def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
         status = "True" if ok else "False"
         old = self._items.get(type_, {})
+        if old.get("status") != status or old.get("reason") != reason:
+            self.transitions.append(f"{type_}={status} ({reason}: {message[:200]})")
         since = old.get("lastTransitionTime") if old.get("status") == status else self._now
         self._items[type_] = {"type": type_, "status": status, "reason": reason, "message": message[:1000],
                               "lastTransitionTime": since or self._now}
@@ -167,6 +171,8 @@ async def poll_once(body: Mapping[str, Any], memory: PoolMemory, deps: Deps) -> 
     except InvalidSpec as exc:
         deps.metrics.errors.labels("spec").inc()
         conditions.set("Ready", False, "InvalidSpec", str(exc))
+        if conditions.transitions:
+            log.warning("%s/%s: %s", namespace, name, exc)
         status.update(conditions=conditions.as_list(), phase="InvalidSpec")
         return await _write(namespace, name, previous, status, deps)
     if memory.paging is None:
@@ -239,6 +245,10 @@ async def poll_once(body: Mapping[str, Any], memory: PoolMemory, deps: Deps) -> 
                      observation=observation))
     written = await _write(namespace, name, previous, status, deps)
     deps.metrics.poll_seconds.observe(time.perf_counter() - started)
+    if decision is not None and current is not None and decision.replicas != current:
+        log.info("%s/%s: scaled %s", namespace, name, memory.last_scale_reason)
+    if conditions.transitions:
+        log.info("%s/%s: %s", namespace, name, "; ".join(conditions.transitions))
     return written
 
 
