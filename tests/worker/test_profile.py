@@ -140,3 +140,28 @@ def test_every_problem_is_reported_at_once():
     for fragment in expected:
         assert any(fragment in p for p in problems), (fragment, problems)
     assert _error(backoff_base=10, backoff_cap=5).count("backoff_cap=5 must be >= backoff_base=10") == 1
+
+
+def test_queues_the_app_already_declares_keep_their_routing():
+    from kombu import Exchange, Queue
+
+    app = app_on(task_queues=[Queue("orders", Exchange("shop", type="topic"), routing_key="orders.#"),
+                              Queue("reports")], task_default_queue="orders")
+    configure(app, queues=["orders"])
+    orders, reports = app.conf.task_queues
+    assert (orders.exchange.name, orders.routing_key) == ("shop", "orders.#")
+    assert orders.queue_arguments["x-dead-letter-routing-key"] == "orders.dlq"
+    assert reports.name == "reports" and not reports.queue_arguments
+    assert app.conf.task_default_queue == "orders"
+
+
+def test_the_source_queue_is_found_from_the_delivery_info():
+    from kombu import Exchange, Queue
+    from taskherd.worker.task import queue_of
+
+    app = app_on(task_queues=[Queue("orders", Exchange("shop", type="topic"), routing_key="orders.#"),
+                              Queue("mail")])
+    profile = configure(app, queues=["orders", "mail"])
+    assert queue_of(app, profile, {"exchange": "", "routing_key": "mail"}) == "mail"
+    assert queue_of(app, profile, {"exchange": "shop", "routing_key": "orders.eu"}) == "orders"
+    assert queue_of(app, profile, {}) == "orders"

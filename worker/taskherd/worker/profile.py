@@ -228,9 +228,12 @@ def validate(*, broker_url: str, soft_time_limit: float, time_limit: float,
     return errors, warns
 
 
-def _queue_declarations(profile: Profile) -> list:
+def _queue_declarations(profile: Profile, existing: Sequence[Any] = ()) -> list:
+    """kombu Queues for the profiled queues; a queue the app already declares keeps its exchange
+    and routing key and gains the dead-letter arguments."""
     from kombu import Exchange, Queue
 
+    by_name = {getattr(q, "name", None): q for q in existing or ()}
     declared = []
     for name in profile.queues:
         arguments: dict[str, Any] = {
@@ -243,8 +246,15 @@ def _queue_declarations(profile: Profile) -> list:
             # Backstop only: our counter dead-letters (with an envelope) at max_deliveries + 1;
             # the broker drops to the DLQ natively one delivery later if the counter is unavailable.
             arguments["x-delivery-limit"] = profile.max_deliveries + 1
-        declared.append(Queue(name, Exchange(name, type="direct", durable=True), routing_key=name,
-                              durable=True, queue_arguments=arguments))
+        if name in by_name:
+            queue = by_name[name]
+            declared.append(Queue(name, queue.exchange, routing_key=queue.routing_key, durable=True,
+                                  queue_arguments={**(queue.queue_arguments or {}), **arguments}))
+        else:
+            declared.append(Queue(name, Exchange(name, type="direct", durable=True), routing_key=name,
+                                  durable=True, queue_arguments=arguments))
+    # Queues the app declares that are not profiled stay as they were (without dead-lettering).
+    declared += [q for q in existing or () if getattr(q, "name", None) not in profile.queues]
     return declared
 
 
@@ -339,9 +349,10 @@ def configure(
         broker_heartbeat=broker_heartbeat,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         broker_transport_options=transport_options,
-        task_queues=_queue_declarations(profile),
-        task_default_queue=queue_names[0],
+        task_queues=_queue_declarations(profile, list(conf.task_queues or ())),
     )
+    if conf.task_default_queue not in queue_names:
+        conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
     for module_path in _INSTALLERS:
         importlib.import_module(module_path).install(app, profile)

@@ -52,15 +52,26 @@ class DeadLettered(Exception):
 
 
 def queue_of(app: Any, profile: Profile, delivery_info: dict | None) -> str:
-    """The work queue a message came from, from its delivery info (routing key → queue)."""
+    """The work queue a message came from, from its delivery info.
+
+    A delivery names its exchange and routing key, not its queue: the routing key is the queue
+    with Celery's default routing; otherwise a declared queue with that routing key, or the one
+    declared queue on that exchange; else the only profiled queue; else the routing key.
+    """
     info = delivery_info or {}
-    routing_key = info.get("routing_key")
+    routing_key, exchange = info.get("routing_key"), info.get("exchange")
     if routing_key in profile.queues:
         return routing_key
-    for queue in app.conf.task_queues or ():
-        if getattr(queue, "routing_key", None) == routing_key and routing_key:
+    declared = list(app.conf.task_queues or ())
+    for queue in declared:
+        if routing_key and getattr(queue, "routing_key", None) == routing_key:
             return queue.name
-    return routing_key or profile.queues[0]
+    on_exchange = [q.name for q in declared if exchange and getattr(q.exchange, "name", None) == exchange]
+    if len(on_exchange) == 1:
+        return on_exchange[0]
+    if len(profile.queues) == 1 or not routing_key:
+        return profile.queues[0]
+    return routing_key
 
 
 def _redrives(headers: dict | None) -> int:
