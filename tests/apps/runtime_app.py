@@ -27,11 +27,11 @@ app.conf.update(
     worker_cancel_long_running_tasks_on_connection_loss=False,
 )
 heartbeat.install(app)
-draining.install(app, poll=0.1)
+draining.install(app, drain_poll=0.1)
 if os.environ.get("TEST_METRICS_PORT"):
     from taskherd.worker import metrics
 
-    metrics.install(app, port=int(os.environ["TEST_METRICS_PORT"]))
+    metrics.install(app, metrics_port=int(os.environ["TEST_METRICS_PORT"]), metrics_addr="127.0.0.1")
 
 _ledger = None
 

@@ -183,3 +183,12 @@ def test_the_metrics_directory_is_per_worker_and_dead_workers_directories_go(tmp
     finally:
         monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
         values.ValueClass = values.get_value_class()
+
+
+def test_a_warm_shutdown_keeps_liveness_passing_and_readiness_failing():
+    stopping = record(written_at=NOW - 300, stopping_since=NOW - 299, active=[task(200, 600)])
+    verdict = probe.liveness(stopping, now=NOW)
+    assert verdict.ok and "stopping (warm shutdown) for 299s" in verdict.reason
+    assert not probe.readiness(stopping, now=NOW).ok
+    # ... but a task past its hard limit still means the pool is stuck.
+    assert not probe.liveness({**stopping, "active": [task(700, 600)]}, now=NOW).ok

@@ -64,4 +64,20 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
     assert MAX_AGE - INTERVAL - 0.2 <= elapsed <= MAX_AGE + 2.0, elapsed
     wait_until(lambda: probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))[0] == 0, timeout=5,
                message="liveness passing again after SIGCONT")
+
+    # A warm shutdown (SIGTERM) waits for a running task with the main loop stopped on purpose:
+    # liveness must not restart the worker meanwhile; readiness says it is going.
+    producer.send_task("runtime.sleep", args=("finishing", 3 * MAX_AGE), queue=unique_name)
+    wait_until(running_task, timeout=10, message="the last task running")
+    worker.signal(signal.SIGTERM)
+    outputs = []
+    while worker.is_running():
+        outputs.append((probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE)),
+                        probe("readiness", heartbeat_dir, "--max-age", str(MAX_AGE))))
+        time.sleep(0.3)
+    assert worker.wait(timeout=5) == 0
+    assert len(outputs) >= 10, "the shutdown did not wait for the task"
+    assert all(live[0] == 0 for live, _ in outputs), [live for live, _ in outputs if live[0]][:3]
+    assert "stopping (warm shutdown)" in outputs[-1][0][1]
+    assert outputs[-1][1][0] == 1
     producer.close()

@@ -69,11 +69,18 @@ def loads(text: str) -> object:
     return json.loads(text)
 
 
+_writes = 0
+
+
 def write_json_atomically(path: str, record: dict[str, object]) -> None:
     """Writes `record` to `path` through a temporary file and a rename (atomic on POSIX)."""
     import json
 
-    temporary = f"{path}.{os.getpid()}.tmp"
+    global _writes
+    _writes += 1
+    # Unique per write: a signal handler writing in the middle of another write must not share
+    # (and truncate) its temporary file.
+    temporary = f"{path}.{os.getpid()}.{_writes}.tmp"
     with open(temporary, "w") as handle:
         json.dump(record, handle, separators=(",", ":"))
     # No fsync: the directory is a tmpfs/emptyDir and a reader only needs rename atomicity.

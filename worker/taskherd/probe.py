@@ -8,8 +8,10 @@ one line on stdout says why (the kubelet puts it in the pod's events).
   outlived its hard time limit plus a margin (the pool failed to kill it: the pool is stuck).
   A broker outage alone does NOT fail liveness: the worker reconnects by itself and restarting
   every worker in the cluster during a broker blip helps nobody; readiness reports the outage.
-- readiness passes when the heartbeat is fresh, the broker is connected and the worker is not
-  draining.
+  During a warm shutdown (SIGTERM) the main loop stops on purpose while the pool finishes: the
+  record says ``stopping_since`` and liveness passes (the grace period bounds the shutdown).
+- readiness passes when the heartbeat is fresh, the broker is connected and the worker is neither
+  draining nor stopping.
 - startup passes once the worker has written its first heartbeat.
 
 The decisions are pure functions of the record and `now`, tested without a worker.
@@ -82,6 +84,11 @@ def stuck_tasks(record: dict[str, object], now: float, task_margin: float) -> li
 def liveness(record: dict[str, object] | None, *, now: float, max_age: float | None = None,
              task_margin: float = DEFAULT_TASK_MARGIN) -> Verdict:
     fresh = _freshness(record, now, max_age)
+    stopping_since = record.get("stopping_since") if record else None
+    if stopping_since and record.get("format") == heartbeat_file.FORMAT:
+        # Warm shutdown: the main loop has stopped on purpose while the pool finishes its tasks;
+        # the grace period bounds it. Restarting now would kill those tasks.
+        fresh = Verdict(True, f"stopping (warm shutdown) for {now - stopping_since:.0f}s")
     if not fresh.ok:
         return fresh
     stuck = stuck_tasks(record, now, task_margin)
@@ -102,6 +109,8 @@ def readiness(record: dict[str, object] | None, *, now: float, max_age: float | 
         return Verdict(False, f"broker {broker.get('state', 'unknown')}{for_how_long}")
     if record.get("draining_since"):
         return Verdict(False, f"draining for {now - record['draining_since']:.0f}s")
+    if record.get("stopping_since"):
+        return Verdict(False, f"stopping (warm shutdown) for {now - record['stopping_since']:.0f}s")
     return Verdict(True, f"ready: {fresh.reason}, broker connected")
 
 

@@ -137,7 +137,11 @@ class Drain(bootsteps.StartStopStep):
         if consumer is None:
             return
         for queue in list(consumer.queues):
-            c.cancel_task_queue(queue.name)
+            try:
+                c.cancel_task_queue(queue.name)
+            except c.connection_errors + c.channel_errors as exc:
+                # The connection is going: start() cancels the new consumer after reconnecting.
+                logger.warning("taskherd: draining: could not cancel consumer of %s: %r", queue.name, exc)
 
     def _cancel_timer(self, c: Any) -> None:
         if self.timer_entry is not None:
@@ -145,11 +149,11 @@ class Drain(bootsteps.StartStopStep):
             self.timer_entry = None
 
 
-def install(app: Celery, profile: Any = None, *, poll: float | None = None, **options: Any) -> None:
+def install(app: Celery, profile: Any = None, *, drain_poll: float | None = None, **options: Any) -> None:
     """Adds the drain bootstep (and the heartbeat it needs) to `app`'s consumer. Idempotent."""
-    if poll is not None and not poll > 0:
-        raise ValueError(f"drain poll={poll!r} must be a positive number of seconds")
+    if drain_poll is not None and not drain_poll > 0:
+        raise ValueError(f"drain_poll={drain_poll!r} must be a positive number of seconds")
     if getattr(app, heartbeat.SETTINGS_ATTR, None) is None:
         heartbeat.install(app, profile, **options)
-    setattr(app, SETTINGS_ATTR, poll or DEFAULT_POLL)
+    setattr(app, SETTINGS_ATTR, drain_poll or DEFAULT_POLL)
     app.steps["consumer"].add(Drain)

@@ -11,7 +11,7 @@ callback, so the heartbeat keeps being refreshed — by the main thread — with
 A connection attempt that hangs without timeout stops the callbacks and does go stale.
 
 The record (format 1, see taskherd.heartbeat_file): ``written_at``, ``interval_seconds``,
-``hostname``, ``pid``, ``started_at``, ``broker`` {state, since}, ``draining_since``,
+``hostname``, ``pid``, ``started_at``, ``broker`` {state, since}, ``draining_since``, ``stopping_since``,
 ``active`` [{id, name, started_at, worker_pid, time_limit, soft_time_limit}], ``reserved``,
 ``scheduled``, ``pool_pids``.
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
 from taskherd import heartbeat_file
@@ -105,6 +105,8 @@ class Heartbeat(bootsteps.StartStopStep):
         self.timer_entry = None
         #: Set by the drain step (taskherd.worker.draining) when draining begins.
         self.draining_since: float | None = None
+        #: Set when a warm shutdown stops the consumer.
+        self.stopping_since: float | None = None
         #: Called before each write; the drain step uses it to keep working between heartbeats.
         self.before_write: list[Callable[[Any], None]] = []
         os.makedirs(self.settings.directory, exist_ok=True)
@@ -113,6 +115,8 @@ class Heartbeat(bootsteps.StartStopStep):
         heartbeat_file.remove(self.path)
         c.taskherd_heartbeat = self
         self._hook_reconnect_loop(c)
+        signals.worker_shutting_down.connect(lambda **_: self.on_shutting_down(c), weak=False,
+                                             dispatch_uid=f"taskherd.heartbeat.{id(self)}")
 
     # -- bootstep protocol -------------------------------------------------------------------
     def start(self, c: Any) -> None:
@@ -122,9 +126,19 @@ class Heartbeat(bootsteps.StartStopStep):
         self.timer_entry = c.timer.call_repeatedly(self.settings.interval, self.write, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
-        # Also called when the connection is lost, before Celery reconnects.
+        # Called when the connection is lost, before Celery reconnects.
         self._cancel_timer(c)
-        self._set_broker_state("disconnected")
+        if self.stopping_since is None:
+            self._set_broker_state("disconnected")
+        self._write_quietly(c)
+
+    def on_shutting_down(self, c: Any) -> None:
+        """SIGTERM/SIGINT/SIGQUIT (Celery's worker_shutting_down, in the main thread).
+
+        The main loop is about to stop for good while the pool finishes its tasks: say so, rather
+        than go stale and have the kubelet restart a worker that is finishing its work.
+        """
+        self.stopping_since = self.stopping_since or time.time()
         self._write_quietly(c)
 
     def shutdown(self, c: Any) -> None:
@@ -142,6 +156,7 @@ class Heartbeat(bootsteps.StartStopStep):
             "started_at": self.started_at,
             "broker": {"state": self._observed_broker_state(c), "since": self.broker_since},
             "draining_since": self.draining_since,
+            "stopping_since": self.stopping_since,
             "active": active,
             "reserved": max(0, len(worker_state.reserved_requests) - len(active)),
             "scheduled": len(worker_state.scheduled_requests),
@@ -152,8 +167,13 @@ class Heartbeat(bootsteps.StartStopStep):
         for hook in self.before_write:
             hook(c)
         now = time.time()
-        heartbeat_file.write_json_atomically(self.path, self.record(c, now))
+        record = self.record(c, now)
+        heartbeat_file.write_json_atomically(self.path, record)
         self.last_written = now
+        if self.stopping_since and not record["stopping_since"]:
+            # The shutdown signal handler ran in the middle of this write and wrote its own record,
+            # which this older one just replaced: write the current state again.
+            heartbeat_file.write_json_atomically(self.path, self.record(c, time.time()))
 
     # -- internals ---------------------------------------------------------------------------
     def _write_quietly(self, c: Any) -> None:
@@ -218,14 +238,15 @@ class Heartbeat(bootsteps.StartStopStep):
         c.ensure_connected = ensure_connected
 
 
-def install(app: Celery, profile: Any = None, *, directory: str | None = None,
-            interval: float | None = None, **_: Any) -> HeartbeatSettings:
+def install(app: Celery, profile: Any = None, *, heartbeat_dir: str | None = None,
+            heartbeat_interval: float | None = None, **_: Any) -> HeartbeatSettings:
     """Adds the heartbeat bootstep to `app`'s consumer. Idempotent; returns the settings used.
 
+    Options are prefixed (configure() may pass the same options to every installer).
     `profile` (taskherd.worker.profile.Profile) is accepted for the uniform installer signature;
     the time limits are read per request, so it is not needed here.
     """
-    settings = settings_from(directory=directory, interval=interval)
+    settings = settings_from(directory=heartbeat_dir, interval=heartbeat_interval)
     setattr(app, SETTINGS_ATTR, settings)
     app.steps["consumer"].add(Heartbeat)
     return settings

@@ -221,15 +221,16 @@ def _on_unknown(sender: Any = None, name: str | None = None, **_: Any) -> None:
     record_outcome(name or "unknown", "rejected")
 
 
-def install(app: Celery, profile: Any = None, *, port: int | None = None, addr: str | None = None,
-            directory: str | None = None, **_: Any) -> None:
-    """Records task metrics in `app`'s workers and serves them on `port` from the main process.
+def install(app: Celery, profile: Any = None, *, metrics_port: int | None = None, metrics_addr: str | None = None,
+            metrics_dir: str | None = None, **_: Any) -> None:
+    """Records task metrics in `app`'s workers and serves them on `metrics_port` from the main process.
 
-    `port` defaults to $TASKHERD_METRICS_PORT, else 9808; 0 disables the HTTP server.
-    `directory` is the parent of the per-worker multiprocess directories ($TASKHERD_METRICS_DIR,
+    `metrics_port` defaults to $TASKHERD_METRICS_PORT, else 9808; 0 disables the HTTP server.
+    `metrics_dir` is the parent of the per-worker multiprocess directories ($TASKHERD_METRICS_DIR,
     default <heartbeat dir>/prometheus). Nothing happens at install time beyond connecting
     signals: a producer importing the app never touches the worker's files.
     """
+    port, addr, directory = metrics_port, metrics_addr, metrics_dir
     if port is None:
         raw = os.environ.get(PORT_ENV)
         try:
