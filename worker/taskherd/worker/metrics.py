@@ -39,12 +39,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from taskherd import heartbeat_file
+from taskherd.worker.stamping import PUBLISHED_AT_HEADER  # float epoch seconds
 
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "rejected")
-#: The publish-time header stamped by taskherd.worker.stamping (float, epoch seconds).
-PUBLISHED_AT_HEADER = "taskherd_published_at"
 PORT_ENV = "TASKHERD_METRICS_PORT"
 ADDR_ENV = "TASKHERD_METRICS_ADDR"
 #: Parent of the per-worker multiprocess directories (default: <heartbeat dir>/prometheus).
