@@ -192,3 +192,19 @@ def test_a_warm_shutdown_keeps_liveness_passing_and_readiness_failing():
     assert not probe.readiness(stopping, now=NOW).ok
     # ... but a task past its hard limit still means the pool is stuck.
     assert not probe.liveness({**stopping, "active": [task(700, 600)]}, now=NOW).ok
+
+
+def test_drain_gives_up_at_its_deadline_naming_the_tasks_still_running(tmp_path, capsys):
+    from taskherd import heartbeat_file
+
+    import time as clock
+
+    # A worker that acknowledged the drain (draining_since after any request) but stays busy.
+    busy = record(written_at=clock.time() + 3600, draining_since=clock.time() + 3600, active=[task(10, None)])
+    heartbeat_file.write_json_atomically(str(tmp_path / "heartbeat.json"), busy)
+    started = clock.monotonic()
+    assert drain.main(["--dir", str(tmp_path), "--deadline", "0.5", "--poll", "0.05"]) == 1
+    assert 0.5 <= clock.monotonic() - started < 3
+    assert "deadline of 0.5s reached: 1 task(s) still running: app.slow[abc]" in capsys.readouterr().out
+    request = heartbeat_file.read_json(str(tmp_path / "drain-request.json"))
+    assert request["pid"] == 42 and request["requested_at"] > 0
