@@ -44,7 +44,7 @@ def run_make(target: str, log: Log, *, timeout: float = 3600) -> None:
         tail = (tail + [line])[-30:]
         print(f"    │ {line}", flush=True)
     if proc.wait(timeout=timeout) != 0:
-        raise DeployError(f"`make {target}` failed ({proc.returncode}):\n" + "\n".join(tail))
+        raise DeployError(f"`make {target}` failed ({proc.returncode}); its last lines:\n" + "\n".join(tail[-6:]))
     log(f"make {target}: done in {time.monotonic() - started:.0f}s")
 
 
@@ -183,22 +183,31 @@ def install(cluster: clusters.Cluster, world: World, run_dir: Path, log: Log) ->
     values_file.write_text("# examples/shop/values.yaml + this machine (written by e2e/demo)\n"
                            + yaml.safe_dump(values, sort_keys=False))
     started = time.monotonic()
-    cluster.helm("upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
+    helm(cluster, "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
                  "--wait", "--timeout", "240s", timeout=300)
     log(f"helm upgrade --install {RELEASE} charts/taskherd -f examples/shop/values.yaml: "
         f"ready in {time.monotonic() - started:.0f}s")
     return values
 
 
+def helm(cluster: clusters.Cluster, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """helm against the chosen cluster (the pinned binary, the cluster's kubeconfig and helm dirs)."""
+    cmd = [cluster.helm_bin, "--kubeconfig", cluster.kubeconfig, *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env(), timeout=timeout)
+    if check and r.returncode != 0:
+        raise DeployError(f"`helm {' '.join(args)}` exited {r.returncode}: {(r.stderr or r.stdout).strip()}")
+    return r
+
+
 def release_exists(cluster: clusters.Cluster) -> bool:
-    r = cluster.helm("status", RELEASE, "--namespace", NAMESPACE, check=False, timeout=60)
+    r = helm(cluster, "status", RELEASE, "--namespace", NAMESPACE, check=False, timeout=60)
     return r.returncode == 0
 
 
 def uninstall(cluster: clusters.Cluster, log: Log) -> None:
     if release_exists(cluster):
         started = time.monotonic()
-        cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "180s", timeout=240)
+        helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "180s", timeout=240)
         log(f"helm uninstall {RELEASE}: {time.monotonic() - started:.0f}s")
 
 
