@@ -166,6 +166,8 @@ def test_heartbeat_records_round_trip_and_corruption_is_named(tmp_path):
 
 
 def test_the_metrics_directory_is_per_worker_and_dead_workers_directories_go(tmp_path, monkeypatch):
+    import os
+
     from prometheus_client import values
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
@@ -181,7 +183,9 @@ def test_the_metrics_directory_is_per_worker_and_dead_workers_directories_go(tmp
         assert directory == str(ours) and list(ours.iterdir()) == []  # a previous run's files are wiped
         assert not dead.exists() and alive.exists()
     finally:
-        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        # Not monkeypatch: it would restore the value prepare_multiprocess_dir exported, and the
+        # workers later tests start would inherit it.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         values.ValueClass = values.get_value_class()
 
 
@@ -208,3 +212,36 @@ def test_drain_gives_up_at_its_deadline_naming_the_tasks_still_running(tmp_path,
     assert "deadline of 0.5s reached: 1 task(s) still running: app.slow[abc]" in capsys.readouterr().out
     request = heartbeat_file.read_json(str(tmp_path / "drain-request.json"))
     assert request["pid"] == 42 and request["requested_at"] > 0
+
+
+def test_compacting_dead_processes_keeps_every_count(tmp_path):
+    import os
+
+    from prometheus_client import multiprocess as prometheus_multiprocess
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    def write(name, pid, samples):
+        values = MmapedDict(str(tmp_path / f"{name}_{pid}.db"))
+        for metric, sample, labels, value in samples:
+            values.write_value(mmap_key(metric, sample, list(labels), list(labels.values()), "help"), value, 0.0)
+        values.close()
+
+    def collected():
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in prometheus_multiprocess.MultiProcessCollector(None, path=str(tmp_path)).collect()
+                for s in family.samples}
+
+    failed = [("taskherd_tasks", "taskherd_tasks_total", {"task": "a", "outcome": "failed"}, 2.0)]
+    write("counter", 999999998, failed)
+    write("counter", 999999999, failed)
+    write("counter", os.getpid(), failed)  # alive: kept as is
+    write("histogram", 999999999, [("taskherd_task_runtime_seconds", "taskherd_task_runtime_seconds_bucket",
+                                    {"task": "a", "le": "1.0"}, 3.0)])
+    before = collected()
+    assert metrics.compact_dead_processes(str(tmp_path)) == 3
+    assert collected() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["counter_archive.db", f"counter_{os.getpid()}.db",
+                                                                 "histogram_archive.db"])
+    write("counter", 999999997, failed)  # a later dead child: added to the archive
+    assert metrics.compact_dead_processes(str(tmp_path)) == 1
+    assert collected()[("taskherd_tasks_total", (("outcome", "failed"), ("task", "a")))] == 8.0

@@ -76,4 +76,12 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     assert 0 <= value(samples, "taskherd_heartbeat_age_seconds") < 3
     # The pool recycled children (max 3 tasks each): their counts survived them.
     assert not first_children & set(worker.child_pids()), "no child was replaced: the test proves less than it says"
+    # ... folded into one archive file per type: no file of a dead child is left to read at each scrape.
+    directory = tmp_path / "heartbeat" / "prometheus" / f"worker-{worker.pid}"
+    files = sorted(path.name for path in directory.iterdir())
+    live = {worker.pid, *worker.child_pids()}
+    assert {"counter_archive.db", "histogram_archive.db"} <= set(files), files
+    leftovers = [name for name in files if name[:-3].split("_")[-1].isdigit()
+                 and int(name[:-3].split("_")[-1]) not in live]
+    assert not leftovers, leftovers
     producer.close()

@@ -20,8 +20,9 @@ Prefork: every process writes its samples to mmap files in a per-worker
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
 ``worker_init`` — before the pool forks — and wiped there, since files of a previous run would be
 summed in. The main process serves ``/metrics`` on `port` (default 9808) and, at every scrape,
-marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away;
-their counter and histogram files stay, as they must (removing them would make counters go back).
+marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away,
+and folds their counter and histogram files into one archive file per type: their counts stay
+(counters never go back) while the number of files stays bounded however often children recycle.
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 from typing import Any, Iterable
 
 from celery import Celery, signals
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server, values
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.registry import REGISTRY, Collector
 
 from taskherd import heartbeat_file
@@ -153,16 +156,57 @@ def mark_dead_processes(directory: str) -> list[int]:
     return sorted(dead)
 
 
+def compact_dead_processes(directory: str) -> int:
+    """Folds the counter and histogram files of dead processes into one archive file per type.
+
+    Without this, every recycled pool child (max_tasks_per_child) leaves its files behind and every
+    scrape reads them all. Values are summed key by key (labels and histogram buckets included)
+    into ``<type>_archive.db``, written to a temporary name and renamed, then the dead files are
+    removed. Only the main process does this, under the collector's lock; if it dies half-way the
+    whole directory is wiped at the next start anyway. Returns the number of files folded.
+    """
+    dead: dict[str, list[str]] = {}
+    for path in glob.glob(os.path.join(directory, "*.db")):
+        parts = os.path.basename(path)[:-3].split("_")
+        if parts[0] not in ("counter", "histogram") or not parts[-1].isdigit() or _pid_alive(int(parts[-1])):
+            continue
+        dead.setdefault(parts[0], []).append(path)
+    for kind, paths in dead.items():
+        archive = os.path.join(directory, f"{kind}_archive.db")
+        totals: dict[str, float] = {}
+        for path in ([archive] if os.path.exists(archive) else []) + paths:
+            for key, value, _timestamp, _position in MmapedDict.read_all_values_from_file(path):
+                totals[key] = totals.get(key, 0.0) + value
+        temporary = archive + ".tmp"  # not *.db: the collector never reads it
+        merged = MmapedDict(temporary)
+        for key, value in totals.items():
+            merged.write_value(key, value, 0.0)
+        merged.close()
+        os.replace(temporary, archive)
+        for path in paths:
+            os.remove(path)
+    return sum(len(paths) for paths in dead.values())
+
+
 class WorkerCollector(Collector):
     """What /metrics serves: every process's samples, plus the heartbeat age."""
 
     def __init__(self, *, directory: str, heartbeat_path: str, clock: Any = time.time):
         self.directory, self.heartbeat_path, self.clock = directory, heartbeat_path, clock
         self.multiprocess = multiprocess.MultiProcessCollector(None, path=directory)
+        # Scrapes may come concurrently (threaded HTTP server); compaction must not remove a
+        # file another scrape is about to read.
+        self.lock = threading.Lock()
 
     def collect(self) -> Iterable[Any]:
-        mark_dead_processes(self.directory)
-        yield from self.multiprocess.collect()
+        with self.lock:
+            mark_dead_processes(self.directory)
+            try:
+                compact_dead_processes(self.directory)
+            except OSError:
+                logger.exception("taskherd: could not compact the metrics of dead pool processes")
+            families = list(self.multiprocess.collect())
+        yield from families
         age = GaugeMetricFamily("taskherd_heartbeat_age_seconds", "Age of the worker's heartbeat file, seconds.")
         try:
             record = heartbeat_file.read_json(self.heartbeat_path)
