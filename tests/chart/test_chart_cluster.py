@@ -34,7 +34,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from e2e.lib import cluster as clusterlib  # noqa: E402
 from support import services  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# Installing (images, operator scaling) and the rollout under load take minutes, not seconds.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
 log = logging.getLogger("taskherd.e2e.chart")
 
 APP = Path(__file__).parent / "apps" / "chart_app.py"
@@ -82,6 +83,15 @@ class Forwarder:
         self.server.close()
         for s in self.sockets:
             s.close()
+
+
+def helm(k8s: clusterlib.Cluster, *args: str, check: bool = True, timeout: float = 420) -> subprocess.CompletedProcess:
+    """The pinned helm against the cluster (Cluster.helm lacks `input=` for its runner)."""
+    result = subprocess.run([k8s.helm_bin, "--kubeconfig", k8s.kubeconfig, *args], env=k8s.env(),
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args[:2])} exited {result.returncode}: {result.stderr.strip()}")
+    return result
 
 
 def pod_gateway_address() -> str:
@@ -225,14 +235,13 @@ metadata:
             values_file = tmp_path_factory.mktemp("values") / "values.yaml"
             values_file.write_text(yaml.safe_dump(values))
             rel = Release(k8s, namespace, name, values_file, host_url)
-            try:
-                k8s.helm("install", name, str(CHART), "-n", namespace, "-f", str(values_file),
-                         "--wait", "--timeout", "6m", timeout=420)
-            except clusterlib.CommandFailed as e:
-                pytest.fail(f"helm install failed: {e}\n{rel.diagnostics()}", pytrace=False)
+            result = helm(k8s, "install", name, str(CHART), "-n", namespace, "-f", str(values_file),
+                          "--wait", "--timeout", "6m", check=False)
+            if result.returncode != 0:
+                pytest.fail(f"helm install failed: {result.stderr}\n{rel.diagnostics()}", pytrace=False)
             yield rel
         finally:
-            k8s.helm("uninstall", name, "-n", namespace, "--wait", check=False, timeout=300)
+            helm(k8s, "uninstall", name, "-n", namespace, "--wait", check=False, timeout=300)
             k8s.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
             forwarder.close()
 
@@ -302,9 +311,9 @@ def test_helm_upgrade_under_load_loses_no_task(release):
     clusterlib.wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
     old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     # Any change of the pod template rolls every worker: each old one drains (preStop) first.
-    release.k8s.helm("upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
+    helm(release.k8s, "upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
                      "--set", f"workerPools[0].podAnnotations.rollout={uuid.uuid4().hex[:6]}",
-                     "--wait", "--timeout", "6m", timeout=420)
+                     "--wait", "--timeout", "6m")
     clusterlib.wait_for("all load tasks done", lambda: set(keys) <= release.done(), timeout=300, interval=2)
     new_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     assert not (old_pods & new_pods), "the upgrade did not replace the workers"
@@ -318,7 +327,7 @@ def test_helm_upgrade_under_load_loses_no_task(release):
 
 
 def test_uninstall_leaves_only_the_crd(release):
-    release.k8s.helm("uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
+    helm(release.k8s, "uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
     kinds = ("deployments,replicasets,pods,services,configmaps,serviceaccounts,roles,rolebindings,"
              "poddisruptionbudgets,networkpolicies,leases,workerpools")
 
