@@ -19,7 +19,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     task_acks_late=True,
     task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=int(os.environ.get("TEST_PREFETCH_MULTIPLIER", 1)),
     task_soft_time_limit=float(os.environ.get("TEST_SOFT_TIME_LIMIT", 40)),
     task_time_limit=float(os.environ.get("TEST_TIME_LIMIT", 50)),
     worker_max_tasks_per_child=int(os.environ.get("TEST_MAX_TASKS_PER_CHILD", 0)) or None,

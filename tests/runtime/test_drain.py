@@ -92,3 +92,32 @@ def test_drain_finishes_running_tasks_and_leaves_the_rest_to_another_worker(brok
     assert not any(f"[{key}" in worker_b.log() for key in LONG_TASKS)
     assert "runtime.sleep" in worker_b.log()
     producer.close()
+
+
+def test_drain_returns_a_prefetched_message_waiting_for_a_busy_pool(redis_url, unique_name, worker_factory, tmp_path):
+    """With a prefetch above 1 (not taskherd's profile) a message waits in the prefork pool's outbound
+    buffer while every child is busy: the drain hands it back at once instead of running it."""
+    ledger = redis.Redis.from_url(redis_url)
+    heartbeat_dir = tmp_path / "heartbeat"
+    env = {"TEST_BROKER_URL": redis_url, "TEST_LEDGER_URL": redis_url, "TEST_QUEUE": unique_name,
+           "TASKHERD_HEARTBEAT_INTERVAL": "0.5", "TEST_PREFETCH_MULTIPLIER": "2",
+           "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir)}
+    worker = worker_factory("apps.runtime_app", queues=[unique_name], concurrency=1, env=env)
+    producer = Celery(broker=redis_url)
+    producer.send_task("runtime.sleep", args=("running", 4), queue=unique_name)
+    wait_until(lambda: ledger.llen("started") == 1, timeout=15, message="the first task started")
+    producer.send_task("runtime.sleep", args=("prefetched", 0), queue=unique_name)
+    wait_until(lambda: json.loads((heartbeat_dir / "heartbeat.json").read_text())["reserved"] == 1, timeout=5,
+               message="the second message reserved by the busy worker")
+    assert ready_messages(redis_url, unique_name) == 0
+
+    drain = subprocess.Popen([*TASKHERD, "drain", "--dir", str(heartbeat_dir)], stdout=subprocess.PIPE, text=True)
+    wait_until(lambda: ready_messages(redis_url, unique_name) == 1, timeout=2,
+               message="the prefetched message back in the queue")
+    output, _ = drain.communicate(timeout=30)
+    assert drain.returncode == 0, output
+    assert ledger.lrange("done", 0, -1) == [b"running"]
+    worker.stop()
+    assert ledger.get("runs:prefetched") is None, "the drained worker ran the message it gave back"
+    assert ready_messages(redis_url, unique_name) == 1
+    producer.close()

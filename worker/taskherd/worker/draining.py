@@ -2,14 +2,15 @@
 
 Mechanism (no broker round trip, no signal, no PID needed): `taskherd drain` writes
 ``drain-request.json`` into the heartbeat directory. This consumer bootstep looks for it on the event
-loop's timer every `poll` seconds (default 0.25 s — one stat() call). On a request it
+loop's timer every `poll` seconds (default 0.25 s — one failed open() while there is none). On a request it
 
 1. cancels the consumers of all task queues (``Consumer.cancel_task_queue``), so no new message is
    delivered; the broker connection stays open, so the unacknowledged messages of running tasks
    stay with this worker and are acknowledged once when they finish (closing the channel would
    requeue them and they would run twice);
 2. rejects with requeue the messages it holds but has not started: ETA/countdown tasks waiting in
-   memory, and prefork jobs still in the pool's outbound buffer (not yet written to a child);
+   memory, requests waiting for a free pool process, and prefork jobs still in the pool's outbound
+   buffer (not yet written to a child);
 3. marks the heartbeat ``draining_since`` and refreshes it every `poll` seconds, so the drain command
    sees the worker go idle within a fraction of a second.
 
@@ -50,33 +51,52 @@ def request_applies(request: dict[str, Any] | None, *, pid: int, started_at: flo
     return float(request.get("requested_at") or 0) >= started_at
 
 
+def _give_back(request: Any) -> None:
+    worker_state.task_ready(request)
+    request.reject(requeue=True)
+
+
 def return_unstarted(c: Any) -> int:
-    """Rejects (requeue) the messages this worker holds but has not started; returns how many."""
+    """Rejects (requeue) the messages this worker holds but has not started; returns how many.
+
+    Three places hold them: the timer (ETA/countdown tasks), the pool semaphore's waiters
+    (prefork with the event loop: a request waits there until a child is free) and the prefork
+    pool's outbound buffer (handed to the pool, not yet written to a child).
+    """
     returned = 0
-    for request in tuple(worker_state.scheduled_requests):  # ETA/countdown tasks held in memory
+    for request in tuple(worker_state.scheduled_requests):
         entry = getattr(request, "_eta_timer_entry", None)
         if entry is not None:
             c.timer.cancel(entry)
-        worker_state.task_ready(request)
-        request.reject(requeue=True)
+        _give_back(request)
         c.qos.decrement_eventually()
         returned += 1
+
+    semaphore = getattr(getattr(c, "controller", None), "semaphore", None)
+    waiting = getattr(semaphore, "_waiting", None)
+    if waiting:
+        for waiter in tuple(waiting):
+            _callback, args, _kwargs = waiter
+            request = args[0] if args else None
+            if request in worker_state.reserved_requests and not request.time_start:
+                waiting.remove(waiter)
+                _give_back(request)
+                returned += 1
+
     pool = getattr(c.pool, "_pool", None)
     outbound = getattr(pool, "outbound_buffer", None)
-    if outbound is None:
-        return returned
-    for request in tuple(worker_state.reserved_requests):
-        if request.time_start or request in worker_state.active_requests or request._apply_result is None:
-            continue
-        job = request._apply_result()
-        # Only a job no child has seen: not accepted, no write started.
-        if job is None or job._accepted or getattr(job, "_write_to", None) is not None or job not in outbound:
-            continue
-        outbound.remove(job)
-        pool._cache.pop(job._job, None)
-        worker_state.task_ready(request)
-        request.reject(requeue=True)
-        returned += 1
+    if outbound:
+        for request in tuple(worker_state.reserved_requests):
+            if request.time_start or request in worker_state.active_requests or request._apply_result is None:
+                continue
+            job = request._apply_result()
+            # Only a job no child has seen: not accepted, no write started.
+            if job is None or job._accepted or job._write_to is not None or job not in outbound:
+                continue
+            outbound.remove(job)
+            pool._cache.pop(job._job, None)
+            _give_back(request)
+            returned += 1
     return returned
 
 

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
@@ -107,8 +107,6 @@ class Heartbeat(bootsteps.StartStopStep):
         self.draining_since: float | None = None
         #: Set when a warm shutdown stops the consumer.
         self.stopping_since: float | None = None
-        #: Called before each write; the drain step uses it to keep working between heartbeats.
-        self.before_write: list[Callable[[Any], None]] = []
         os.makedirs(self.settings.directory, exist_ok=True)
         # The emptyDir outlives a container restart: a previous incarnation's record must not
         # satisfy the startup probe of this one.
@@ -123,7 +121,7 @@ class Heartbeat(bootsteps.StartStopStep):
         self._set_broker_state("connected")
         self.write(c)
         self._cancel_timer(c)
-        self.timer_entry = c.timer.call_repeatedly(self.settings.interval, self.write, (c,), priority=10)
+        self.timer_entry = c.timer.call_repeatedly(self.settings.interval, self._write_quietly, (c,), priority=10)
 
     def stop(self, c: Any) -> None:
         # Called when the connection is lost, before Celery reconnects.
@@ -164,8 +162,6 @@ class Heartbeat(bootsteps.StartStopStep):
         }
 
     def write(self, c: Any) -> None:
-        for hook in self.before_write:
-            hook(c)
         now = time.time()
         record = self.record(c, now)
         heartbeat_file.write_json_atomically(self.path, record)
