@@ -68,3 +68,17 @@ def test_configured_classes_add_to_the_defaults_and_permanent_wins():
     assert not make_classifier(transient=[Flaky], replace_defaults=True).is_transient(ConnectionResetError())
     with pytest.raises(TypeError, match="transient_errors"):
         make_classifier(transient=["ValueError"])
+
+
+def test_real_aiohttp_and_urllib3_errors():
+    import aiohttp
+    import urllib3.exceptions
+
+    info = aiohttp.RequestInfo(url=__import__("yarl").URL("http://x/"), method="GET", headers={}, real_url=None)
+    assert classify(aiohttp.ClientResponseError(info, (), status=503))
+    assert classify(aiohttp.ClientResponseError(info, (), status=429))
+    assert not classify(aiohttp.ClientResponseError(info, (), status=400))
+    assert classify(aiohttp.ServerDisconnectedError())
+    assert classify(urllib3.exceptions.NewConnectionError(None, "refused"))
+    assert classify(urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"))
+    assert not classify(urllib3.exceptions.LocationParseError("::bad"))
