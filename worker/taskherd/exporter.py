@@ -33,7 +33,7 @@ from taskherd.queues import BrokerUnreachable, QueueStats, inspect_queues
 
 logger = logging.getLogger("taskherd.exporter")
 
-DEFAULT_PORT = 9808
+DEFAULT_PORT = 9809  # 9808 is the worker metrics port (taskherd.worker.metrics)
 DEFAULT_INTERVAL = 15.0
 DEFAULT_DLQ_SUFFIX = ".dlq"
 

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
@@ -386,6 +387,11 @@ def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None =
     settings = RecoverySettings(
         heartbeat_interval=defaults.heartbeat_interval if heartbeat_interval is None else heartbeat_interval,
         timeout=defaults.timeout if timeout is None else timeout)
+    visibility_timeout = getattr(profile, "visibility_timeout", None)
+    if visibility_timeout and settings.expected_recovery_seconds >= visibility_timeout:
+        warnings.warn(f"recovery timeout={settings.timeout!r} + heartbeat_interval={settings.heartbeat_interval!r} "
+                      f"is not below visibility_timeout={visibility_timeout!r}: kombu's sweep would redeliver "
+                      f"first and fast recovery would never act", stacklevel=2)
     from celery import bootsteps
 
     class FastRecovery(bootsteps.StartStopStep):
