@@ -108,6 +108,7 @@ class Heartbeat(bootsteps.StartStopStep):
         #: Set when a warm shutdown stops the consumer.
         self.stopping_since: float | None = None
         os.makedirs(self.settings.directory, exist_ok=True)
+        self._warn_if_shared()
         # The emptyDir outlives a container restart: a previous incarnation's record must not
         # satisfy the startup probe of this one.
         heartbeat_file.remove(self.path)
@@ -172,6 +173,22 @@ class Heartbeat(bootsteps.StartStopStep):
             heartbeat_file.write_json_atomically(self.path, self.record(c, time.time()))
 
     # -- internals ---------------------------------------------------------------------------
+    def _warn_if_shared(self) -> None:
+        try:
+            previous = heartbeat_file.read_json(self.path) or {}
+        except (OSError, ValueError):
+            return
+        pid = previous.get("pid")
+        if isinstance(pid, int) and pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                pass
+            logger.warning("taskherd: worker pid %d also writes its heartbeat in %s: give each worker its own "
+                           "%s, or their probes and drains will mix them up", pid, self.settings.directory,
+                           heartbeat_file.DIR_ENV)
     def _write_quietly(self, c: Any) -> None:
         try:
             self.write(c)
