@@ -1,0 +1,25 @@
+"""The runtime installers alongside taskherd's reliability profile, configured through the environment."""
+import httpx
+from celery import Celery
+
+from runtime.helpers import free_port, probe, wait_until
+
+
+def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worker_factory, tmp_path):
+    heartbeat_dir, port = tmp_path / "heartbeat", free_port()
+    env = {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": unique_name, "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir),
+           "TASKHERD_HEARTBEAT_INTERVAL": "1", "TASKHERD_METRICS_PORT": str(port),
+           "TASKHERD_METRICS_ADDR": "127.0.0.1"}
+    worker_factory("apps.runtime_profile_app", queues=[unique_name], env=env, concurrency=2)
+    for kind in ("startup", "liveness", "readiness"):
+        code, output = probe(kind, heartbeat_dir)
+        assert code == 0, output
+    producer = Celery(broker=redis_url)
+    producer.send_task("runtime_profile.add", args=(2, 3), queue=unique_name)
+
+    def succeeded():
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        return 'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0' in text
+
+    wait_until(succeeded, timeout=20, message="the task counted as succeeded")
+    producer.close()
