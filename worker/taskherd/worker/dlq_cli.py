@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from .deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
 from .profile import broker_kind

@@ -39,7 +39,7 @@ from __future__ import annotations
 import importlib
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from .backoff import Rng
@@ -58,7 +58,7 @@ _JSON_ALIASES = {"json", "application/json"}
 REDIS_SCHEMES = {"redis", "rediss", "sentinel", "redis+socket"}
 AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
 QUEUE_TYPES = ("classic", "quorum")
-#: Settings configure() owns; profile_settings() returns them for inspection and tests.
+#: Attribute of the Celery app holding its Profile (read by get_profile()).
 APP_ATTRIBUTE = "taskherd_profile"
 
 

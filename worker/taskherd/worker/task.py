@@ -20,6 +20,7 @@ process's side of a task) publishes that envelope instead.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any
 
@@ -178,7 +179,7 @@ class Task(celery.Task):
                              "chain": request.chain, "chord": request.chord}),
             headers=json_safe(_context_headers(request, self.name)),
             attempts=attempts, first_failure_at=first_failure_at or now, last_failure_at=now,
-            hostname=request.hostname or Envelope.__dataclass_fields__["hostname"].default_factory(),
+            hostname=request.hostname or socket.gethostname(),
             exchange=(request.delivery_info or {}).get("exchange"),
             routing_key=(request.delivery_info or {}).get("routing_key"),
             **(exception_fields(exc) if exc is not None else {}),
