@@ -141,3 +141,9 @@ def test_settings_refuse_a_timeout_shorter_than_two_heartbeats():
     with pytest.raises(ValueError, match=r"timeout=4 .*heartbeat_interval=5"):
         recovery.RecoverySettings(heartbeat_interval=5, timeout=4)
     assert recovery.RecoverySettings().expected_recovery_seconds == 20
+
+
+def test_restorer_waits_a_full_lease_period_of_healthy_redis():
+    assert not recovery.may_restore(now=100.0, redis_healthy_since=None, timeout=15)  # Redis failing
+    assert not recovery.may_restore(now=100.0, redis_healthy_since=90.0, timeout=15)  # just came back
+    assert recovery.may_restore(now=105.0, redis_healthy_since=90.0, timeout=15)

@@ -172,6 +172,16 @@ def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iter
     return restored
 
 
+def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float) -> bool:
+    """Whether this worker may act as a restorer now (monotonic clock).
+
+    Only after a full lease period of talking to Redis without error: after a Redis outage every
+    lease may have lapsed, and the first worker back must give the others time to renew theirs
+    before it takes their leases' absence for their death. A new worker waits the same way.
+    """
+    return redis_healthy_since is not None and now - redis_healthy_since >= timeout
+
+
 class Lease(threading.Thread):
     """Keeps this worker's lease alive and restores dead workers' messages, every interval."""
 
@@ -186,6 +196,7 @@ class Lease(threading.Thread):
         self._stopped = threading.Event()
         self._held_once = False
         self._pid = os.getpid()  # atexit handlers are inherited by forked pool children
+        self._redis_healthy_since: float | None = None
 
     def refresh(self) -> None:
         record = json.dumps({"pid": os.getpid(), "refreshed_at": self.clock()})
@@ -210,8 +221,13 @@ class Lease(threading.Thread):
             started = time.monotonic()
             try:
                 self.refresh()
-                self.restore_others()
+                if self._redis_healthy_since is None:
+                    self._redis_healthy_since = time.monotonic()
+                if may_restore(now=time.monotonic(), redis_healthy_since=self._redis_healthy_since,
+                               timeout=self.settings.timeout):
+                    self.restore_others()
             except redis.RedisError as exc:
+                self._redis_healthy_since = None
                 logger.warning("taskherd recovery: Redis error (%s); retrying in %.1f s", exc,
                                self.settings.heartbeat_interval)
             self._stopped.wait(max(0.0, self.settings.heartbeat_interval - (time.monotonic() - started)))
@@ -382,6 +398,9 @@ def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None =
     """
     scheme = urlsplit(_broker_url(app)).scheme.lower()
     if scheme not in REDIS_SCHEMES:
+        if scheme.startswith("sentinel"):
+            logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages of a "
+                           "killed worker wait for visibility_timeout")
         return None
     defaults = RecoverySettings()
     settings = RecoverySettings(
