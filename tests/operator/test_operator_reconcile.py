@@ -184,3 +184,15 @@ def test_scheduler_polls_each_pool_at_its_interval_and_only_while_leading():
         return seen
 
     assert asyncio.run(scenario()) == [2.0, 4.0, 6.0, 8.0]
+
+
+def test_an_api_error_reading_the_scale_is_a_condition():
+    class Forbidden(FakeKube):
+        async def get_scale(self, namespace, deployment):
+            raise PermissionError("403 deployments/scale is forbidden")
+
+    deps = make_deps(Forbidden(), FakeBroker(Observation(ready=1, unacked=0)))
+    status = poll(pool_body(), PoolMemory(), deps)
+    cond = condition(status, "ScaleTargetFound")
+    assert cond["status"] == "False" and "forbidden" in cond["message"]
+    assert status["phase"] == "ScaleTargetMissing"

@@ -196,6 +196,10 @@ async def poll_once(body: Mapping[str, Any], memory: PoolMemory, deps: Deps) -> 
         conditions.set("ScaleTargetFound", True, "Found", f"Deployment {spec.deployment}")
     except NotFound:
         conditions.set("ScaleTargetFound", False, "NotFound", f"Deployment {namespace}/{spec.deployment} not found")
+    except Exception as exc:  # noqa: BLE001 - API errors (403, 5xx, timeouts) are conditions too
+        deps.metrics.errors.labels("scale").inc()
+        conditions.set("ScaleTargetFound", False, "ReadFailed",
+                       f"scale of Deployment {namespace}/{spec.deployment} not read: {type(exc).__name__}: {exc}"[:1000])
     if current is not None:
         try:
             decision, busy = await _apply_scale(spec, namespace, current, selector, observation, memory, deps, now)
