@@ -80,6 +80,7 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     assert env["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
     assert not any("redis://" in str(v) or "amqp://" in str(v) for v in env.values())
     assert env["TASKHERD_HEARTBEAT_DIR"] == "/run/taskherd/heartbeat"
+    assert env["TASKHERD_HEARTBEAT_INTERVAL"] == "5"
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     for path in ("/tmp", "/run/taskherd/heartbeat", env["TASKHERD_METRICS_DIR"]):
