@@ -3,6 +3,8 @@ is dead-lettered after max_deliveries while the rest of the queue keeps flowing.
 import os
 import signal
 
+import redis
+
 from conftest import core_env, dead_letters, wait_for  # noqa: F401
 
 
@@ -47,3 +49,5 @@ def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
     env = letter.envelope
     assert env.reason == "killed-worker" and env.task_id == poison.id and env.attempts == 3
     assert "killed its worker 3 times" in env.detail
+    counters = redis.Redis.from_url(record_url).keys("taskherd:deliveries:*")
+    assert counters == [], "first deliveries are not counted and redelivery counters are cleaned up"

@@ -28,9 +28,10 @@ def delivery_key(task_id: str, retries: int, redrives: int = 0) -> str:
     return f"{KEY_PREFIX}:{task_id}:{retries}:{redrives}"
 
 
-def exceeds(count: int | None, max_deliveries: int) -> bool:
-    """True when this delivery is past the budget: ``max_deliveries`` runs were already started."""
-    return count is not None and count > max_deliveries
+def exceeds(redeliveries: int | None, max_deliveries: int) -> bool:
+    """True when this delivery (number ``redeliveries + 1``) is past the budget: ``max_deliveries``
+    runs were already started and none finished."""
+    return redeliveries is not None and redeliveries + 1 > max_deliveries
 
 
 def _client(url: str):

@@ -5,8 +5,8 @@
 
 On each delivery, in the pool child, before the task body runs:
 
-1. the delivery is counted (``deliveries``); past ``max_deliveries`` the task is dead-lettered
-   unrun — it killed its worker on every earlier delivery;
+1. a redelivered message is counted (``deliveries``); past ``max_deliveries`` deliveries the
+   task is dead-lettered unrun — it killed its worker on every earlier one;
 2. the body runs; an exception is classified (``transient``):
    - transient and ``retries < max_retries``: ``self.retry`` after a full-jitter backoff delay;
    - transient and out of retries, or permanent: the envelope is published to the DLQ (the
@@ -106,15 +106,20 @@ class Task(celery.Task):
         if request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
         profile = get_profile(self.app)
-        key = self._delivery_key()
-        count = deliveries.record_delivery(profile.delivery_counter_url, key, ttl=profile.delivery_counter_ttl)
-        if deliveries.exceeds(count, profile.max_deliveries):
-            runs = count - 1
-            self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
-                              detail=f"killed its worker {runs} times (max_deliveries={profile.max_deliveries}); "
-                                     f"dead-lettered without running it again")
-            deliveries.forget(profile.delivery_counter_url, key)
-            raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
+        # Only a redelivered message can have killed a worker: first deliveries (nearly all of
+        # them) cost no round trip to the counter.
+        key = self._delivery_key() if (request.delivery_info or {}).get("redelivered") else None
+        if key is not None:
+            redeliveries = deliveries.record_delivery(profile.delivery_counter_url, key,
+                                                      ttl=profile.delivery_counter_ttl)
+            if deliveries.exceeds(redeliveries, profile.max_deliveries):
+                runs = profile.max_deliveries
+                self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
+                                  detail=f"delivered {runs} times without finishing: it killed its worker "
+                                         f"{runs} times (max_deliveries={runs}); dead-lettered without "
+                                         f"running it again")
+                deliveries.forget(profile.delivery_counter_url, key)
+                raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
         # The counter is forgotten once this delivery has an outcome (the next message, if any,
         # is a retry with its own key); a requeued delivery keeps counting.
         outcome_known = True
@@ -133,7 +138,7 @@ class Task(celery.Task):
                 raise
             raise
         finally:
-            if outcome_known:
+            if outcome_known and key is not None:
                 deliveries.forget(profile.delivery_counter_url, key)
 
     def _on_error(self, profile: Profile, exc: Exception) -> None:
