@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from taskherd.operator.busyness import parse_in_flight, read_busyness
 from taskherd.operator.deletion_cost import (PodBusyness, annotations_to_change, busy_count, deletion_costs,
@@ -15,6 +15,7 @@ pods = st.lists(
     max_size=30, unique_by=lambda p: p.name)
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(pods, st.data())
 def test_a_busy_pod_is_never_removed_while_an_idle_one_remains(pool, data):
     costs = deletion_costs(pool)
@@ -26,6 +27,7 @@ def test_a_busy_pod_is_never_removed_while_an_idle_one_remains(pool, data):
         assert idle <= removed, "a busy pod was chosen while an idle one was left"
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(pods)
 def test_every_idle_pod_costs_less_than_every_busy_pod(pool):
     costs = deletion_costs(pool)
@@ -35,6 +37,7 @@ def test_every_idle_pod_costs_less_than_every_busy_pod(pool):
         assert max(idle) < min(busy)
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(pods)
 def test_busier_pods_cost_more_and_unreadable_pods_cost_most(pool):
     costs = deletion_costs(pool)
@@ -45,6 +48,7 @@ def test_busier_pods_cost_more_and_unreadable_pods_cost_most(pool):
                     assert costs[b.name] >= costs[a.name]
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(pods)
 def test_a_steady_pool_needs_no_annotation_writes(pool):
     costs = deletion_costs(pool)

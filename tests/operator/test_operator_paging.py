@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from taskherd.operator.alerts import ALERT_NAME, alertmanager_alert, webhook_body
 from taskherd.operator.paging import ENDS_AT_RESEND_INTERVALS, PagingState, step
@@ -24,6 +24,7 @@ def run(trace, threshold, resend):
     return state, log
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(traces, st.integers(1, 10), st.sampled_from([30.0, 60.0]))
 def test_one_fire_and_one_resolve_per_episode(trace, threshold, resend):
     _, log = run(trace, threshold, resend)
@@ -33,6 +34,7 @@ def test_one_fire_and_one_resolve_per_episode(trace, threshold, resend):
         assert all(k == ("fire" if i % 2 == 0 else "resolve") for i, k in enumerate(kinds)), kinds
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(traces, st.integers(1, 10), st.sampled_from([30.0, 60.0]))
 def test_pages_follow_the_threshold(trace, threshold, resend):
     _, log = run(trace, threshold, resend)
@@ -43,6 +45,7 @@ def test_pages_follow_the_threshold(trace, threshold, resend):
             assert depths is not None and depths[page.queue] < threshold
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(traces, st.integers(1, 10), st.sampled_from([30.0, 60.0]))
 def test_never_a_flood_delivered_posts_are_spaced_by_the_resend_interval(trace, threshold, resend):
     # every page delivered: within one firing episode, posts are at least `resend` apart
@@ -60,6 +63,7 @@ def test_never_a_flood_delivered_posts_are_spaced_by_the_resend_interval(trace, 
                 last = t
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(traces, st.integers(1, 10), st.sampled_from([30.0, 60.0]))
 def test_a_firing_alert_is_resent_before_alertmanager_would_expire_it(trace, threshold, resend):
     trace = [(dt, depths, True) for dt, depths, _ in trace]

@@ -34,18 +34,21 @@ histories = st.lists(st.builds(Recommendation, at=st.floats(NOW - 1000, NOW - 0.
                                replicas=st.integers(0, 40), age_triggered=st.booleans()), max_size=8)
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), st.one_of(st.none(), observations), st.integers(0, 40), st.integers(0, 40), histories)
 def test_never_outside_min_max(policy, observation, current, busy, history):
     decision = desired_replicas(policy, observation, current, busy, history, NOW)
     assert policy.min_replicas <= decision.replicas <= policy.max_replicas, decision
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
 def test_never_below_busy_workers(policy, observation, current, busy, history):
     decision = desired_replicas(policy, observation, current, busy, history, NOW)
     assert decision.replicas >= min(busy, policy.max_replicas), decision
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
 def test_scale_up_goes_in_one_step_to_the_needed_count(policy, observation, current, busy, history):
     needed = min(policy.max_replicas, math.ceil(observation.depth / policy.target_depth_per_worker))
@@ -67,6 +70,7 @@ def under_target_with_old_message(draw):
     return policy, current, depth
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(under_target_with_old_message(), st.floats(1.01, 50), histories)
 def test_old_message_scales_up_even_under_the_depth_target(case, over, history):
     policy, current, depth = case
@@ -92,6 +96,7 @@ def test_age_scale_up_does_not_compound_while_new_workers_start():
     assert later.replicas > 5
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
 def test_scale_down_only_after_the_window_and_to_its_highest_recommendation(policy, observation, current, busy,
                                                                            history):
@@ -105,6 +110,7 @@ def test_scale_down_only_after_the_window_and_to_its_highest_recommendation(poli
         assert decision.replicas >= min(max(in_window, default=0), current)
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, st.integers(0, 40), histories)
 def test_zero_to_n_as_soon_as_work_appears(policy, observation, busy, history):
     assume(observation.depth > 0)
@@ -112,6 +118,7 @@ def test_zero_to_n_as_soon_as_work_appears(policy, observation, busy, history):
     assert decision.replicas >= 1
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, st.integers(1, 40), st.integers(0, 40), histories)
 def test_n_to_zero_only_when_empty_and_idle(policy, observation, current, busy, history):
     decision = desired_replicas(policy, observation, current, busy, history, NOW)
@@ -119,6 +126,7 @@ def test_n_to_zero_only_when_empty_and_idle(policy, observation, current, busy, 
         assert observation.depth == 0 and busy == 0
 
 
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), st.integers(0, 40), histories)
 def test_unobservable_queues_hold_the_current_count(policy, current, history):
     decision = desired_replicas(policy, None, current, 0, history, NOW)
@@ -126,7 +134,7 @@ def test_unobservable_queues_hold_the_current_count(policy, current, history):
     assert "could not be observed" in decision.reason
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(st.sampled_from([15.0, 60.0, 300.0]), st.integers(2, 20), st.sampled_from([1.0, 5.0, 10.0]))
 def test_an_emptied_pool_reaches_zero_exactly_one_window_after_the_last_work(window, start, poll):
     """Simulated polls: work until t=0, then empty and idle. Replicas hold for the whole window,
