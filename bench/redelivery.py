@@ -3,11 +3,13 @@ fast recovery, RabbitMQ — side by side, median of N runs each.
 
 One run: two idle workers (prefork, concurrency 1, acks_late, reject_on_worker_lost, prefetch 1)
 consume one queue; one task is published; the worker that starts it is SIGKILLed together with its
-pool child (its whole session) after a random delay; we measure from the kill to the moment the task STARTS again on the
+pool child (its whole session); we measure from the kill to the moment the task STARTS again on the
 other worker (the task writes its start time to Redis). A fresh worker replaces the victim.
-The delay before the kill is uniform over the period of the timer that decides each mode (kombu's
-100 s sweep, taskherd's 5 s lease refresh, 1 s for RabbitMQ) with a fixed seed: otherwise every run
-would kill at the same phase of that timer and the figures would be one point of its range.
+Before each publish we wait a random time, uniform over the period of the timer that decides each
+mode (kombu's 100 s sweep, taskherd's 5 s lease refresh, 1 s for RabbitMQ; fixed seed): otherwise
+every run would deliver and kill at the same phase of that timer and the figures would be one point
+of its range. The kill comes 0.5 s after the task started (for vanilla Redis it must come before
+visibility_timeout, or kombu redelivers the task while the victim still runs it).
 
 Redis vanilla cannot be measured with the default ``visibility_timeout`` (3600 s): it runs with
 ``--vanilla-visibility`` (10 s) and the default sweep settings, and the default-configuration
@@ -22,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -40,20 +43,22 @@ from support.worker_process import WorkerProcess  # noqa: E402
 #: kombu 5.6–5.7: restore_visible scans every unacked_restore_interval (10 s) x throttle (10).
 KOMBU_SWEEP_SECONDS = 100
 DEFAULT_VISIBILITY = 3600
+KILL_AFTER_START = 0.5
 
 
 def one_run(*, broker_url: str, ledger: redis.Redis, ledger_url: str, queue: str, env: dict, workers: list,
-            log_dir: Path, wait_limit: float, kill_delay: float) -> float:
+            log_dir: Path, wait_limit: float, phase_delay: float) -> float:
     """Kills the worker running a fresh task; returns seconds until the task starts elsewhere."""
     from celery import Celery
 
     token = uuid.uuid4().hex
+    time.sleep(phase_delay)
     producer = Celery(broker=broker_url)
     producer.send_task("recovery.hold", args=(token, 600), kwargs={"redelivered_seconds": 0.2}, queue=queue)
     producer.close()
     starts = _wait(lambda: _starts(ledger, token), 60, "the task to start")
     victim = next(w for w in workers if starts[0]["host"].startswith(w.hostname.split("@")[0]))
-    time.sleep(kill_delay)
+    time.sleep(KILL_AFTER_START)
     killed_at = time.time()
     victim.kill()
     restarted = _wait(lambda: _starts(ledger, token)[1:], wait_limit, "the task to start again")[0]
@@ -112,9 +117,9 @@ def measure(mode: str, *, runs: int, vanilla_visibility: float, rng: random.Rand
         for i in range(runs):
             delay = rng.uniform(0, PHASE_PERIOD[mode])
             latency = one_run(broker_url=broker_url, ledger=ledger, ledger_url=ledger_url, queue=queue, env=env,
-                              workers=workers, log_dir=log_dir, wait_limit=wait_limit, kill_delay=delay)
+                              workers=workers, log_dir=log_dir, wait_limit=wait_limit, phase_delay=delay)
             latencies.append(latency)
-            print(f"  {mode:<15} run {i + 1}/{runs}: {latency:7.2f} s (killed {delay:5.1f} s into the task)",
+            print(f"  {mode:<15} run {i + 1}/{runs}: {latency:7.2f} s (published after {delay:5.1f} s idle)",
                   flush=True)
         return latencies
 
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwind: kill the workers, release the leases
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     results = {}
     for mode in modes:

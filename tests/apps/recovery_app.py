@@ -56,3 +56,10 @@ def hold(self, token: str, seconds: float, redelivered_seconds: float | None = N
     if _ledger is not None:
         _ledger.rpush(f"runs:{token}", json.dumps({**record, "event": "end", "at": time.time()}))
     return token
+
+
+@app.task(name="recovery.count")
+def count(token: str):
+    """A no-op that counts itself: the throughput benchmark's task."""
+    if _ledger is not None:
+        _ledger.incr(f"count:{token}")

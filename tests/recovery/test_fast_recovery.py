@@ -156,3 +156,20 @@ def test_recovery_honours_the_global_key_prefix(redis_url, unique_name, worker_f
     assert restarted["host"].startswith(node_of(survivor)) and restarted["at"] - killed_at <= 3 + 1 + 5
     wait_for(lambda: ends(client, token), 30, "the restarted task to finish")
     assert client.hlen(prefix + "unacked") == 0 and client.hlen(prefix + recovery.OWNER_KEY) == 0
+
+
+def test_warm_shutdown_finishes_the_task_once_and_leaves_no_lease(redis_url, unique_name, worker_factory):
+    client = redis.Redis.from_url(redis_url)
+    env = worker_env(redis_url, unique_name, TEST_RECOVERY_HEARTBEAT="1", TEST_RECOVERY_TIMEOUT="3")
+    worker = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
+    watcher = worker_factory("apps.recovery_app", queues=[unique_name + "-idle"], env=env, concurrency=1)
+    token = uuid.uuid4().hex
+    send_hold(redis_url, unique_name, token, 6)
+    wait_for(lambda: starts(client, token), 30, "the task to start")
+    assert worker.stop(timeout=30) == 0  # SIGTERM: warm shutdown waits for the task
+    time.sleep(4)  # beyond the lease: nothing may be restored now
+    assert len(starts(client, token)) == 1 and len(ends(client, token)) == 1
+    assert client.llen(unique_name) == 0
+    assert_no_bookkeeping_left(client)
+    assert client.scard(recovery.WORKERS_KEY) == 1  # only the watcher is registered
+    assert watcher.is_running()

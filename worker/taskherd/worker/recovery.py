@@ -223,8 +223,10 @@ class Lease(threading.Thread):
                 self.refresh()
                 if self._redis_healthy_since is None:
                     self._redis_healthy_since = time.monotonic()
-                if may_restore(now=time.monotonic(), redis_healthy_since=self._redis_healthy_since,
-                               timeout=self.settings.timeout):
+                # Half an interval of slack: the pass that falls on the boundary must not miss it by
+                # a millisecond and wait a whole interval more.
+                if may_restore(now=time.monotonic() + self.settings.heartbeat_interval / 2,
+                               redis_healthy_since=self._redis_healthy_since, timeout=self.settings.timeout):
                     self.restore_others()
             except redis.RedisError as exc:
                 self._redis_healthy_since = None
