@@ -98,3 +98,73 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
     assert poison.key == f"bad-{run}" and poison.reason.startswith("permanent-error"), poison
     assert poison.attempts == 1 and poison.exception_type.endswith("InvalidCharge")
     assert all(w.is_running() for w in workers)  # killed children were replaced, the workers kept going
+
+
+class MemoryCgroup:
+    """A memory cgroup of our own with a hard limit (v1 or v2), like a container's: the kernel
+    OOM-kills inside it when the processes in it outgrow the limit."""
+
+    def __init__(self, name: str, limit_bytes: int):
+        v1 = Path("/sys/fs/cgroup/memory")
+        self.v2 = not v1.is_dir()
+        self.path = (Path("/sys/fs/cgroup") if self.v2 else v1) / name
+        self.path.mkdir()
+        (self.path / ("memory.max" if self.v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
+
+    def remove(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.2)
+
+
+def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(redis_url, pg_dsn, worker_factory,
+                                                                               unique_name):
+    """What the demo's OOM fault relies on: the kernel kills the pool child running the report, the
+    message comes back (reject on worker lost), and after max_deliveries (3) taskherd dead-letters it
+    unrun while the charges beside it complete."""
+    env = {"TASKHERD_BROKER_URL": redis_url, "SHOP_DATABASE_URL": pg_dsn, "SHOP_QUEUE": unique_name,
+           "SHOP_CHARGE_SECONDS": "0.2", "SHOP_GATEWAY_FAILURE_RATE": "0", "PYTHONPATH": str(SHOP)}
+    os.environ.setdefault("TASKHERD_BROKER_URL", redis_url)
+    from shop import db
+    from shop.app import make_app
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        db.create_schema(conn)
+    cgroup = MemoryCgroup(unique_name, 400 * 1024 * 1024)
+    try:
+        worker = worker_factory("shop.app", queues=[unique_name], env=env, concurrency=2)
+        for pid in [worker.pid, *worker.child_pids()]:
+            cgroup.add(pid)
+        producer = make_app(broker_url=redis_url, queue=unique_name)
+        producer.send_task("shop.build_report", kwargs={"report_id": "huge", "megabytes": 1024}, queue=unique_name)
+        charges = [f"ch-{i}" for i in range(10)]
+        for i, c in enumerate(charges):
+            producer.send_task("shop.charge", kwargs={"charge_id": c, "customer": "c", "amount_cents": 100 + i},
+                               queue=unique_name)
+        dead = wait_until("the report in the DLQ", lambda: ledger.read_dead_letters(redis_url, f"{unique_name}.dlq"),
+                          timeout=120, explain=lambda: worker.tail(40))
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            wait_until("the charges", lambda: all(ledger.read_effects(conn).get(c) for c in charges), timeout=60)
+            attempts = [a for a in ledger.read_attempts(conn) if a.task_name == "shop.build_report"]
+        assert cgroup.oom_kills() >= 1
+        [report] = dead
+        assert report.key == "huge" and report.reason.startswith("killed-worker"), report
+        killed = [a for a in attempts if a.finished_at is None]
+        assert len(killed) == 3, attempts  # max_deliveries: three runs, each OOM-killed
+        # the fourth delivery is dead-lettered before the body runs (it fails in well under a second)
+        assert all(a.outcome == "FAILURE" and a.finished_at - a.started_at < 1 for a in attempts if a not in killed)
+        assert worker.is_running()
+    finally:
+        for w in [worker] if "worker" in locals() else []:
+            w.kill()
+        cgroup.remove()
