@@ -52,11 +52,19 @@ def core_env(broker_url: str, queue: str, record_url: str, **knobs: str) -> dict
 
 
 def dead_letters(broker_url: str, queue: str) -> list[DeadLetter]:
+    """The DLQ's messages, left in place; [] while the DLQ does not exist yet."""
+    from amqp.exceptions import NotFound
+
     store = open_dead_letters(broker_url, f"{queue}.dlq")
     try:
         return store.letters()
+    except NotFound:
+        return []
     finally:
-        store.close()
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - a channel closed by the NotFound above
+            pass
 
 
 def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.2):

@@ -100,3 +100,19 @@ def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
     wait_for(lambda: recorded("native"), timeout=30, what="the redriven task to run")
     assert recorded("native")[0][2] == "back"
     assert dead_letters(broker_url, q) == []
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_a_dlq_that_does_not_exist_is_a_clear_error(broker_url, unique_name):
+    code, _, err = dlq("list", "--broker", broker_url, "--queue", unique_name)
+    assert code == 1 and f"there is no queue '{unique_name}.dlq' on the broker" in err
+
+
+def test_missing_arguments_are_usage_errors(monkeypatch, capsys):
+    monkeypatch.delenv("TASKHERD_BROKER_URL", raising=False)
+    with pytest.raises(SystemExit):
+        main(["list", "--queue", "q"])
+    assert "--broker is required (or set TASKHERD_BROKER_URL)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["redrive", "--broker", "redis://127.0.0.1:6390/1", "--queue", "q"])
+    assert "redrive: name at least one ID, or pass --all" in capsys.readouterr().err

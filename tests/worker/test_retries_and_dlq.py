@@ -63,3 +63,33 @@ def test_validation_error_dead_letters_after_one_attempt_with_the_envelope(
     assert env.raw_body_b64 is None and env.version == 1
     assert letter.kind == "envelope" and letter.ref == result.id
     assert "dead-lettered" in worker.log()
+
+
+def test_a_dlq_that_cannot_be_written_loses_nothing(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """If the envelope cannot be published the original is requeued, not acked; once the DLQ is
+    writable again the task is dead-lettered with its real reason."""
+    import redis
+    from kombu import Connection, Queue
+
+    q, dlq_name = unique_name, f"{unique_name}.dlq"
+    if broker_url.startswith("redis"):
+        client = redis.Redis.from_url(broker_url)
+        client.set(dlq_name, "not a list")  # LPUSH now fails with WRONGTYPE
+        repair = lambda: client.delete(dlq_name)  # noqa: E731
+    else:
+        with Connection(broker_url) as connection:  # a DLQ declared with other arguments
+            Queue(dlq_name, routing_key=dlq_name, queue_arguments={"x-max-length": 1})(connection.default_channel).declare()
+
+        def repair():
+            with Connection(broker_url) as connection:
+                connection.default_channel.queue_delete(dlq_name)
+    worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    result = producer.send_task("core.validation", args=("unwritable", 1), queue=q)
+
+    wait_for(lambda: len(recorded("unwritable")) >= 3, timeout=30, what="the task to come back twice")
+    assert "could not dead-letter" in worker.log()
+    repair()
+    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="the envelope after repair")
+    assert letter.envelope.task_id == result.id
+    assert letter.envelope.reason == "permanent-error", "requeues after a failed publish are not worker deaths"

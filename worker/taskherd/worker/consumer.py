@@ -147,10 +147,16 @@ class DeclareDeadLetterQueues(bootsteps.StartStopStep):
         profile: Profile = get_profile(c.app)
         if not profile.broker_is_amqp:
             return
-        with c.connection.channel() as channel:
-            for queue in profile.queues:
-                dead_letter_queue_declaration(profile.dead_letter_queue_for(queue),
-                                              queue_type=profile.queue_type)(channel).declare()
+        for queue in profile.queues:
+            name = profile.dead_letter_queue_for(queue)
+            try:
+                # A channel each: a refused declaration closes its channel, not the connection.
+                with c.connection.channel() as channel:
+                    dead_letter_queue_declaration(name, queue_type=profile.queue_type)(channel).declare()
+            except c.connection.channel_errors as exc:
+                # Keep consuming: the work can still succeed, and a failure that needs the DLQ is
+                # requeued (not lost) until the DLQ is fixed. Loud, so that someone fixes it.
+                logger.critical("taskherd: cannot declare dead-letter queue %s: %s", name, exc)
 
 
 def install(app: Any, profile: Profile) -> None:

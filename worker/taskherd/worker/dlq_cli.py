@@ -289,29 +289,42 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
     if args.command in ("show", "redrive") and not (args.refs or args.all):
         parser.error(f"{args.command}: name at least one ID, or pass --all")
 
+    from amqp.exceptions import NotFound
+
     store = open_dead_letters(args.broker, dlq, keyprefix=args.keyprefix)
     try:
-        if args.command == "purge":
-            return _purge(store, dlq, force=args.force, stdin=stdin, stdout=stdout)
-        letters = store.letters(limit=getattr(args, "limit", None))
-        if args.command == "list":
-            if args.json:
-                for letter in letters:
-                    print(json.dumps(letter.summary()), file=stdout)
-            else:
-                _print_table(letters, stdout)
-            return 0
-        chosen = _select(letters, args.refs, args.all)
-        missing = set(args.refs) - {l.ref for l in chosen} - {l.task_id for l in chosen}
-        for ref in sorted(missing):
-            print(f"taskherd dlq: {ref} is not in {dlq}", file=stderr)
-        if args.command == "show":
-            for letter in chosen:
-                print(json.dumps(letter.full(), indent=2, default=str), file=stdout)
-            return 1 if missing else 0
-        return _redrive(store, chosen, args.broker, to=args.to, stdout=stdout, stderr=stderr) or (1 if missing else 0)
+        return _run(args, store, dlq, stdin=stdin, stdout=stdout, stderr=stderr)
+    except NotFound:
+        print(f"taskherd dlq: there is no queue {dlq!r} on the broker (nothing was ever dead-lettered "
+              f"there, or --queue/--dlq is wrong)", file=stderr)
+        return 1
     finally:
-        store.close()
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - the channel a NotFound closed
+            pass
+
+
+def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
+    if args.command == "purge":
+        return _purge(store, dlq, force=args.force, stdin=stdin, stdout=stdout)
+    letters = store.letters(limit=getattr(args, "limit", None))
+    if args.command == "list":
+        if args.json:
+            for letter in letters:
+                print(json.dumps(letter.summary()), file=stdout)
+        else:
+            _print_table(letters, stdout)
+        return 0
+    chosen = _select(letters, args.refs, args.all)
+    missing = set(args.refs) - {l.ref for l in chosen} - {l.task_id for l in chosen}
+    for ref in sorted(missing):
+        print(f"taskherd dlq: {ref} is not in {dlq}", file=stderr)
+    if args.command == "show":
+        for letter in chosen:
+            print(json.dumps(letter.full(), indent=2, default=str), file=stdout)
+        return 1 if missing else 0
+    return _redrive(store, chosen, args.broker, to=args.to, stdout=stdout, stderr=stderr) or (1 if missing else 0)
 
 
 def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, stdout, stderr) -> int:

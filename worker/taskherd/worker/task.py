@@ -48,6 +48,15 @@ _MERGED_INTO_REQUEST = frozenset({"args", "kwargs", "delivery_info", "hostname",
                                   "correlation_id", "properties", "is_eager"})
 
 
+#: Seconds a child waits before requeueing a message it could not dead-letter, so that a DLQ
+#: that stays unwritable (full, mis-declared) is retried calmly rather than in a hot loop.
+DEAD_LETTER_FAILURE_PAUSE = 1.0
+
+
+class PublishFailed(Reject):
+    """The retry or the envelope could not be published: the message goes back to its queue."""
+
+
 class DeadLettered(Exception):
     """The task's message went to the DLQ instead of running (its FAILURE result says why)."""
 
@@ -125,6 +134,8 @@ class Task(celery.Task):
         outcome_known = True
         try:
             return super().__call__(*args, **kwargs)
+        except PublishFailed:
+            raise  # our requeue is not a worker death: the counter must not grow
         except Reject as rejected:
             outcome_known = not rejected.requeue
             raise
@@ -133,6 +144,8 @@ class Task(celery.Task):
         except Exception as exc:
             try:
                 self._on_error(profile, exc)
+            except PublishFailed:
+                raise
             except Reject as rejected:
                 outcome_known = not rejected.requeue
                 raise
@@ -157,7 +170,7 @@ class Task(celery.Task):
             except Reject as rejected:
                 # Celery rejects WITHOUT requeue when publishing the retry fails: on Redis that
                 # drops the task. Put it back instead; it will be retried from this message.
-                raise Reject(rejected.reason, requeue=True) from exc
+                raise PublishFailed(rejected.reason, requeue=True) from exc
         attempts = retries + 1
         if transient:
             reason, detail = Reason.RETRIES_EXHAUSTED, (
@@ -194,7 +207,8 @@ class Task(celery.Task):
         except Exception as publish_error:
             # Not in the DLQ, so it must not be acked: back to the queue, to be tried again.
             logger.exception("taskherd: could not dead-letter %s[%s]; requeueing it", self.name, request.id)
-            raise Reject(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
+            time.sleep(DEAD_LETTER_FAILURE_PAUSE)
+            raise PublishFailed(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
 
 
 def _context_headers(request: Any, name: str) -> dict:
