@@ -34,8 +34,14 @@ def wait_until(what, check, timeout, interval=0.3, explain=lambda: ""):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{explain()}")
 
 
+def runtime_env(directory: Path) -> dict[str, str]:
+    """Per-worker heartbeat directory and no metrics HTTP server: several workers share this host."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"TASKHERD_HEARTBEAT_DIR": str(directory), "TASKHERD_METRICS_PORT": "0"}
+
+
 def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
-        broker_url, pg_dsn, worker_factory, unique_name):
+        broker_url, pg_dsn, worker_factory, unique_name, tmp_path):
     management_url = os.environ.get("TASKHERD_RABBITMQ_API_URL")
     env = {"TASKHERD_BROKER_URL": broker_url, "SHOP_DATABASE_URL": pg_dsn, "SHOP_QUEUE": unique_name,
            "SHOP_CHARGE_SECONDS": "0.8", "SHOP_GATEWAY_FAILURE_RATE": "0.3",
@@ -47,7 +53,8 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         db.create_schema(conn)
     producer = make_app(broker_url=broker_url, queue=unique_name)
-    workers = [worker_factory("shop.app", queues=[unique_name], env=env, concurrency=2) for _ in range(2)]
+    workers = [worker_factory("shop.app", queues=[unique_name], env={**env, **runtime_env(tmp_path / f"w{i}")},
+                              concurrency=2) for i in range(2)]
 
     run = uuid.uuid4().hex[:6]
     charges = [f"ch-{run}-{i:03d}" for i in range(24)]
@@ -128,7 +135,7 @@ class MemoryCgroup:
 
 
 def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(redis_url, pg_dsn, worker_factory,
-                                                                               unique_name):
+                                                                               unique_name, tmp_path):
     """What the demo's OOM fault relies on: the kernel kills the pool child running the report, the
     message comes back (reject on worker lost), and after max_deliveries (3) taskherd dead-letters it
     unrun while the charges beside it complete."""
@@ -142,7 +149,7 @@ def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(red
         db.create_schema(conn)
     cgroup = MemoryCgroup(unique_name, 400 * 1024 * 1024)
     try:
-        worker = worker_factory("shop.app", queues=[unique_name], env=env, concurrency=2)
+        worker = worker_factory("shop.app", queues=[unique_name], env={**env, **runtime_env(tmp_path)}, concurrency=2)
         for pid in [worker.pid, *worker.child_pids()]:
             cgroup.add(pid)
         producer = make_app(broker_url=redis_url, queue=unique_name)

@@ -12,11 +12,18 @@ Configuration comes from the environment, as the Helm chart sets it:
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 from celery import Celery
 
 import taskherd.worker
+from taskherd.worker import profile as _profile
+
+#: taskherd's runtime pieces for Kubernetes: the heartbeat the probes read, the preStop drain, the
+#: metrics the operator reads to remove idle workers first, fast recovery of a killed worker's
+#: messages on Redis, and the publish-time stamp that makes queue age measurable.
+RUNTIME = ("heartbeat", "draining", "metrics", "recovery", "stamping")
 
 QUEUE = os.environ.get("SHOP_QUEUE", "shop")
 
@@ -35,7 +42,7 @@ def make_app(*, broker_url: str, queue: str = QUEUE) -> Celery:
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,  # effects live in PostgreSQL; nobody waits on a result backend
     )
-    taskherd.worker.configure(
+    profile = taskherd.worker.configure(
         app,
         queues=[queue],
         soft_time_limit=_env_float("TASKHERD_SOFT_TIME_LIMIT", 20),
@@ -46,12 +53,16 @@ def make_app(*, broker_url: str, queue: str = QUEUE) -> Celery:
         max_retries=6,
         backoff_base=0.5,
         backoff_cap=8,
-        # A report that kills its worker (OOM) is dead-lettered on its third delivery, unrun.
+        # A report that kills its worker (OOM) three times is dead-lettered on its next delivery, unrun.
         max_deliveries=3,
         # Redis counts deliveries per task; on RabbitMQ point this at a Redis (or use quorum queues,
         # whose x-delivery-limit is the broker-side backstop). Empty: the broker's Redis, if any.
         delivery_counter_url=os.environ.get("TASKHERD_DELIVERY_COUNTER_URL") or None,
     )
+    for name in RUNTIME:  # each reads its settings from the TASKHERD_* environment the chart sets
+        module = f"taskherd.worker.{name}"
+        if module not in _profile._INSTALLERS:  # until configure() runs it itself (then this loop goes)
+            importlib.import_module(module).install(app, profile)
     return app
 
 
