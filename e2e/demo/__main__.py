@@ -66,7 +66,7 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
     say = Narrator()
     summary: dict = {"plan": dataclasses.asdict(plan), "broker": broker, "run_dir": str(run_dir),
                      "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "timings": {}}
-    cluster = scenario = None
+    cluster = scenario = world = None
     verdict: Verdict | None = None
     error: str | None = None
     try:
@@ -93,6 +93,11 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
     except Exception as exc:  # noqa: BLE001 - reported with its traceback, never swallowed
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     finally:
+        if error and verdict is None and scenario is not None and scenario.outcome is not None:
+            try:  # a failed run still gets its ledger counted: lost and duplicated so far
+                verdict = judge_run(scenario, scenario.outcome, world)
+            except Exception as exc:  # noqa: BLE001 - the error above is the story; this is a bonus
+                summary["verdict_error"] = f"{type(exc).__name__}: {exc}"
         summary["timings"]["total_seconds"] = round(time.time() - started, 1)
         write_results(run_dir, summary, scenario, verdict, error, cluster, say)
     return 0 if verdict is not None and verdict.ok and error is None else 1

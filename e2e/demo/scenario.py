@@ -169,6 +169,7 @@ class Scenario:
             self.send_charge(charge_id, 500 + i)
         for charge_id in self.poison:
             self.send_charge(charge_id, -500)
+        self.outcome.sent = Sent(charges=tuple(self.charges), poison=self.poison, memory_hogs=self.hogs)
         self.mark("burst", f"{len(self.charges)} charges")
         self.say.say(f"sent {len(self.charges)} charges and {len(self.poison)} invalid one (amount −500) "
                      f"in {self.t():.1f}s")
