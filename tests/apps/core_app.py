@@ -28,7 +28,7 @@ configure(
     # The retry test checks that delays grow: draw the top of each jitter interval.
     backoff_rng=(lambda: 1.0) if env("TEST_JITTER") == "max" else None,
     max_deliveries=int(env("TEST_MAX_DELIVERIES", "5")),
-    delivery_counter_url=env("TEST_COUNTER_URL"),
+    delivery_counter_url=env("TEST_COUNTER_URL") or None,
     queue_type=env("TEST_QUEUE_TYPE", "classic"),
 )
 

@@ -49,7 +49,7 @@ def test_quorum_queues_get_a_delivery_limit_backstop():
         profile = configure(app, queue_type="quorum", max_deliveries=3, queues=["q"])
     (queue,) = app.conf.task_queues
     assert queue.queue_arguments["x-queue-type"] == "quorum"
-    assert queue.queue_arguments["x-delivery-limit"] == 4
+    assert queue.queue_arguments["x-delivery-limit"] == 3
     assert profile.visibility_timeout is None  # RabbitMQ has none
     assert "visibility_timeout" not in app.conf.broker_transport_options
 

@@ -40,7 +40,7 @@ def test_quorum_queue_retries_and_dead_letters(broker_url, record_url, recorded,
     assert work["type"] == "quorum"
     assert work["arguments"]["x-dead-letter-exchange"] == ""
     assert work["arguments"]["x-dead-letter-routing-key"] == f"{q}.dlq"
-    assert work["arguments"]["x-delivery-limit"] == 6
+    assert work["arguments"]["x-delivery-limit"] == 5
     dlq = _queue_info(rabbitmq_api_url, broker_url, f"{q}.dlq")
     assert dlq["type"] == "quorum" and dlq["durable"] is True
     producer.close()
@@ -60,3 +60,52 @@ def test_hard_time_limit_is_dead_lettered(broker_url, record_url, recorded, prod
     wait_for(lambda: recorded("after"), timeout=30, what="the next task")
     assert len(recorded("stuck")) == 1, "not redelivered after the hard limit"
     assert "Hard time limit (2.0s) exceeded" in worker.log()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_quorum_delivery_limit_bounds_a_poison_message_without_the_counter(
+        broker_url, record_url, recorded, unique_name, worker_factory):
+    """No Redis counter: the quorum queue's x-delivery-limit (= max_deliveries) is the backstop,
+    and RabbitMQ dead-letters natively (x-death, no envelope) into the same DLQ."""
+    import warnings
+
+    from celery import Celery
+    from taskherd.worker import configure
+
+    q = unique_name
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no delivery_counter_url": that is the point here
+        configure(producer, queues=[q], queue_type="quorum", max_deliveries=2)
+    env = core_env(broker_url, q, record_url, queue_type="quorum", max_deliveries=2, counter_url="")
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+    poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
+    producer.send_task("core.record", args=("normal", "ok"), queue=q)
+
+    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=90, what="the native dead letter")
+    assert letter.kind == "native" and letter.task_id == poison.id
+    assert letter.reason == "rabbitmq:delivery_limit" and letter.queue == q
+    runs = len(recorded("poison"))
+    print(f"poison ran {runs} times before RabbitMQ dead-lettered it")
+    assert runs == 3, f"x-delivery-limit=2: RabbitMQ 3.x dead-letters after the 3rd return, ran {runs}"
+    wait_for(lambda: recorded("normal"), timeout=30, what="the normal task")
+    producer.close()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_on_quorum_queues_the_counter_dead_letters_before_the_delivery_limit(
+        broker_url, record_url, recorded, unique_name, worker_factory):
+    from celery import Celery
+    from taskherd.worker import configure
+
+    q = unique_name
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    configure(producer, queues=[q], queue_type="quorum", max_deliveries=2, delivery_counter_url=record_url)
+    env = core_env(broker_url, q, record_url, queue_type="quorum", max_deliveries=2)
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+    poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
+
+    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=90, what="the envelope")
+    assert letter.kind == "envelope" and letter.envelope.reason == "killed-worker"
+    assert letter.task_id == poison.id and len(recorded("poison")) == 2
+    producer.close()

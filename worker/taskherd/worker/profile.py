@@ -25,7 +25,7 @@ Settings applied and why (docs/reliability.md has the long form):
   messages wait unacked in the worker until their ETA).
 - ``task_queues``: each work queue is declared with ``x-dead-letter-exchange`` (the default
   exchange) and ``x-dead-letter-routing-key`` = its DLQ, ``x-queue-type`` and, for quorum
-  queues, ``x-delivery-limit`` as a broker-side backstop. Redis ignores queue arguments.
+  queues, ``x-delivery-limit`` = ``max_deliveries`` as a broker-side backstop. Redis ignores queue arguments.
 
 Prefetch > 1 with late acks: an ERROR on Redis, a WARNING on RabbitMQ. On Redis a prefetched
 message is unacked from the moment it is reserved, so it can wait behind other tasks longer than
@@ -243,9 +243,11 @@ def _queue_declarations(profile: Profile, existing: Sequence[Any] = ()) -> list:
         }
         if profile.queue_type == "quorum":
             arguments["x-queue-type"] = "quorum"
-            # Backstop only: our counter dead-letters (with an envelope) at max_deliveries + 1;
-            # the broker drops to the DLQ natively one delivery later if the counter is unavailable.
-            arguments["x-delivery-limit"] = profile.max_deliveries + 1
+            # Backstop: RabbitMQ dead-letters natively once a message was returned more than
+            # this many times (3.x: runs = limit + 1). Our counter acts first — it dead-letters,
+            # with an envelope, delivery max_deliveries + 1 before running it, so that delivery
+            # is never returned — and this bounds the loop when the counter is unavailable.
+            arguments["x-delivery-limit"] = profile.max_deliveries
         if name in by_name:
             queue = by_name[name]
             declared.append(Queue(name, queue.exchange, routing_key=queue.routing_key, durable=True,
