@@ -109,3 +109,14 @@ def test_on_quorum_queues_the_counter_dead_letters_before_the_delivery_limit(
     assert letter.kind == "envelope" and letter.envelope.reason == "killed-worker"
     assert letter.task_id == poison.id and len(recorded("poison")) == 2
     producer.close()
+
+
+def test_soft_time_limit_is_dead_lettered_not_retried(broker_url, record_url, recorded, producer, unique_name,
+                                                      worker_factory):
+    env = core_env(broker_url, unique_name, record_url, soft_time_limit=1, time_limit=5)
+    worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
+    slow = producer.send_task("core.slow", args=("slow", 4), queue=unique_name)
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the envelope")
+    assert letter.envelope.reason == "soft-time-limit" and letter.task_id == slow.id
+    assert letter.envelope.exception_type.endswith("SoftTimeLimitExceeded")
+    assert len(recorded("slow:start")) == 1 and recorded("slow:done") == []
