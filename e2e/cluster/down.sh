@@ -31,7 +31,7 @@ stop_proc containerd
 
 # Shims of our containerd (identified by our socket in their arguments) outlive it by design.
 for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
     case "$cmd" in
     *containerd-shim*"$CONTAINERD_SOCK"*) log "killing leftover shim ${p#/proc/}"; kill -KILL "${p#/proc/}" 2>/dev/null || true ;;
     esac

@@ -80,7 +80,7 @@ start_proc() {
     shift
     exe=$(readlink -f "$1")
     mkdir -p "$RUN_DIR" "$LOG_DIR"
-    setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+    setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null 9>&- &
     local pid=$!
     echo "$pid $exe" >"$RUN_DIR/$name.pid"
     sleep 0.2
@@ -128,10 +128,11 @@ take_lock() {
     local name=$1
     [ "${TASKHERD_LOCK_HELD:-}" = "$name" ] && return 0
     mkdir -p "$TASKHERD_HOME"
-    exec {lock_fd}>"$TASKHERD_HOME/$name.lock"
-    if ! flock -n "$lock_fd"; then
+    # fd 9; start_proc closes it for the daemons so that they do not hold the lock
+    exec 9>"$TASKHERD_HOME/$name.lock"
+    if ! flock -n 9; then
         log "waiting for another $name operation to finish ($TASKHERD_HOME/$name.lock)"
-        flock "$lock_fd"
+        flock 9
     fi
     export TASKHERD_LOCK_HELD=$name
 }

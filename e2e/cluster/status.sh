@@ -15,7 +15,7 @@ for c in containerd etcd kube-apiserver kube-controller-manager kube-scheduler k
 done
 shims=0
 for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
     case "$cmd" in *containerd-shim*"$CONTAINERD_SOCK"*)
         shims=$((shims + $(awk '/^VmRSS/ {print $2}' "$p/status" 2>/dev/null || echo 0))) ;;
     esac

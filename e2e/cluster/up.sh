@@ -25,7 +25,7 @@ healthy() {
     done
     kc get --raw /readyz >/dev/null 2>&1 || return 1
     [ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] || return 1
-    [ "$(kc -n kube-system get deploy coredns -o jsonpath='{.status.availableReplicas}' 2>/dev/null)" = 1 ] || return 1
+    [ "$(kc -n kube-system get deploy coredns -o jsonpath='{.status.readyReplicas}' 2>/dev/null)" = 1 ] || return 1
 }
 
 if healthy; then
@@ -207,12 +207,13 @@ cat >"$STATE/cni/net.d/10-taskherd.conflist" <<EOF
 }
 EOF
 mkdir -p "$STATE/containerd"
+RESTRICT_OOM=false
+(( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 24) & 1 )) || RESTRICT_OOM=true
 cat >"$STATE/containerd/config.toml" <<EOF
 # Written by e2e/cluster/up.sh: this cluster's own containerd (own root, state and socket).
 version = 2
 root = "$STATE/containerd/root"
 state = "$STATE/containerd/state"
-oom_score = -999
 [grpc]
   address = "$CONTAINERD_SOCK"
 [ttrpc]
@@ -226,6 +227,9 @@ oom_score = -999
   path = "$STATE/containerd/opt"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
+  # without CAP_SYS_RESOURCE (as on this machine) oom_score_adj cannot go below the current value:
+  # runc would fail every sandbox ("failed to update /proc/self/oom_score_adj: Permission denied")
+  restrict_oom_score_adj = $RESTRICT_OOM
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
@@ -372,7 +376,8 @@ sed -e "s|@DNS_IP@|$DNS_SERVICE_IP|g" -e "s|@DOMAIN@|$CLUSTER_DOMAIN|g" \
     "$CLUSTER_SCRIPTS/manifests/coredns.yaml" | kc apply -f - >/dev/null
 node_ready() { [ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 wait_for "node $NODE_NAME Ready" 90 node_ready || die "node not Ready (log: $LOG_DIR/kubelet.log)"
-wait_for "CoreDNS available" 120 kc -n kube-system wait --for=condition=Available deploy/coredns --timeout=5s ||
+coredns_ready() { [ "$(kc -n kube-system get deploy coredns -o jsonpath='{.status.readyReplicas}')" = 1 ]; }
+wait_for "CoreDNS ready" 120 coredns_ready ||
     { kc -n kube-system get pods -o wide >&2 || true; die "CoreDNS not available"; }
 
 echo "$VERSIONS_KEY" >"$STATE/ready"
