@@ -169,7 +169,7 @@ def _make_cluster_hint(c: Cluster) -> str:
     return "\nstart it with `make cluster`"
 
 
-def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None, check: bool,
+def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None = None, check: bool,
          timeout: float) -> subprocess.CompletedProcess:
     r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
     if check and r.returncode != 0:
