@@ -52,11 +52,37 @@ ensure_apt() {
     apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# Go environment for reproducible builds from the module proxy.
+# Go environment for reproducible builds from the module proxy. Uses a go >= GO_MIN_VERSION from
+# PATH or /usr/local/go, else fetches $GO_TOOLCHAIN from the module proxy (golang.org/toolchain).
+go_ok() {
+    local v
+    v=$("$1" env GOVERSION 2>/dev/null) || return 1
+    v=${v#go}
+    [ "$(printf '%s\n%s\n' "$GO_MIN_VERSION" "$v" | sort -V | head -1)" = "$GO_MIN_VERSION" ]
+}
 go_env() {
     export GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0
-    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || die "go toolchain not found"
-    command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
+    local cand dir="$TASKHERD_HOME/toolchain/$GO_TOOLCHAIN"
+    for cand in "$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go "$dir/bin/go"; do
+        if [ -n "$cand" ] && [ -x "$cand" ] && go_ok "$cand"; then
+            export PATH="$(dirname "$cand"):$PATH"
+            return 0
+        fi
+    done
+    local proxy=${GOPROXY:-https://proxy.golang.org}
+    proxy=${proxy%%,*}
+    local url="$proxy/golang.org/toolchain/@v/v0.0.1-$GO_TOOLCHAIN.linux-amd64.zip"
+    log "no go >= $GO_MIN_VERSION found: fetching $GO_TOOLCHAIN from $url"
+    ensure_apt curl unzip
+    rm -rf "$dir.partial"
+    mkdir -p "$dir.partial"
+    curl -fsSL -o "$dir.partial/toolchain.zip" "$url"
+    unzip -q "$dir.partial/toolchain.zip" -d "$dir.partial/x"
+    rm -rf "$dir"
+    mv "$dir.partial/x/golang.org/toolchain@v0.0.1-$GO_TOOLCHAIN.linux-amd64" "$dir"
+    rm -rf "$dir.partial"
+    go_ok "$dir/bin/go" || die "fetched toolchain $dir does not work"
+    export PATH="$dir/bin:$PATH"
 }
 
 # ---- processes this project starts: one pid file per component, "PID EXE", in $STATE/run ----
