@@ -110,6 +110,7 @@ def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
     spike = time.monotonic()
     wait_for("scale-up to 4", lambda: replicas(cluster, ns) == 4, timeout=30, interval=0.2)
     reaction = time.monotonic() - spike
+    print(f"\nbacklog -> Deployment scaled (seen by kubectl): {reaction:.2f} s at 2 s polls")
     assert reaction <= 2 * 2 + 1.0, f"scale-up took {reaction:.1f}s, more than two 2 s polls"
     status = pool_status(cluster, ns)
     assert status["lastScaleReason"].startswith("0 -> 4: depth 18")
@@ -122,6 +123,7 @@ def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
     redis.Redis.from_url(redis_url).delete(queue)
     emptied = time.monotonic()
     wait_for("scale-down to the 2 busy workers", lambda: replicas(cluster, ns) == 2, timeout=60, interval=0.5)
+    print(f"queue emptied -> scaled down to the busy workers: {time.monotonic() - emptied:.1f} s (window 10 s)")
     assert time.monotonic() - emptied >= 10 - 2, "scale-down must wait for the stabilisation window"
     wait_for("idle pods gone", lambda: pod_names(cluster, ns) == busy, timeout=60, interval=0.5)
     annotations = {p["metadata"]["name"]: p["metadata"].get("annotations", {})
