@@ -289,6 +289,8 @@ def configure(
     listed here (they are declared with their dead-letter arguments). ``delivery_counter_url``
     defaults to the broker URL on Redis; on RabbitMQ without it, per-delivery counting is off
     (a warning says so) and only a quorum queue's ``x-delivery-limit`` bounds a poison message.
+    The broker URL must be set before (``Celery(broker=...)``, ``broker_url`` or
+    ``CELERY_BROKER_URL``): the Redis-only settings and checks depend on it.
     Raises :class:`ProfileError` listing every invalid setting, its value and the valid range.
     """
     conf = app.conf
