@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from taskherd.operator.policy import ScalingPolicy
-from taskherd.operator.scaling import Observation, Recommendation, desired_replicas, prune_history
+from taskherd.operator.scaling import Observation, desired_replicas, prune_history
 
 TICK = 0.25
 KEDA_POLL, HPA_SYNC, HPA_TOLERANCE = 30.0, 15.0, 0.1

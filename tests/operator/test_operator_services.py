@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -77,8 +78,6 @@ def _alerts(base: str, pool: str) -> list[dict]:
 
 
 def test_real_alertmanager_receives_the_page_and_its_resolution(unique_name):
-    import urllib.parse  # noqa: F401 - used by _alerts
-
     base = os.environ.get("TASKHERD_ALERTMANAGER_URL")
     if not base:
         pytest.fail("TASKHERD_ALERTMANAGER_URL is not set: run through `make test`")
