@@ -37,10 +37,16 @@ class WorkerProcess:
         self.hostname = hostname or f"w-{uuid.uuid4().hex[:6]}@%h"
         self.extra_args = extra_args or []
         self.ready_timeout = ready_timeout
-        self.env = {**os.environ, **(env or {})}
+        self.name = uuid.uuid4().hex[:6]
+        # configure() installs the heartbeat and the metrics server: give each worker its own
+        # heartbeat directory and no metrics port unless the test asks for them, so that workers
+        # running side by side never share a file or fight over port 9808.
+        defaults = {"TASKHERD_HEARTBEAT_DIR": str(Path(log_dir) / f"heartbeat-{self.name}"),
+                    "TASKHERD_METRICS_PORT": "0"}
+        self.env = {**os.environ, **defaults, **(env or {})}
         # The worker imports test apps from tests/ (support and apps packages).
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), self.env.get("PYTHONPATH")]))
-        self.log_path = Path(log_dir) / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self.log_path = Path(log_dir) / f"worker-{self.name}.log"
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:

@@ -30,6 +30,12 @@ _EXPORTS: dict[str, str] = {
     "backoff_delay": "taskherd.worker.backoff",
     "Envelope": "taskherd.worker.deadletter",
     # --- other areas' public names (idempotent, outbox, …) are added below this line ---
+    "idempotent": "taskherd.worker.idempotency",
+    "RedisStore": "taskherd.worker.idempotency",
+    "PostgresStore": "taskherd.worker.idempotency",
+    "InProgress": "taskherd.worker.idempotency",
+    "enqueue": "taskherd.worker.outbox",
+    "record_outcome": "taskherd.worker.metrics",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -37,12 +37,14 @@ idle) and makes the ready count undercount the backlog — a trade-off a user ma
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from .backoff import Rng
+from .environment import BROKER_URL_VARIABLE, settings_from_env
 from .transient import ErrorClassifier, make_classifier
 
 #: Dotted module paths whose ``install(app, profile)`` configure() calls last, in order.
@@ -51,7 +53,14 @@ _INSTALLERS: list[str] = [
     "taskherd.worker.task",  # base Task class: retries, dead-lettering, delivery counting
     "taskherd.worker.consumer",  # bad messages to the DLQ; DLQ declaration on RabbitMQ
     # --- other areas' installers go below this line ---
+    "taskherd.worker.stamping",  # publish time on every message (queue age, queue-wait metric)
+    "taskherd.worker.heartbeat",  # heartbeat file read by `taskherd probe`
+    "taskherd.worker.draining",  # `taskherd drain` (preStop) support
+    "taskherd.worker.metrics",  # Prometheus metrics on TASKHERD_METRICS_PORT (default 9808)
+    "taskherd.worker.recovery",  # Redis: a killed worker's deliveries come back in seconds
 ]
+#: Attribute of the Celery app listing the installers already run (configure() may run twice).
+INSTALLED_ATTRIBUTE = "taskherd_installed"
 
 JSON_CONTENT = "json"
 _JSON_ALIASES = {"json", "application/json"}
@@ -294,6 +303,16 @@ def configure(
     Raises :class:`ProfileError` listing every invalid setting, its value and the valid range.
     """
     conf = app.conf
+    # The pod's environment (set by the chart) wins over the code's values: see environment.py.
+    env_values, env_problems = settings_from_env(os.environ)
+    soft_time_limit = env_values.get("soft_time_limit", soft_time_limit)
+    time_limit = env_values.get("time_limit", time_limit)
+    visibility_timeout = env_values.get("visibility_timeout", visibility_timeout)
+    max_tasks_per_child = env_values.get("max_tasks_per_child", max_tasks_per_child)
+    max_memory_per_child_kb = env_values.get("max_memory_per_child_kb", max_memory_per_child_kb)
+    queues = env_values.get("queues", queues)
+    if os.environ.get(BROKER_URL_VARIABLE, "").strip():
+        conf.broker_url = os.environ[BROKER_URL_VARIABLE].strip()
     broker_url = conf.broker_url or ""
     queue_names = tuple(queues) if queues is not None else (conf.task_default_queue,)
     app_serialization = {name: conf.get(name) for name in
@@ -307,6 +326,7 @@ def configure(
         backoff_cap=backoff_cap, max_deliveries=max_deliveries, queue_type=queue_type,
         dead_letter_queue=dead_letter_queue, queues=queue_names, accept_content=accept_content,
         app_serialization=app_serialization)
+    errors = env_problems + errors
     if errors:
         raise ProfileError(errors)
 
@@ -358,6 +378,10 @@ def configure(
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
+    installed = getattr(app, INSTALLED_ATTRIBUTE, set())
+    setattr(app, INSTALLED_ATTRIBUTE, installed)
     for module_path in _INSTALLERS:
-        importlib.import_module(module_path).install(app, profile)
+        if module_path not in installed:  # a second configure() must not add bootsteps twice
+            importlib.import_module(module_path).install(app, profile)
+            installed.add(module_path)
     return profile
