@@ -76,6 +76,8 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     assert c["startupProbe"]["exec"]["command"] == ["taskherd", "probe", "startup"]
     assert c["readinessProbe"]["exec"]["command"] == ["taskherd", "probe", "readiness"]
     assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness"]
+    # A wedged worker is restarted in seconds, not after the pod's (long) drain grace period.
+    assert c["livenessProbe"]["terminationGracePeriodSeconds"] == 15
     env = env_of(c)
     assert env["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
     assert not any("redis://" in str(v) or "amqp://" in str(v) for v in env.values())
