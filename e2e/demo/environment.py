@@ -86,6 +86,8 @@ def ensure_reachable_from_pods(pod_address: str, log) -> tuple[int, ...]:
     for name in BOUND_TO_BIND_LIST:
         port = PORTS[name]
         if listening(pod_address, port):
+            if forwarder_alive(port):
+                forwarded.append(port)
             continue
         if not listening("127.0.0.1", port):
             raise EnvironmentError_(f"{name} is not listening on 127.0.0.1:{port}: `bash scripts/services.sh up`")
@@ -124,6 +126,15 @@ def start_forwarder(address: str, port: int) -> None:
             raise EnvironmentError_(f"socat forwarding {address}:{port} exited: {log_path.read_text()[-500:]}")
         time.sleep(0.1)
     raise EnvironmentError_(f"socat forwarding {address}:{port} is not listening after 5 s")
+
+
+def forwarder_alive(port: int) -> bool:
+    """Whether the socat this demo started for `port` (a previous run's, kept until demo-down) still runs."""
+    pidfile = _forwarder_pidfile(port)
+    if not pidfile.exists():
+        return False
+    pid_text, _, exe = pidfile.read_text().strip().partition(" ")
+    return os.path.realpath(f"/proc/{pid_text}/exe") == exe
 
 
 def stop_forwarder(port: int) -> bool:
