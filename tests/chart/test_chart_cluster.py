@@ -180,7 +180,7 @@ def release(tmp_path_factory):
                     "host's loopback Redis through the taskherd0 bridge", pytrace=False)
     versions = clusterlib.versions()
     node_images = {n for node in k8s.kubectl_json("get", "nodes")["items"]
-                   for img in node["status"].get("images", []) for n in img.get("names", [])}
+                   for img in node["status"].get("images") or [] for n in img.get("names") or []}
     missing = [i for i in (versions["WORKER_IMAGE"], versions["OPERATOR_IMAGE"])
                if not any(n.endswith(i) for n in node_images)]
     if missing:
