@@ -22,6 +22,22 @@ PY=/usr/bin/python3
 
 BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 
+# Skip the build when nothing that goes into the images changed since the last one (the sources
+# of the distribution, the Dockerfiles, this script, the base image); FORCE=1 rebuilds anyway.
+src_key=$( (cd "$REPO_ROOT" && find pyproject.toml setup.cfg setup.py README.md worker operator \
+        images/worker images/operator images/build.sh -type f \
+        ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -path '*/build/*' -print0 2>/dev/null |
+        sort -z | xargs -0 sha256sum; echo "$BASE_TAR $WORKER_IMAGE $OPERATOR_IMAGE") | sha256sum | cut -c1-16)
+if [ "${FORCE:-}" != 1 ] && [ -f "$APP_LIST" ] && [ "$(cat "$IMAGES_CACHE/app-images.key" 2>/dev/null)" = "$src_key" ] &&
+    [ -f "$IMAGES_CACHE/worker.tar" ] && [ -f "$IMAGES_CACHE/operator.tar" ]; then
+    log "worker and operator images are up to date (sources unchanged; FORCE=1 rebuilds)"
+    if proc_pid containerd >/dev/null; then
+        for t in "$IMAGES_CACHE/worker.tar" "$IMAGES_CACHE/operator.tar"; do ctr_ images import --no-unpack "$t" >/dev/null; done
+        log "imported ${WORKER_IMAGE} and ${OPERATOR_IMAGE} into the cluster's containerd (k8s.io)"
+    fi
+    exit 0
+fi
+
 # ---- wheels: copy the distribution's sources (not .venv, not build leftovers) and resolve
 work=$(mktemp -d "$IMAGES_CACHE/app.XXXXXX")
 started_dockerd=
@@ -81,6 +97,7 @@ for name in worker operator; do
     log "$tag saved to $out"
 done
 printf '%s\n' "${imported[@]}" >"$APP_LIST"
+echo "$src_key" >"$IMAGES_CACHE/app-images.key"
 
 if proc_pid containerd >/dev/null; then
     for t in "${imported[@]}"; do ctr_ images import --no-unpack "$t" >/dev/null; done

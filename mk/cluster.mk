@@ -27,15 +27,16 @@ cluster-env:
 	@bash -c 'source e2e/cluster/lib.sh; echo "export KUBECONFIG=$$KUBECONFIG_PATH"; \
 	  echo "export PATH=$$K8S_BIN:$$HELM_BIN:$$ETCD_BIN:\$$PATH"'
 
-# The cluster smoke tests (tests/cluster, marker `cluster`) need it. If it cannot come up, make test
+# The cluster tests (marker `cluster`) need it, and the worker/operator images (rebuilt only when
+# their sources changed). If the cluster cannot come up, make test
 # goes on (the other tests still run) and the cluster tests FAIL with the exact error: they show
 # the tail of $(TASKHERD_HOME)/cluster-up.log, which this step writes. Nothing is skipped.
 TEST_PREREQS += cluster-for-tests
 .PHONY: cluster-for-tests cluster-status
 cluster-for-tests:
 	@mkdir -p "$(TASKHERD_HOME)"; set -o pipefail; \
-	if ! bash e2e/cluster/up.sh 2>&1 | tee "$(TASKHERD_HOME)/cluster-up.log"; then \
-	  echo "make cluster FAILED (log: $(TASKHERD_HOME)/cluster-up.log); the cluster tests will fail with this error" >&2; \
+	if ! { bash e2e/cluster/up.sh && bash images/build.sh; } 2>&1 | tee "$(TASKHERD_HOME)/cluster-up.log"; then \
+	  echo "make cluster / make images FAILED (log: $(TASKHERD_HOME)/cluster-up.log); the cluster tests will fail with this error" >&2; \
 	fi
 
 cluster-status:
