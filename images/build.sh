@@ -31,8 +31,9 @@ src_key=$( (cd "$REPO_ROOT" && find pyproject.toml setup.cfg setup.py README.md 
 if [ "${FORCE:-}" != 1 ] && [ -f "$APP_LIST" ] && [ "$(cat "$IMAGES_CACHE/app-images.key" 2>/dev/null)" = "$src_key" ] &&
     [ -f "$IMAGES_CACHE/worker.tar" ] && [ -f "$IMAGES_CACHE/operator.tar" ]; then
     log "worker and operator images are up to date (sources unchanged; FORCE=1 rebuilds)"
-    if proc_pid containerd >/dev/null; then
+    if proc_pid containerd >/dev/null && [ "$(cat "$STATE/app-images.key" 2>/dev/null)" != "$src_key" ]; then
         for t in "$IMAGES_CACHE/worker.tar" "$IMAGES_CACHE/operator.tar"; do ctr_ images import --no-unpack "$t" >/dev/null; done
+        echo "$src_key" >"$STATE/app-images.key"
         log "imported ${WORKER_IMAGE} and ${OPERATOR_IMAGE} into the cluster's containerd (k8s.io)"
     fi
     exit 0
@@ -101,6 +102,7 @@ echo "$src_key" >"$IMAGES_CACHE/app-images.key"
 
 if proc_pid containerd >/dev/null; then
     for t in "${imported[@]}"; do ctr_ images import --no-unpack "$t" >/dev/null; done
+    echo "$src_key" >"$STATE/app-images.key"
     log "imported ${WORKER_IMAGE} and ${OPERATOR_IMAGE} into the cluster's containerd (k8s.io)"
 else
     log "cluster not running: up.sh will import the images when it starts"

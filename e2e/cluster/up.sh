@@ -258,6 +258,7 @@ for tar in "$PAUSE_TAR" "$COREDNS_TAR" "$BASE_TAR" "${APP_TARS[@]}"; do
     [ -f "$tar" ] || continue
     ctr_ images import --no-unpack "$tar" >/dev/null || die "import of $tar failed"
 done
+[ ${#APP_TARS[@]} -eq 0 ] || cp "$IMAGES_CACHE/app-images.key" "$STATE/app-images.key" 2>/dev/null || true
 # Pin the sandbox image so that image garbage collection never removes it.
 ctr_ images label "$PAUSE_IMAGE" io.cri-containerd.pinned=pinned >/dev/null
 
