@@ -11,6 +11,7 @@
 # $TASKHERD_HOME/docker, no bridge, no iptables) and stopped again by PID afterwards.
 source "$(dirname "$0")/lib.sh"
 need_root
+take_lock images
 ensure_apt docker.io python3-pip
 APP_LIST="$IMAGES_CACHE/app-images.list"   # tarballs up.sh imports
 DOCKER_HOME="$TASKHERD_HOME/docker"
@@ -69,6 +70,10 @@ stop_dockerd() {
         fi
         rm -f "$DOCKER_HOME/dockerd.pid"
     fi
+    # overlay mounts a stopped (or killed) dockerd left under its data root
+    local m
+    awk -v d="$(readlink -f "$DOCKER_HOME")" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
 }
 stop_dockerd   # a leftover from an interrupted run
 mkdir -p "$DOCKER_HOME/data" "$DOCKER_HOME/exec"
@@ -76,7 +81,7 @@ echo '{}' >"$DOCKER_HOME/daemon.json"
 setsid dockerd --config-file "$DOCKER_HOME/daemon.json" -H "unix://$DOCKER_SOCK" \
     --data-root "$DOCKER_HOME/data" --exec-root "$DOCKER_HOME/exec" --pidfile "$DOCKER_HOME/dockerd.pid" \
     --bridge none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
-    --storage-driver overlay2 >"$DOCKER_HOME/dockerd.log" 2>&1 </dev/null &
+    --storage-driver overlay2 >"$DOCKER_HOME/dockerd.log" 2>&1 </dev/null 9>&- &
 started_dockerd=1
 wait_for dockerd 60 "${DOCKER[@]}" version || { tail -20 "$DOCKER_HOME/dockerd.log" >&2; die "dockerd did not start"; }
 

@@ -23,6 +23,24 @@ stop_proc kube-proxy
 if [ -x "$K8S_BIN/kube-proxy" ] && iptables -w -t nat -S 2>/dev/null | grep -q 'KUBE-SERVICES'; then
     "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || log "kube-proxy --cleanup reported errors"
 fi
+# The kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT) and anything
+# kube-proxy left: KUBE-* belongs to Kubernetes, and the only Kubernetes on this machine is ours.
+if ! proc_pid kubelet >/dev/null && ! proc_pid kube-proxy >/dev/null; then
+    for ipt in iptables ip6tables; do
+        command -v "$ipt" >/dev/null || continue
+        for table in filter nat mangle raw; do
+            rules=$("$ipt" -w -t "$table" -S 2>/dev/null) || continue
+            echo "$rules" | grep -E '^-A [^ ]+ .*-j KUBE-' | grep -vE '^-A KUBE-' | sed 's/^-A /-D /' |
+                while read -r rule; do eval "$ipt -w -t $table $rule" 2>/dev/null || true; done || true
+            for chain in $(echo "$rules" | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+                "$ipt" -w -t "$table" -F "$chain" 2>/dev/null || true
+            done
+            for chain in $(echo "$rules" | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+                "$ipt" -w -t "$table" -X "$chain" 2>/dev/null || true
+            done
+        done
+    done
+fi
 stop_proc kube-scheduler
 stop_proc kube-controller-manager
 stop_proc kube-apiserver
