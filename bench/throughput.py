@@ -56,7 +56,27 @@ def depth_reader(broker_url: str, queue: str):
     return lambda: channel.queue_declare(queue, passive=True).message_count
 
 
-def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: Path) -> float:
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a worker: its main process, its live pool children, and the
+    children it has already reaped (max_tasks_per_child replaces them)."""
+    def stat(p: int, with_reaped: bool) -> float:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return 0.0
+        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if with_reaped else 0)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    children = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(FileNotFoundError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return stat(pid, True) + sum(stat(c, False) for c in children)
+
+
+def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: Path,
+            profile_to: Path | None = None, task_ms: float = 0) -> tuple[float, float]:
+    """(tasks per second, worker CPU microseconds per task) for one worker draining `tasks`."""
     queue = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
     app = producer(variant, broker_url, queue)
     with app.producer_or_acquire() as prod:
@@ -69,11 +89,17 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
         time.sleep(0.05)
 
     env = {**os.environ, "BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
-           "BENCH_REDIS_URL": redis_url,
+           "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
     log = open(log_dir / f"{queue}.log", "wb")
+    pool = ["--pool", "prefork", "--concurrency", "2"]
+    prefix = [sys.executable, "-m"]
+    if profile_to is not None:
+        # One process does everything (consumer and task), so one profile shows the whole cost.
+        pool = ["--pool", "solo"]
+        prefix += ["pyinstrument", "-r", "pstats", "-o", str(profile_to), "-m"]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "throughput_app", "worker", "--pool", "prefork", "--concurrency", "2",
+        [*prefix, "celery", "-A", "throughput_app", "worker", *pool,
          "--loglevel", "WARNING", "--without-mingle", "--without-gossip", "--without-heartbeat", "--queues", queue],
         env=env, cwd=ROOT / "bench", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -81,18 +107,52 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
         while (remaining := depth()) >= tasks:
             assert worker.poll() is None and time.monotonic() < deadline, f"worker did not start: see {log.name}"
             time.sleep(0.005)
-        started, at_start = time.monotonic(), remaining
+        started, at_start, cpu_at_start = time.monotonic(), remaining, cpu_seconds(worker.pid)
         while (remaining := depth()) > 0:
             assert worker.poll() is None and time.monotonic() < deadline + 600, f"worker died: see {log.name}"
             time.sleep(0.005)
         elapsed = time.monotonic() - started
+        cpu = cpu_seconds(worker.pid) - cpu_at_start
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(60)
         log.close()
         app.close()
-    return at_start / elapsed
+    return at_start / elapsed, cpu * 1e6 / at_start
+
+
+#: Functions whose cumulative time --profile reports, per task.
+PROFILED = [
+    ("celery", "trace.py", "trace_task"),
+    ("taskherd", "task.py", "__call__"),
+    ("taskherd", "deliveries.py", "record_delivery"),
+    ("taskherd", "deliveries.py", "forget"),
+    ("taskherd", "decorator.py", "guarded"),
+    ("taskherd", "redis_store.py", "guard"),
+    ("taskherd", "redis_store.py", "_finish"),
+    ("taskherd", "renewer.py", "add"),
+    ("redis", "client.py", "execute_command"),
+    ("redis", "commands/core.py", "__call__"),
+    ("kombu", "redis.py", "_brpop_read"),
+    ("kombu", "messaging.py", "_receive_callback"),
+    ("amqp", "channel.py", "_on_basic_deliver"),
+    ("celery", "request.py", "execute_using_pool"),
+    ("celery", "consumer.py", "on_task_received"),
+]
+
+
+def report_profile(path: Path, tasks: int) -> None:
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    total = max(ct for (_, _, _, ct, _) in stats.values())
+    print(f"    {path.name}: {total:.2f} s sampled in the worker process")
+    for package, file_suffix, name in PROFILED:
+        cumulative = sum(ct for (file, _, fn), (_, _, _, ct, _) in stats.items()
+                         if fn == name and file.endswith(file_suffix) and f"/{package}/" in file)
+        if cumulative:
+            print(f"    {package + '/' + file_suffix + ':' + name:<45} {cumulative * 1e6 / tasks:8.0f} us/task")
 
 
 def main() -> int:
@@ -102,11 +162,17 @@ def main() -> int:
     parser.add_argument("--brokers", default="redis,rabbitmq")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help="also: profile (configure() alone), idempotency (the guard alone)")
+    parser.add_argument("--task-ms", type=float, default=0,
+                        help="each task sleeps this long (default 0: no-op); shows the overhead on real work")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: one solo-pool worker per variant under pyinstrument (pip install "
+                             "pyinstrument), reporting where the time per task goes")
     args = parser.parse_args()
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"taskherd-bench-{uuid.uuid4().hex[:6]}"
     log_dir.mkdir()
 
     rates: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     with services.leased_redis_db(os.environ["TASKHERD_REDIS_URL"]) as redis_url:
         for broker in args.brokers.split(","):
             with contextlib.ExitStack() as stack:
@@ -115,23 +181,40 @@ def main() -> int:
                 else:
                     broker_url = stack.enter_context(services.fresh_vhost(
                         os.environ["TASKHERD_AMQP_URL"], os.environ["TASKHERD_RABBITMQ_API_URL"]))
+                if args.profile:
+                    for variant in args.variants.split(","):
+                        path = log_dir / f"{broker}-{variant}.pstats"
+                        rate, _ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path)
+                        print(f"  {broker:<8} {variant:<11} solo, profiled: {rate:7.1f} tasks/s")
+                        report_profile(path, args.tasks)
+                    continue
                 for round_ in range(args.rounds):
                     variants = args.variants.split(",")
                     order = variants if round_ % 2 == 0 else variants[::-1]
                     for variant in order:
-                        rate = one_run(variant, broker_url, redis_url, args.tasks, log_dir)
+                        rate, cpu = one_run(variant, broker_url, redis_url, args.tasks, log_dir, task_ms=args.task_ms)
                         rates.setdefault((broker, variant), []).append(rate)
-                        print(f"  {broker:<8} {variant:<8} round {round_ + 1}: {rate:7.1f} tasks/s", flush=True)
+                        cpus.setdefault((broker, variant), []).append(cpu)
+                        print(f"  {broker:<8} {variant:<11} round {round_ + 1}: {rate:7.1f} tasks/s "
+                              f"{cpu:6.0f} us CPU/task", flush=True)
 
+    if args.profile:
+        return 0
     variants = args.variants.split(",")
-    print(f"\nno-op tasks/s, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds "
-          f"(ratio = variant / vanilla)")
-    print(f"{'broker':<9}" + "".join(f"{v:>12}" for v in variants) + "".join(f"{'ratio ' + v:>20}" for v in variants[1:]))
-    for broker in args.brokers.split(","):
-        medians = {v: statistics.median(rates[(broker, v)]) for v in variants}
-        base = medians.get("vanilla") or medians[variants[0]]
-        print(f"{broker:<9}" + "".join(f"{medians[v]:>12.1f}" for v in variants)
-              + "".join(f"{medians[v] / base:>20.3f}" for v in variants[1:]))
+    base = "vanilla" if "vanilla" in variants else variants[0]
+    for title, figures, fmt, lower_is_better in (
+            ("tasks/s", rates, "{:>12.1f}", False), ("worker CPU us/task (noise-robust)", cpus, "{:>12.0f}", True)):
+        kind = f"{args.task_ms:g} ms" if args.task_ms else "no-op"
+        print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
+              f"overhead vs {base}")
+        print(f"{'broker':<9}" + "".join(f"{v:>12}" for v in variants)
+              + "".join(f"{'overhead ' + v:>22}" for v in variants if v != base))
+        for broker in args.brokers.split(","):
+            medians = {v: statistics.median(figures[(broker, v)]) for v in variants}
+            overhead = {v: (medians[v] / medians[base] - 1 if lower_is_better else 1 - medians[v] / medians[base])
+                        for v in variants}
+            print(f"{broker:<9}" + "".join(fmt.format(medians[v]) for v in variants)
+                  + "".join(f"{overhead[v] * 100:>21.1f}%" for v in variants if v != base))
     return 0
 
 

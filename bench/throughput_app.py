@@ -6,9 +6,11 @@ taskherd     configure(app) (retries, DLQ, delivery counter) and the Redis idemp
              on the task id.
 profile      configure(app) alone; idempotency: the guard alone (to attribute the overhead).
 
-BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys and the delivery counter).
+BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys and the delivery counter),
+BENCH_TASK_MS (how long the task sleeps; 0, a no-op, by default).
 """
 import os
+import time
 import warnings
 
 import redis
@@ -18,6 +20,8 @@ VARIANT = os.environ["BENCH_VARIANT"]
 QUEUE = os.environ["BENCH_QUEUE"]
 BROKER_URL = os.environ["BENCH_BROKER_URL"]
 REDIS_URL = os.environ["BENCH_REDIS_URL"]
+#: 0 for the no-op the issue asks for; a few ms shows the overhead on a task that does something
+TASK_SECONDS = float(os.environ.get("BENCH_TASK_MS", "0")) / 1000
 
 app = Celery("bench", broker=BROKER_URL, set_as_current=False)
 app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True)
@@ -47,8 +51,10 @@ if with_idempotency:
     @app.task(name="bench.noop", bind=True, ignore_result=True)
     @idempotent(store, key=lambda task: f"bench:{task.request.id}")
     def noop(task):
-        return None
+        if TASK_SECONDS:
+            time.sleep(TASK_SECONDS)
 else:
     @app.task(name="bench.noop", ignore_result=True)
     def noop():
-        return None
+        if TASK_SECONDS:
+            time.sleep(TASK_SECONDS)
