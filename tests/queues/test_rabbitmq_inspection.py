@@ -75,7 +75,7 @@ def test_ready_consumers_and_head_age(amqp_url, rabbitmq_api_url, unique_name, q
 
 def test_unacked_and_consumers_while_a_worker_runs(amqp_url, rabbitmq_api_url, unique_name, worker_factory):
     queue = unique_name
-    env = {"TEST_BROKER_URL": amqp_url, "TEST_QUEUE": queue}
+    env = {"TEST_BROKER_URL": amqp_url, "TEST_QUEUE": queue, "TEST_RECOVERY": "1"}  # a no-op on RabbitMQ
     worker_factory("apps.recovery_app", queues=[queue], env=env, concurrency=1)
     app = Celery(broker=amqp_url)
     for _ in range(3):

@@ -387,23 +387,18 @@ def activate(*, broker_url: str, hostname: str, settings: RecoverySettings, pref
 
 
 def _broker_url(app: Any) -> str:
-    url = app.conf.broker_url or ""
+    url = app.conf.broker_url or app.conf.broker_write_url or ""
     return url[0] if isinstance(url, (list, tuple)) else url.split(";")[0]
 
 
 def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None = None,
-            timeout: float | None = None, **_options: Any) -> RecoverySettings | None:
-    """Adds a worker bootstep that turns on fast recovery in worker processes (Redis brokers only).
+            timeout: float | None = None, **_options: Any) -> RecoverySettings:
+    """Adds a worker bootstep that turns on fast recovery in worker processes on Redis brokers.
 
     Producers that call install() are unaffected: the bootstep only runs inside ``celery worker``.
-    Returns the settings, or None when the broker is not Redis (RabbitMQ requeues on its own).
+    The broker is looked at when the worker starts (the URL may be configured after install());
+    on RabbitMQ the step does nothing — a closed connection requeues on its own.
     """
-    scheme = urlsplit(_broker_url(app)).scheme.lower()
-    if scheme not in REDIS_SCHEMES:
-        if scheme.startswith("sentinel"):
-            logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages of a "
-                           "killed worker wait for visibility_timeout")
-        return None
     defaults = RecoverySettings()
     settings = RecoverySettings(
         heartbeat_interval=defaults.heartbeat_interval if heartbeat_interval is None else heartbeat_interval,
@@ -421,8 +416,15 @@ def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None =
         label = "taskherd fast recovery"
 
         def start(self, worker):
+            broker_url = _broker_url(worker.app)
+            scheme = urlsplit(broker_url).scheme.lower()
+            if scheme not in REDIS_SCHEMES:
+                if scheme.startswith("sentinel"):
+                    logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages "
+                                   "of a killed worker wait for visibility_timeout")
+                return
             options = worker.app.conf.broker_transport_options or {}
-            activate(broker_url=_broker_url(worker.app), hostname=worker.hostname, settings=settings,
+            activate(broker_url=broker_url, hostname=worker.hostname, settings=settings,
                      prefix=options.get("global_keyprefix", "") or "")
 
     app.steps["worker"].add(FastRecovery)
