@@ -158,3 +158,20 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
     ledger = [k for (k,) in rows(outbox_dsn, "SELECT key FROM ledger")]
     assert sorted(ledger) == sorted(f"task:{i}" for i in ids)  # no row lost, none applied twice
     assert not set(ledger) & {f"task:{i}" for i in rolled_back}
+
+
+def test_cli_migrates_reports_pending_and_refuses_bad_options(pg_dsn):
+    def taskherd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "taskherd.cli", "outbox", *args], env=subprocess_env(env),
+                              cwd=TESTS_DIR, capture_output=True, text=True, timeout=60)
+
+    for _ in range(2):  # twice: migrating an existing table is a no-op
+        done = taskherd("migrate", "--dsn", pg_dsn)
+        assert done.returncode == 0 and "taskherd_outbox is ready" in done.stdout, done.stderr
+    enqueue_orders(pg_dsn, [1, 2, 3], "q")
+    status = taskherd("status", "--dsn", pg_dsn)
+    assert status.returncode == 0 and status.stdout.startswith("pending 3 "), status
+    bad = taskherd("relay", "--dsn", pg_dsn, "--broker-url", "redis://127.0.0.1:1/1", "--batch-size", "0")
+    assert bad.returncode == 2 and "batch_size=0; valid: an integer in 1..10000" in bad.stderr, bad
+    no_dsn = taskherd("relay", env={"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": ""})
+    assert no_dsn.returncode == 2 and "--dsn is required" in no_dsn.stderr, no_dsn
