@@ -147,3 +147,15 @@ def test_restorer_waits_a_full_lease_period_of_healthy_redis():
     assert not recovery.may_restore(now=100.0, redis_healthy_since=None, timeout=15)  # Redis failing
     assert not recovery.may_restore(now=100.0, redis_healthy_since=90.0, timeout=15)  # just came back
     assert recovery.may_restore(now=105.0, redis_healthy_since=90.0, timeout=15)
+
+
+def test_settings_come_from_the_environment_when_not_given(monkeypatch):
+    from celery import Celery
+
+    monkeypatch.setenv("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", "2")
+    monkeypatch.setenv("TASKHERD_RECOVERY_TIMEOUT", "7")
+    assert recovery.install(Celery(broker="redis://127.0.0.1:1/9")) == \
+        recovery.RecoverySettings(heartbeat_interval=2, timeout=7)
+    monkeypatch.setenv("TASKHERD_RECOVERY_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="TASKHERD_RECOVERY_TIMEOUT='soon'"):
+        recovery.install(Celery(broker="redis://127.0.0.1:1/9"))

@@ -391,6 +391,19 @@ def _broker_url(app: Any) -> str:
     return url[0] if isinstance(url, (list, tuple)) else url.split(";")[0]
 
 
+def _setting(value: float | None, env_name: str, default: float) -> float:
+    """An explicit argument, else the environment (the chart's contract), else the default."""
+    if value is not None:
+        return value
+    raw = os.environ.get(env_name)
+    if raw in (None, ""):
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{env_name}={raw!r} must be a number of seconds") from None
+
+
 def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None = None,
             timeout: float | None = None, **_options: Any) -> RecoverySettings:
     """Adds a worker bootstep that turns on fast recovery in worker processes on Redis brokers.
@@ -401,8 +414,9 @@ def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None =
     """
     defaults = RecoverySettings()
     settings = RecoverySettings(
-        heartbeat_interval=defaults.heartbeat_interval if heartbeat_interval is None else heartbeat_interval,
-        timeout=defaults.timeout if timeout is None else timeout)
+        heartbeat_interval=_setting(heartbeat_interval, "TASKHERD_RECOVERY_HEARTBEAT_INTERVAL",
+                                    defaults.heartbeat_interval),
+        timeout=_setting(timeout, "TASKHERD_RECOVERY_TIMEOUT", defaults.timeout))
     visibility_timeout = getattr(profile, "visibility_timeout", None)
     if visibility_timeout and settings.expected_recovery_seconds >= visibility_timeout:
         warnings.warn(f"recovery timeout={settings.timeout!r} + heartbeat_interval={settings.heartbeat_interval!r} "
