@@ -130,8 +130,8 @@ def test_redis_lease_of_a_killed_holder_is_taken_over_after_the_lease(redis_url,
         taken_over_after = time.monotonic() - killed_at
         assert not claim.done
         redis_client.rpush("ledger:job-1", "taker")
-    # Taken over when the lease ran out: not before it, and not much later.
-    assert 0.5 < taken_over_after < 3.5, taken_over_after
+    # Refused while the lease ran (above), taken over once it ran out: within the lease after the kill.
+    assert taken_over_after < 2 + 1.5, taken_over_after
     assert redis_client.lrange("ledger:job-1", 0, -1) == [b"holder", b"taker"]
 
 
@@ -142,7 +142,7 @@ def test_redis_live_slow_holder_keeps_its_key_past_the_lease(redis_url, redis_cl
     assert '"effect"' in holder.stdout.readline()
 
     store = RedisStore(client=redis_client, lease_seconds=1)
-    refused = 0
+    refused_at: list[float] = []
     while holder.poll() is None:  # four leases long: renewal must keep it
         try:
             with store.guard("job-2") as claim:
@@ -150,10 +150,12 @@ def test_redis_live_slow_holder_keeps_its_key_past_the_lease(redis_url, redis_cl
                     pytest.fail("took over the key of a live holder")
                 break
         except InProgress:
-            refused += 1
+            refused_at.append(time.monotonic())
         time.sleep(0.2)
     outcome = deliverers.outcome("holder")
-    assert outcome["ran"] and refused >= 10, (outcome, refused)
+    assert outcome["ran"], outcome
+    # Refused for well over the 1 s lease: the holder's renewals kept it.
+    assert refused_at and refused_at[-1] - refused_at[0] > 2.5, refused_at
     with store.guard("job-2") as claim:
         assert (claim.done, claim.result) == (True, "holder")
     assert redis_client.llen("ledger:job-2") == 1

@@ -138,7 +138,9 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
     worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=2)
     pair = [relays(name, relay_args(outbox_dsn, "--batch-size", "20", "--poll-interval", "0.05"), env)
             for name in ("a", "b")]
-    time.sleep(2)  # both relays are polling before the rows arrive
+    # Both relays are polling (connected to the database) before the rows arrive.
+    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND application_name = 'taskherd-outbox-relay'") == [(2,)], 60, "two relays")
 
     ids: list[str] = []
     for batch in range(20):  # 20 transactions of 50 rows, while both relays run

@@ -67,7 +67,8 @@ def main(argv: list[str]) -> int:
     from taskherd.worker import outbox
 
     def connect():
-        return psycopg.connect(args.dsn)
+        # The application name lets operators (and tests) see the relays in pg_stat_activity.
+        return psycopg.connect(args.dsn, application_name=f"taskherd-outbox-{args.command}")
 
     if args.command == "migrate":
         with connect() as conn:
