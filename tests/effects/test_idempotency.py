@@ -13,7 +13,9 @@ import psycopg
 import pytest
 import redis
 
-from taskherd.worker.idempotency import (InProgress, InvalidKey, PostgresStore, RedisStore, idempotent)
+from taskherd.worker.idempotency import (InProgress, InvalidKey, PostgresStore, RedisStore, StoreUnavailable,
+                                        idempotent)
+from taskherd.worker.transient import ErrorClassifier
 from taskherd.worker.idempotency.records import Action, decide, done_record, in_progress_record
 
 
@@ -50,6 +52,18 @@ def test_store_settings_are_validated():
 
 
 # --- Redis store ----------------------------------------------------------------------------------
+
+def test_unreachable_redis_runs_nothing_and_is_retryable():
+    store = RedisStore(client=redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1))
+    ran = []
+    with pytest.raises(StoreUnavailable, match="idempotency key 'mail:5': the store is unreachable") as raised:
+        with store.guard("mail:5"):
+            ran.append(True)
+    assert ran == []
+    # The taskherd Task class retries both with backoff (they are TransientErrors).
+    assert ErrorClassifier().is_transient(raised.value)
+    assert ErrorClassifier().is_transient(InProgress("k", retry_after=1.0))
+
 
 @pytest.fixture
 def redis_client(redis_url):

@@ -16,10 +16,10 @@ and `claim.result` is what it returned; otherwise the body runs the effect and (
 
 What each store guarantees, and where it does not, is in docs/effects.md.
 """
-from .claim import Claim, InProgress, InvalidKey, LeaseLost, validate_key
+from .claim import Claim, InProgress, InvalidKey, LeaseLost, StoreUnavailable, validate_key
 from .decorator import idempotent
 from .postgres_store import PostgresStore
 from .redis_store import RedisStore
 
-__all__ = ["Claim", "InProgress", "InvalidKey", "LeaseLost", "PostgresStore", "RedisStore", "idempotent",
-           "validate_key"]
+__all__ = ["Claim", "InProgress", "InvalidKey", "LeaseLost", "PostgresStore", "RedisStore", "StoreUnavailable",
+           "idempotent", "validate_key"]

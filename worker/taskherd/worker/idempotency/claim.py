@@ -32,6 +32,15 @@ class InProgress(TransientError):
                          f"lease expires in {retry_after:.1f}s): retry after the lease")
 
 
+class StoreUnavailable(TransientError):
+    """The idempotency store could not be reached before the effect ran: nothing ran, retry later."""
+
+    def __init__(self, key: str, *, cause: BaseException):
+        self.key = key
+        super().__init__(f"idempotency key {key!r}: the store is unreachable ({cause!r}); "
+                         "the effect did not run: retry later")
+
+
 class LeaseLost(Exception):
     """The holder's lease expired while its body ran, and the key may have been taken over.
 

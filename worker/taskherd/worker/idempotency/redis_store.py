@@ -10,19 +10,34 @@
 
 A duplicate that finds the key in progress raises `InProgress` (after waiting up to
 `wait_seconds`, if asked to). A duplicate that finds it done gets the stored result back.
+
+Redis unreachable: before the effect, `StoreUnavailable` (transient: nothing ran). After the
+effect, the done mark is retried briefly and then given up with an error log rather than raised:
+raising would make the task retry and, once the lease expires, repeat the effect.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
 from typing import Any, Iterator
 
-from .claim import Claim, InProgress, LeaseLost, validate_key
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
 from .records import Action, decide, done_record, in_progress_record
 from .renewer import renewer
+
+logger = logging.getLogger(__name__)
+
+#: Redis failures worth retrying: the server was unreachable or slow, not the command wrong.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
+#: Pauses between attempts to write the done mark after the effect ran.
+_FINISH_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
 
 _CLAIM = """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
@@ -91,7 +106,10 @@ class RedisStore:
         record = in_progress_record(holder)
         deadline = time.monotonic() + wait_seconds
         while True:
-            claimed, *rest = self._claim(keys=[redis_key], args=[record, lease_ms])
+            try:
+                claimed, *rest = self._claim(keys=[redis_key], args=[record, lease_ms])
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(key, cause=exc) from exc
             decision = decide(bool(claimed), *(rest or [None, 0]))
             if decision.action is not Action.BUSY:
                 break
@@ -110,7 +128,12 @@ class RedisStore:
             yield claim
         except BaseException:
             renewer.remove(lease_id)
-            self._release(keys=[redis_key], args=[record])
+            try:
+                self._release(keys=[redis_key], args=[record])
+            except _UNREACHABLE:
+                # The key stays in progress until its lease expires; retries wait until then.
+                logger.warning("idempotency key %r: could not release it after a failure; it frees itself "
+                               "after the %ss lease", key, self.lease_seconds, exc_info=True)
             raise
         renewer.remove(lease_id)
         self._finish(key, redis_key, record, holder, claim.result)
@@ -123,7 +146,18 @@ class RedisStore:
         except TypeError as exc:
             # The effect has happened: record it as done anyway, so it never runs again, then say why.
             done, error = done_record(holder, None), exc
-        if not self._complete(keys=[redis_key], args=[record, done, ttl_ms]):
+        for delay in (*_FINISH_RETRY_DELAYS, None):
+            try:
+                completed = self._complete(keys=[redis_key], args=[record, done, ttl_ms])
+                break
+            except _UNREACHABLE:
+                if delay is None:
+                    logger.error("idempotency key %r: the effect ran but Redis could not record it as done; "
+                                 "a duplicate arriving after the %ss lease would run it again", key,
+                                 self.lease_seconds, exc_info=True)
+                    return
+                time.sleep(delay)
+        if not completed:
             raise LeaseLost(key, lease_seconds=self.lease_seconds)
         if error is not None:
             raise TypeError(f"idempotency key {key!r}: result {result!r} is not JSON-serialisable ({error}); "
