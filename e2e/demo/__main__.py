@@ -152,6 +152,10 @@ def write_results(run_dir: Path, summary: dict, scenario: Scenario | None, verdi
     print_verdict(summary, verdict, error, run_dir, say)
 
 
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _attempts(scenario: Scenario):
     try:
         return ledger.read_attempts(scenario.conn)
@@ -188,8 +192,9 @@ def print_verdict(summary: dict, verdict: Verdict | None, error: str | None, run
               f"{v.pods_removed_by_scale_down}, busy ones among them while an idle one stayed: "
               f"{v.busy_pods_removed_while_idle_existed}")
         print(f"  pages in Alertmanager {v.alerts}")
-        print("  dead-letter queue     " + ("; ".join(f"{d['task_name']} {d['key']} ({d['reason']}, "
-                                                    f"{d['attempts']} attempt(s))" for d in v.dlq) or "empty"))
+        print("  dead-letter queue     " + ("\n                        ".join(
+            f"{d['task_name']} {d['key']}: {_short(d['reason'], 70)} ({d['attempts']} attempt(s))" for d in v.dlq)
+            or "empty"))
     t = summary.get("timings", {})
     print(f"  time                  setup {t.get('setup_seconds', '?')}s, scenario {t.get('scenario_seconds', '?')}s, "
           f"total {t.get('total_seconds', '?')}s")

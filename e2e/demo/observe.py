@@ -127,10 +127,12 @@ class Observer:
     def _in_flight(self, pod_names: set[str]) -> dict[str, int]:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.database_url, autocommit=True, connect_timeout=10)
+        # an unfinished attempt whose task started again later died (OOM, kill): not in flight
         rows = self._conn.execute(
-            "SELECT worker, count(*) FROM shop_attempts WHERE finished_at IS NULL "
-            "AND started_at > clock_timestamp() - make_interval(secs => %s) GROUP BY worker",
-            (IN_FLIGHT_HORIZON_SECONDS,)).fetchall()
+            "SELECT a.worker, count(*) FROM shop_attempts a WHERE a.finished_at IS NULL "
+            "AND a.started_at > clock_timestamp() - make_interval(secs => %s) "
+            "AND NOT EXISTS (SELECT 1 FROM shop_attempts b WHERE b.task_id = a.task_id AND b.id > a.id) "
+            "GROUP BY a.worker", (IN_FLIGHT_HORIZON_SECONDS,)).fetchall()
         return {w: n for w, n in rows if w in pod_names}
 
     def _track_lives(self, pods: list[dict], now: float) -> None:

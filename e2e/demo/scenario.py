@@ -238,12 +238,16 @@ class Scenario:
                 effects = self.effects()
                 self._narrate(snap, effects, len(self.charges) + len(self.trickle))
                 self._check_alert()
-                for life in self.observer.pod_lives():
-                    if life.cause == "scale-down" and life.pod not in self._removals_told:
-                        self._removals_told.add(life.pod)
-                        busy = snap.in_flight.get(life.pod, 0)
-                        self.mark("scale", f"removed {life.pod}")
-                        self.say.say(f"the operator removed {life.pod} ({'busy!' if busy else 'idle'})")
+                removed = [life.pod for life in self.observer.pod_lives()
+                           if life.cause == "scale-down" and life.pod not in self._removals_told]
+                if removed:
+                    self._removals_told.update(removed)
+                    busy = [p for p in removed if snap.in_flight.get(p)]
+                    self.mark("scale", f"scale-down: -{len(removed)} pods")
+                    self.say.say(f"the operator scaled down: {len(removed)} pod(s) removed, "
+                                 f"{len(removed) - len(busy)} idle, {len(busy)} busy"
+                                 + (f" ({', '.join(busy)})" if busy else "")
+                                 + f"; {snap.pool_status.get('lastScaleReason') or ''}")
                 s = snap.sample
                 if (sent == n and all(effects.get(c) for c in self.trickle) and s.replicas == minimum
                         and s.desired_replicas == minimum and (self.outcome.alerts or not (self.poison or self.hogs))):
@@ -266,9 +270,11 @@ class Scenario:
             return
         if time.time() - self._last_kill < self.plan.seconds_between_kills:
             return
-        live = {p["metadata"]["name"] for p in snap.pods if not p["metadata"].get("deletionTimestamp")}
-        busy = sorted(((n, pod) for pod, n in snap.in_flight.items() if pod in live), reverse=True)
-        if len(live) < 2 or not busy:
+        ready = {p["metadata"]["name"] for p in snap.pods if not p["metadata"].get("deletionTimestamp")
+                 and any(c.get("type") == "Ready" and c.get("status") == "True"
+                         for c in (p.get("status") or {}).get("conditions") or [])}
+        busy = sorted(((n, pod) for pod, n in snap.in_flight.items() if pod in ready), reverse=True)
+        if len(ready) < 2 or not busy:  # kill one worker among others, as a node failure would
             return
         n, pod = busy[0]
         self.cluster.kubectl("delete", "pod", pod, "-n", NAMESPACE, "--grace-period=0", "--force", "--wait=false",
@@ -276,7 +282,7 @@ class Scenario:
         self.observer.mark_killed(pod, time.time())
         self._kills_done += 1
         self._last_kill = time.time()
-        self.mark("kill", f"force-deleted {pod}")
+        self.mark("kill", f"force-delete {pod.rsplit('-', 1)[-1]}")
         self.say.say(f"FAULT: force-deleted worker pod {pod} with {n} charge(s) in flight "
                      f"({self._kills_done}/{self.plan.kills})")
 
@@ -313,7 +319,7 @@ class Scenario:
             if d.key not in self._dead_letters_told:
                 self._dead_letters_told.add(d.key)
                 self._first_dead_letter_at = self._first_dead_letter_at or time.time()
-                self.mark("poison", f"DLQ: {d.key}")
+                self.mark("poison", f"DLQ: {d.task_name}")
                 self.say.say(f"DEAD-LETTERED: {d.task_name} {d.key} after {d.attempts} attempt(s): {d.reason}")
 
     def _check_alert(self) -> None:

@@ -17,6 +17,7 @@ MARK_COLOURS: dict[str, str] = {
     "oom": "tab:purple",
     "poison": "tab:brown",
     "alert": "tab:orange",
+    "scale": "tab:olive",
     "drained": "tab:green",
 }
 
@@ -87,12 +88,13 @@ def render(samples: Sequence[Sample], marks: Sequence[Mark], in_flight: Sequence
     ax_dlq.set_xlabel("seconds since the first task was sent")
     ax_dlq.legend(loc="upper left", fontsize="small")
 
-    for mark in marks:
+    for i, mark in enumerate(group_marks(marks)):
         colour = MARK_COLOURS.get(mark.kind, "black")
         for ax in (ax_queue, ax_pool, ax_dlq):
             ax.axvline(mark.t, color=colour, alpha=0.6, linewidth=1)
-        ax_queue.annotate(mark.label, xy=(mark.t, 1), xycoords=("data", "axes fraction"), rotation=90,
-                          va="top", ha="right", fontsize="x-small", color=colour)
+        # labels alternate between the top and the middle of the panel so neighbours do not overlap
+        ax_queue.annotate(mark.label, xy=(mark.t, 0.98 if i % 2 == 0 else 0.55), xycoords=("data", "axes fraction"),
+                          rotation=90, va="top", ha="right", fontsize="x-small", color=colour)
     for ax in (ax_queue, ax_pool, ax_dlq):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -104,6 +106,18 @@ def render(samples: Sequence[Sample], marks: Sequence[Mark], in_flight: Sequence
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def group_marks(marks: Sequence[Mark], *, within: float = 3.0) -> list[Mark]:
+    """Marks of one kind closer than `within` seconds become one, labelled with the first and a count."""
+    grouped: list[list[Mark]] = []
+    for mark in sorted(marks, key=lambda m: m.t):
+        same = next((g for g in grouped if g[0].kind == mark.kind and mark.t - g[-1].t <= within), None)
+        if same is None:
+            grouped.append([mark])
+        else:
+            same.append(mark)
+    return [Mark(g[0].t, g[0].kind, g[0].label + (f" (+{len(g) - 1})" if len(g) > 1 else "")) for g in grouped]
 
 
 def _series(samples: Sequence[Sample], name: str) -> list[float]:

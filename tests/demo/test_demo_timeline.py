@@ -32,3 +32,12 @@ def test_render_writes_a_png_of_a_sensible_size(tmp_path):
 def test_render_refuses_mismatched_series(tmp_path):
     with pytest.raises(ValueError, match="in_flight has 1 values for 2 samples"):
         render([Sample(0, 0, 0, 1, 1, 1, 0)] * 2, [], [0], tmp_path / "x.png")
+
+
+def test_marks_of_one_kind_close_together_become_one():
+    from e2e.demo.timeline import group_marks
+
+    marks = [Mark(38.1, "poison", "DLQ: shop.charge"), Mark(38.2, "poison", "DLQ: shop.build_report"),
+             Mark(38.3, "alert", "page"), Mark(50, "poison", "DLQ: later")]
+    assert [(m.t, m.label) for m in group_marks(marks)] == [
+        (38.1, "DLQ: shop.charge (+1)"), (38.3, "page"), (50, "DLQ: later")]
