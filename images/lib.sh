@@ -6,7 +6,7 @@ mkdir -p "$IMAGES_CACHE"
 # short content key of files and strings: an image is rebuilt only when its inputs change
 content_key() {
     local x
-    for x in "$@"; do if [ -f "$x" ]; then sha256sum "$x"; else echo "$x"; fi; done | sha256sum | cut -c1-12
+    for x in "$@"; do if [ -f "$x" ]; then sha256sum <"$x"; else echo "$x"; fi; done | sha256sum | cut -c1-12
 }
 
 # Unmount everything below $1 (deepest first), e.g. /proc left mounted by an interrupted debootstrap,

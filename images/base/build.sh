@@ -5,6 +5,7 @@
 # Prints the path of the docker-archive tarball (cached by content of its inputs).
 source "$(dirname "$0")/../lib.sh"
 need_root
+take_lock base-image
 ensure_apt debootstrap debian-archive-keyring
 INCLUDE=python3,python3-pip,ca-certificates,procps
 
@@ -57,5 +58,6 @@ if [ ! -f "$out" ]; then
     python3 "$IMAGES_SRC/mkimage.py" --tag "$BASE_IMAGE" --rootfs-tar "$work/rootfs.tar" \
         --cmd /bin/bash -o "$out"
     log "base image $BASE_IMAGE: $out ($((SECONDS - t0)) s)"
+    for old in "$IMAGES_CACHE"/debian-base-$BASE_SUITE-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
 fi
 echo "$out"

@@ -14,5 +14,6 @@ if [ ! -f "$out" ]; then
     python3 "$IMAGES_SRC/mkimage.py" --tag "taskherd.local/coredns:$COREDNS_VERSION" \
         --rootfs "$work/rootfs" --entrypoint /coredns -o "$out"
     log "coredns image: $out"
+    for old in "$IMAGES_CACHE"/coredns-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
 fi
 echo "$out"

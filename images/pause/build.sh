@@ -14,5 +14,6 @@ if [ ! -f "$out" ]; then
     python3 "$IMAGES_SRC/mkimage.py" --tag "$PAUSE_IMAGE" --rootfs "$work/rootfs" \
         --entrypoint /pause --user 65535:65535 -o "$out"
     log "pause image: $out"
+    for old in "$IMAGES_CACHE"/pause-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
 fi
 echo "$out"
