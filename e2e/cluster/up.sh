@@ -44,7 +44,7 @@ COREDNS_TAR=$(bash "$REPO_ROOT/images/coredns/build.sh")
 BASE_TAR=$(bash "$REPO_ROOT/images/base/build.sh")
 
 # ---------------------------------------------------------------- leftovers of a previous run
-if [ -e "$STATE" ] || ip link show "$BRIDGE" >/dev/null 2>&1; then
+if [ -e "$STATE" ] || ip link show "$BRIDGE" >/dev/null 2>&1 || iptables -w -S TASKHERD-FORWARD >/dev/null 2>&1; then
     log "cluster not healthy or not complete: cleaning up what a previous run left"
     bash "$CLUSTER_SCRIPTS/down.sh"
 fi
