@@ -9,6 +9,12 @@ TEST_SLOW_FIRST_SECONDS                       the first attempt of each task sle
 TEST_SLOW_FIRST_AT                            ... "inside" its transaction (the effect is not committed
                                               yet) or "after" it (committed, message not yet acked)
 
+TEST_REDIS_URL                                Redis for `effects.redis_record`
+
+`effects.redis_record(order)` appends to the Redis lists `attempts:<task id>` (every run) and,
+guarded by the Redis idempotency store keyed on the task id, `ledger:<task id>`, then holds the
+key for a second so that a duplicate delivery overlaps it.
+
 `effects.record(order)` appends a row to `attempts` (committed at once: it survives a kill), then,
 guarded by the PostgreSQL idempotency store keyed on the task id, appends `order` to `ledger` in
 the same transaction as the key. attempts counts runs; ledger counts effects.
@@ -19,10 +25,11 @@ import time
 import warnings
 
 import psycopg
+import redis
 from celery import Celery
 
 from taskherd.worker import ProfileWarning, configure
-from taskherd.worker.idempotency import PostgresStore, idempotent
+from taskherd.worker.idempotency import PostgresStore, RedisStore, idempotent
 
 BROKER_URL = os.environ["TEST_BROKER_URL"]
 QUEUE = os.environ.get("TEST_QUEUE", "celery")
@@ -84,3 +91,21 @@ def _record(task, order, *, attempt, conn):
     if attempt == 1 and SLOW_FIRST_SECONDS and SLOW_FIRST_AT == "inside":
         _hold(task, "holds its transaction open")
     return {"order": order, "attempt": attempt}
+
+
+# Connects lazily: apps that never run effects.redis_record need no TEST_REDIS_URL.
+redis_client = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:1/0"))
+redis_store = RedisStore(client=redis_client, lease_seconds=5)
+
+
+@app.task(name="effects.redis_record", bind=True)
+def redis_record(task, order):
+    redis_client.rpush(f"attempts:{task.request.id}", task.request.hostname or socket.gethostname())
+    return _redis_record(task, order)
+
+
+@idempotent(redis_store, key=lambda task, order: f"task:{task.request.id}")
+def _redis_record(task, order):
+    redis_client.rpush(f"ledger:{task.request.id}", order)
+    time.sleep(1)
+    return {"order": order}

@@ -16,6 +16,7 @@ import time
 import warnings
 
 import psycopg
+import redis
 import pytest
 from celery import Celery
 
@@ -104,3 +105,25 @@ def test_redis_task_of_a_killed_worker_comes_back_after_the_visibility_timeout(
     # Not before the visibility timeout (counted from delivery, just before the first attempt),
     # and soon after it: the sweep runs every second (unacked_restore_interval=1, throttle=1).
     assert 9.5 <= since_first <= 10 + 10, since_first
+
+
+@pytest.mark.slow
+def test_concurrent_redeliveries_on_two_workers_run_the_redis_guarded_effect_once(
+        broker_url, redis_url, unique_name, worker_factory):
+    """One message delivered twice at once (same task id) to two real workers: one runs the effect,
+    the other meets the key in progress, raises InProgress, is retried by the taskherd Task class with
+    backoff and then returns the stored result without running the effect."""
+    env = {"TEST_BROKER_URL": broker_url, "TEST_QUEUE": unique_name, "TEST_REDIS_URL": redis_url}
+    workers = [worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=1) for _ in range(2)]
+    producer = producer_app(broker_url, unique_name)
+    task_id = "duplicate-delivery-1"
+    for _ in range(2):
+        producer.send_task("effects.redis_record", args=[7], queue=unique_name, task_id=task_id)
+    producer.close()
+
+    client = redis.Redis.from_url(redis_url)
+    wait_until(lambda: sum(w.log().count(f"[{task_id}] succeeded") for w in workers) == 2, 90, "both deliveries done")
+    logs = "".join(w.log() for w in workers)
+    assert client.lrange(f"ledger:{task_id}", 0, -1) == [b"7"]
+    assert "InProgress" in logs and client.llen(f"attempts:{task_id}") >= 3, logs[-3000:]
+    assert logs.count("{'order': 7}") == 2  # the duplicate returned the stored result
