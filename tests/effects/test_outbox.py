@@ -177,3 +177,13 @@ def test_cli_migrates_reports_pending_and_refuses_bad_options(pg_dsn):
     assert bad.returncode == 2 and "batch_size=0; valid: an integer in 1..10000" in bad.stderr, bad
     no_dsn = taskherd("relay", env={"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": ""})
     assert no_dsn.returncode == 2 and "--dsn is required" in no_dsn.stderr, no_dsn
+
+
+def test_relay_publishes_with_publisher_confirms_on_rabbitmq(amqp_url):
+    from celery import Celery
+
+    publisher = outbox.CeleryPublisher(app=Celery(broker=amqp_url, set_as_current=False))
+    with publisher.app.producer_or_acquire() as producer:
+        # py-amqp waits for the broker's basic.ack on every publish of a confirm-mode channel.
+        assert producer.channel.basic_publish.__name__ == "basic_publish_confirm"
+    publisher.app.close()
