@@ -243,11 +243,14 @@ class Scenario:
                 if removed:
                     self._removals_told.update(removed)
                     busy = [p for p in removed if snap.in_flight.get(p)]
+                    stayed = [p["metadata"]["name"] for p in snap.pods if not p["metadata"].get("deletionTimestamp")]
+                    stayed_idle = [p for p in stayed if not snap.in_flight.get(p)]
                     self.mark("scale", f"scale-down: -{len(removed)} pods")
                     self.say.say(f"the operator scaled down: {len(removed)} pod(s) removed, "
-                                 f"{len(removed) - len(busy)} idle, {len(busy)} busy"
-                                 + (f" ({', '.join(busy)})" if busy else "")
-                                 + f"; {snap.pool_status.get('lastScaleReason') or ''}")
+                                 f"{len(removed) - len(busy)} idle, {len(busy)} busy; {len(stayed)} stayed, "
+                                 f"{len(stayed_idle)} of them idle"
+                                 + (" (busy pods finish their tasks in the preStop drain before they go)" if busy else ""))
+                    self.say.say(f"operator: {snap.pool_status.get('lastScaleReason') or '?'}")
                 s = snap.sample
                 if (sent == n and all(effects.get(c) for c in self.trickle) and s.replicas == minimum
                         and s.desired_replicas == minimum and (self.outcome.alerts or not (self.poison or self.hogs))):

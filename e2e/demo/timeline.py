@@ -131,7 +131,7 @@ def _legend(*axes) -> None:
         h, lab = ax.get_legend_handles_labels()
         handles += h
         labels += lab
-    axes[0].legend(handles, labels, loc="upper left", fontsize="small")
+    axes[0].legend(handles, labels, loc="center right", fontsize="small")
 
 
 def samples_as_dicts(samples: Iterable[Sample]) -> list[Mapping]:
