@@ -307,9 +307,11 @@ def test_a_wedged_worker_fails_liveness_and_is_restarted(release):
 
 
 def test_helm_upgrade_under_load_loses_no_task(release):
-    keys = [f"load-{i}" for i in range(24)]
+    # 40 tasks x 4 s on 2 workers x 2 processes: ~40 s of work, longer than new workers take to
+    # become ready, so old workers are drained while tasks run and queued ones wait.
+    keys = [f"load-{i}" for i in range(40)]
     for key in keys:
-        release.send(key, 3)
+        release.send(key, 4)
     clusterlib.wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
     old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     # Any change of the pod template rolls every worker: each old one drains (preStop) first.
@@ -322,8 +324,13 @@ def test_helm_upgrade_under_load_loses_no_task(release):
     runs = {k: int(release.ledger.get(f"runs:{k}") or 0) for k in keys}
     effects = {k: release.ledger.get(f"effect:{k}") for k in keys}
     assert all(effects.values()), "a task's effect is missing"
-    log.info("upgrade under load: %d tasks, %d runs (redeliveries: %d)", len(keys), sum(runs.values()),
-             sum(runs.values()) - len(keys))
+    assert int(release.ledger.get("effects")) == len(keys) + 2  # + "hello" and "long" before
+    by_old = sum(1 for pod in effects.values() if pod.decode() in old_pods)
+    by_new = sum(1 for pod in effects.values() if pod.decode() in new_pods)
+    # The load really spanned the rollout: the old workers and the new ones both did part of it.
+    assert by_old and by_new, (by_old, by_new)
+    log.info("upgrade under load: %d tasks, %d runs (redeliveries: %d), %d done by old workers, %d by new",
+             len(keys), sum(runs.values()), sum(runs.values()) - len(keys), by_old, by_new)
     # The operator kept its replica count through the upgrade (no spec.replicas in the chart).
     assert release.get("deployment", release.deployment)["spec"]["replicas"] == 2
 
