@@ -24,7 +24,7 @@ from .environment import World
 from .narrate import Narrator
 from .observe import Observer
 from .timeline import Mark
-from .verdict import DeadLetter, Sent
+from .verdict import DeadLetter, Sent, attempt_ends, running_at
 
 ALERT_NAME = "TaskherdDeadLetterQueue"
 
@@ -242,13 +242,17 @@ class Scenario:
                            if life.cause == "scale-down" and life.pod not in self._removals_told]
                 if removed:
                     self._removals_told.update(removed)
-                    busy = [p for p in removed if snap.in_flight.get(p)]
-                    stayed = [p["metadata"]["name"] for p in snap.pods if not p["metadata"].get("deletionTimestamp")]
-                    stayed_idle = [p for p in stayed if not snap.in_flight.get(p)]
+                    # judged exactly as the verdict does: from the ledger, at the moment of removal
+                    lives = {life.pod: life for life in self.observer.pod_lives()}
+                    ends = attempt_ends(ledger.read_attempts(self.conn))
+                    at = min(lives[p].removed_at for p in removed)
+                    busy = [p for p in removed if running_at(p, lives[p].removed_at, ends)]
+                    stayed = [name for name, life in lives.items() if life.removed_at is None]
+                    stayed_idle = [p for p in stayed if not running_at(p, at, ends)]
                     self.mark("scale", f"scale-down: -{len(removed)} pods")
                     self.say.say(f"the operator scaled down: {len(removed)} pod(s) removed, "
                                  f"{len(removed) - len(busy)} idle, {len(busy)} busy; {len(stayed)} stayed, "
-                                 f"{len(stayed_idle)} of them idle"
+                                 f"{len(stayed_idle)} of them idle at that moment"
                                  + (" (busy pods finish their tasks in the preStop drain before they go)" if busy else ""))
                     self.say.say(f"operator: {snap.pool_status.get('lastScaleReason') or '?'}")
                 s = snap.sample
