@@ -230,6 +230,9 @@ def uninstall(cluster: clusters.Cluster, log: Log) -> None:
     if release_exists(cluster):
         started = time.monotonic()
         helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "180s", timeout=240)
+        # helm waits for the Deployments, not for their pods: wait until the last one has drained and gone
+        clusters.wait_for("the previous release's pods to go", lambda: not cluster.kubectl_json(
+            "get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], 180)
         log(f"helm uninstall {RELEASE}: {time.monotonic() - started:.0f}s")
 
 

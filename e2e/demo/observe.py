@@ -57,6 +57,7 @@ class Observer:
         self.database_url = database_url
         self.t0 = t0
         self.interval = interval
+        self.watch_started = time.time()
         self.samples: list[Sample] = []
         self.latest = Snapshot()
         self.lives: dict[str, PodLife] = {}
@@ -142,6 +143,9 @@ class Observer:
             seen.add(name)
             created = parse_time(p["metadata"].get("creationTimestamp")) or now
             deleted = parse_time(p["metadata"].get("deletionTimestamp"))
+            if name not in self.lives and deleted is not None and deleted - (p["metadata"].get(
+                    "deletionGracePeriodSeconds") or 0) < self.watch_started:
+                continue  # already leaving before we watched (a previous release's pod): not this run's
             life = self.lives.get(name) or PodLife(name, created)
             if deleted is not None and life.removed_at is None:
                 # deletionTimestamp is when the grace period ENDS: the removal was asked that long before

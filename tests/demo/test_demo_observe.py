@@ -28,3 +28,11 @@ def test_removal_causes_and_times():
     # b finally goes: its removal time stays the one first seen
     o._track_lives([pod("c")], now=t + 30)
     assert {p.pod: p for p in o.pod_lives()}["b"].removed_at == t + 5
+
+
+def test_pods_already_leaving_before_the_watch_are_not_this_runs():
+    o = Observer(cluster=None, database_url="", t0=0)
+    o.watch_started = parse_time("2026-01-01T00:01:00Z")
+    o._track_lives([pod("old", deleted="2026-01-01T00:01:30Z", grace=45), pod("new")], now=o.watch_started + 1)
+    o._track_lives([pod("new")], now=o.watch_started + 30)
+    assert [p.pod for p in o.pod_lives()] == ["new"]
