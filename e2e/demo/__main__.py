@@ -132,6 +132,9 @@ def write_results(run_dir: Path, summary: dict, scenario: Scenario | None, verdi
         summary["alerts"] = [a.get("labels") for a in outcome.alerts]
         summary["observer_errors"] = outcome.errors
         summary["samples"] = [dataclasses.asdict(s) for s in samples]
+        summary["pods"] = [{"pod": p.pod, "cause": p.cause, "created_t": round(p.created_at - outcome.t0, 1),
+                            "removed_t": None if p.removed_at is None else round(p.removed_at - outcome.t0, 1)}
+                           for p in scenario.observer.pod_lives()]
         if samples:
             attempts = getattr(scenario, "attempts", None) or _attempts(scenario)
             ends = attempt_ends(attempts)
