@@ -102,6 +102,7 @@ for name in worker operator; do
     imported+=("$out")
     log "$tag saved to $out"
 done
+"${DOCKER[@]}" image prune -f >/dev/null   # superseded builds of the same tags
 printf '%s\n' "${imported[@]}" >"$APP_LIST"
 echo "$src_key" >"$IMAGES_CACHE/app-images.key"
 
