@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
