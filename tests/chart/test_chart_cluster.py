@@ -27,7 +27,7 @@ import pytest
 import redis
 import yaml
 
-from conftest import CHART, REPO
+from conftest import CHART, CI_VALUES, KUBE_VERSION, REPO
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -350,3 +350,17 @@ def test_uninstall_leaves_only_the_crd(release):
     assert release.get("workerpools")["items"] == []
     crd = release.k8s.kubectl_json("get", "crd", "workerpools.taskherd.io")
     assert crd["metadata"]["name"] == "workerpools.taskherd.io"
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.stem)
+def test_every_scenario_is_accepted_by_the_api_server_under_restricted_pss(release, values):
+    """Server-side dry run of each ci/ scenario in the test namespace (which enforces `restricted`):
+    the real API server's schemas, the CRD's CEL rules and Pod Security admission all agree.
+    Prometheus Operator kinds are left out: this cluster has no such CRDs."""
+    rendered = helm(release.k8s, "template", release.name, str(CHART), "-n", release.namespace,
+                    "--kube-version", KUBE_VERSION, "-f", str(values)).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d and not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    result = release.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert result.returncode == 0, result.stderr
+    assert "PodSecurity" not in result.stderr, result.stderr
+    assert len(result.stdout.strip().splitlines()) == len(docs)
