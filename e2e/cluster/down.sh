@@ -11,6 +11,11 @@ take_lock cluster
 BRIDGE=taskherd0
 CRICTL=("$CRICTL_BIN/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 30s)
 
+HOST_MINE=1
+if other=$(other_cluster_home); then
+    HOST_MINE=
+    log "the bridge, iptables chains and pod cgroups belong to the running cluster of TASKHERD_HOME=$other: left alone"
+fi
 stop_proc kubelet 30
 if proc_pid containerd >/dev/null && [ -x "$CRICTL_BIN/crictl" ]; then
     # Stop and remove every pod sandbox the normal way: CNI DEL, network namespace, mounts.
@@ -25,7 +30,7 @@ if [ -x "$K8S_BIN/kube-proxy" ] && iptables -w -t nat -S 2>/dev/null | grep -q '
 fi
 # The kubelet's own chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT) and anything
 # kube-proxy left: KUBE-* belongs to Kubernetes, and the only Kubernetes on this machine is ours.
-if ! proc_pid kubelet >/dev/null && ! proc_pid kube-proxy >/dev/null; then
+if [ -n "$HOST_MINE" ] && ! proc_pid kubelet >/dev/null && ! proc_pid kube-proxy >/dev/null; then
     for ipt in iptables ip6tables; do
         command -v "$ipt" >/dev/null || continue
         for table in filter nat mangle raw; do
@@ -56,7 +61,7 @@ for p in /proc/[0-9]*; do
 done
 # Container processes still in our kubelet's pod cgroups (only after a crash): kill them, then
 # remove the cgroups, deepest first.
-if [ -d /sys/fs/cgroup/pids/kubepods ] || [ -d /sys/fs/cgroup/memory/kubepods ]; then
+if [ -n "$HOST_MINE" ] && { [ -d /sys/fs/cgroup/pids/kubepods ] || [ -d /sys/fs/cgroup/memory/kubepods ]; }; then
     for i in 1 2 3; do
         pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
         [ -n "$pids" ] || break
@@ -92,12 +97,15 @@ if [ -d "$STATE" ]; then
 fi
 
 # Host network set-up.
-if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; log "deleted bridge $BRIDGE"; fi
-while iptables -w -D FORWARD -m comment --comment "taskherd cluster" -j TASKHERD-FORWARD 2>/dev/null; do :; done
-if iptables -w -S TASKHERD-FORWARD >/dev/null 2>&1; then
-    iptables -w -F TASKHERD-FORWARD && iptables -w -X TASKHERD-FORWARD
+if [ -n "$HOST_MINE" ]; then
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; log "deleted bridge $BRIDGE"; fi
+    while iptables -w -D FORWARD -m comment --comment "taskherd cluster" -j TASKHERD-FORWARD 2>/dev/null; do :; done
+    if iptables -w -S TASKHERD-FORWARD >/dev/null 2>&1; then
+        iptables -w -F TASKHERD-FORWARD && iptables -w -X TASKHERD-FORWARD
+    fi
+    if [ "$(cat "$HOST_OWNER_FILE" 2>/dev/null)" = "$(readlink -f "$TASKHERD_HOME")" ]; then rm -f "$HOST_OWNER_FILE"; fi
 fi
-if [ -f "$STATE/host/sysctl.orig" ]; then
+if [ -n "$HOST_MINE" ] && [ -f "$STATE/host/sysctl.orig" ]; then
     # the first value recorded for each key is the one before the cluster
     awk -F= '!seen[$1]++' "$STATE/host/sysctl.orig" | while IFS== read -r k v; do sysctl -qw "$k=$v" || true; done
 fi

@@ -162,3 +162,27 @@ take_lock() {
     fi
     export TASKHERD_LOCK_HELD=$name
 }
+
+# The host-level pieces (bridge taskherd0, iptables chains, the kubelet's kubepods cgroups, sysctls)
+# exist once per machine. This file names the TASKHERD_HOME whose cluster owns them, so that a
+# second checkout with another TASKHERD_HOME neither starts a colliding cluster nor tears down
+# the pieces of a running one.
+HOST_OWNER_FILE=/run/taskherd-cluster.owner
+# Print the other TASKHERD_HOME if a cluster started from it is alive.
+other_cluster_home() {
+    local other f pid exe me
+    [ -f "$HOST_OWNER_FILE" ] || return 1
+    other=$(cat "$HOST_OWNER_FILE")
+    me=$(readlink -f "$TASKHERD_HOME" 2>/dev/null || echo "$TASKHERD_HOME")
+    [ -n "$other" ] && [ "$other" != "$me" ] || return 1
+    for f in "$other"/cluster/run/*.pid; do
+        [ -f "$f" ] || continue
+        read -r pid exe <"$f" || true
+        if [ -n "${pid:-}" ] && [ -d "/proc/$pid" ] &&
+            [ "$(readlink "/proc/$pid/exe" 2>/dev/null | sed 's/ (deleted)$//')" = "$exe" ]; then
+            echo "$other"
+            return 0
+        fi
+    done
+    return 1
+}

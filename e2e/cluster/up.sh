@@ -33,6 +33,10 @@ if healthy; then
     exit 0
 fi
 
+if other=$(other_cluster_home); then
+    die "another taskherd cluster (TASKHERD_HOME=$other) is running on this machine; stop it first: TASKHERD_HOME=$other make cluster-down"
+fi
+
 # ---------------------------------------------------------------- prerequisites
 ensure_apt containerd runc containernetworking-plugins conntrack iptables openssl iproute2 \
     ca-certificates gcc libc6-dev debootstrap
@@ -91,6 +95,7 @@ for port in "$API_PORT" "$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT" 10248 10249 10250 
 done
 
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR" "$PKI" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/host"
+readlink -f "$TASKHERD_HOME" >"$HOST_OWNER_FILE"
 
 # cgroup v1 controllers: the kubelet needs cpu, cpuacct, cpuset, memory (pids, hugetlb optional).
 if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
