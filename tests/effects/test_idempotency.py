@@ -27,6 +27,10 @@ def test_decision_on_each_record_state():
     assert (busy.action, busy.holder, busy.retry_after) == (Action.BUSY, "host:1", 2.5)
     done = decide(False, done_record("host:2", {"charged": 5}), 1000)
     assert (done.action, done.result) == (Action.RETURN, {"charged": 5})
+    # A claim re-sent after a lost reply finds its own record: it won the first time.
+    mine = in_progress_record("host:3")
+    assert decide(False, mine.encode(), 30000, own_record=mine).action is Action.RUN
+    assert decide(False, in_progress_record("host:3"), 30000, own_record=mine).action is Action.BUSY
     with pytest.raises(ValueError, match="state 'weird'"):
         decide(False, '{"state": "weird"}', 10)
 
@@ -70,6 +74,21 @@ def redis_client(redis_url):
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+def test_store_scripts_survive_an_empty_script_cache_and_a_dropped_connection(redis_url):
+    from taskherd.worker.idempotency.scripts import Scripts
+
+    name = f"scripts-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url, client_name=name)
+    echo = Scripts(client).register(f"return '{name}:' .. ARGV[1]")  # new source: not in the cache
+    assert echo(keys=[], args=["a"]) == f"{name}:a".encode()           # NOSCRIPT, then EVAL
+    assert echo(keys=[], args=["b"]) == f"{name}:b".encode()           # EVALSHA
+    admin = redis.Redis.from_url(redis_url)
+    [ours] = [c for c in admin.client_list() if c["name"] == name]
+    admin.client_kill_filter(_id=ours["id"])
+    assert echo(keys=[], args=["c"]) == f"{name}:c".encode()           # reconnected and re-sent once
+    admin.close()
 
 
 def test_redis_duplicate_threads_run_the_effect_once(redis_client):

@@ -31,6 +31,10 @@ class Decision:
     retry_after: float = 0.0
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def in_progress_record(holder: str) -> str:
     # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
     return json.dumps({"state": IN_PROGRESS, "holder": holder, "token": uuid.uuid4().hex})
@@ -40,9 +44,15 @@ def done_record(holder: str, result: Any) -> str:
     return json.dumps({"state": DONE, "holder": holder, "result": result})
 
 
-def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int) -> Decision:
-    """What to do after the claim script: `claimed` if SET NX won, else the existing record."""
+def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: str | None = None) -> Decision:
+    """What to do after the claim script: `claimed` if SET NX won, else the existing record.
+
+    `own_record` is the record this claim tried to set: finding it means an earlier try of this
+    same claim won and only its reply was lost (the claim is re-sent after a dropped connection).
+    """
     if claimed:
+        return Decision(Action.RUN)
+    if raw is not None and own_record is not None and _text(raw) == own_record:
         return Decision(Action.RUN)
     if raw is None:  # expired between calls; the caller simply tries again
         return Decision(Action.BUSY, retry_after=0.0)

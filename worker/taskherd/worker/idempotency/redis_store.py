@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
 from .records import Action, decide, done_record, in_progress_record
 from .renewer import renewer
+from .scripts import Scripts
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +48,11 @@ _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
-# 1: ours, now done. 2: our lease had expired but nobody took the key: done too. 0: taken over.
+# 1: ours, now done (or already, when a lost reply made us run it twice). 2: our lease had expired
+# but nobody took the key: done too. 0: taken over.
 _COMPLETE = """
 local current = redis.call('get', KEYS[1])
-if current == ARGV[1] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
+if current == ARGV[1] or current == ARGV[2] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 if not current then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 2 end
 return 0
 """
@@ -87,10 +89,11 @@ class RedisStore:
         self.result_ttl_seconds = _positive("result_ttl_seconds", result_ttl_seconds, self.lease_seconds)
         #: how often `wait_seconds` polls a busy key
         self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
-        self._claim = client.register_script(_CLAIM)
-        self._renew = client.register_script(_RENEW)
-        self._complete = client.register_script(_COMPLETE)
-        self._release = client.register_script(_RELEASE)
+        scripts = Scripts(client)
+        self._claim = scripts.register(_CLAIM)
+        self._renew = scripts.register(_RENEW)
+        self._complete = scripts.register(_COMPLETE)
+        self._release = scripts.register(_RELEASE)
 
     def state(self, key: str) -> dict | None:
         """The stored record for `key` (for inspection and tests), or None."""
@@ -110,7 +113,7 @@ class RedisStore:
                 claimed, *rest = self._claim(keys=[redis_key], args=[record, lease_ms])
             except _UNREACHABLE as exc:
                 raise StoreUnavailable(key, cause=exc) from exc
-            decision = decide(bool(claimed), *(rest or [None, 0]))
+            decision = decide(bool(claimed), *(rest or [None, 0]), own_record=record)
             if decision.action is not Action.BUSY:
                 break
             if time.monotonic() >= deadline:
