@@ -6,7 +6,8 @@ Resolution order (:func:`resolve`):
    us at);
 2. kind, when a ``kind`` binary (on PATH or built by ``make kind-binary``) and a kind node image
    (``kindest/node``) in the local docker are both present: the ``taskherd`` kind cluster is
-   created if needed and its kubeconfig written to ``$TASKHERD_HOME/kind/kubeconfig``;
+   created if needed, the image archives of ``make images`` (and the base image) are loaded into it
+   when present, and its kubeconfig is written to ``$TASKHERD_HOME/kind/kubeconfig``;
 3. the local cluster of ``make cluster``: ``$TASKHERD_HOME/cluster/admin.kubeconfig``.
 
 kubectl and helm are the ones built by ``make cluster-binaries`` (pinned in
@@ -189,6 +190,14 @@ def _ensure_kind(kind: str, image: str) -> str:
              "--kubeconfig", str(kubeconfig), "--wait", "180s"],
             check=True, timeout=600,
         )
+    # the images `make images` built (and the debootstrap base the smoke tests use), when present
+    images = taskherd_home() / "images"
+    archives = [images / "worker.tar", images / "operator.tar"] + sorted(images.glob("debian-base-*.tar"))[-1:]
+    for archive in archives:
+        if archive.is_file():
+            log.info("kind: loading %s", archive)
+            subprocess.run([kind, "load", "image-archive", str(archive), "--name", KIND_CLUSTER_NAME],
+                           check=True, timeout=600)
     r = subprocess.run([kind, "get", "kubeconfig", "--name", KIND_CLUSTER_NAME],
                        capture_output=True, text=True, check=True, timeout=60)
     kubeconfig.write_text(r.stdout)

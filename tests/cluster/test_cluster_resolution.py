@@ -76,6 +76,21 @@ def test_kind_needs_binary_and_node_image(env, tmp_path):
     assert "kind: Config" in Path(c.kubeconfig).read_text()
     calls = (tmp_path / "kind.log").read_text()
     assert "create" not in calls  # the taskherd kind cluster already exists: reused
+    assert "load" not in calls  # no image archives built here
+
+
+def test_kind_gets_the_built_images(env, tmp_path):
+    home, bindir = env
+    (home / "images").mkdir(parents=True)
+    for name in ("worker.tar", "operator.tar", "debian-base-bookworm-abc.tar"):
+        (home / "images" / name).write_bytes(b"")
+    add_kind(bindir, tmp_path / "kind.log")
+    add_docker(bindir, "kindest/node:v1.34.0\n")
+    assert clusterlib.resolve().source == "kind"
+    loads = [line for line in (tmp_path / "kind.log").read_text().splitlines() if line.startswith("load")]
+    assert [line.split()[2].rsplit("/", 1)[1] for line in loads] == [
+        "worker.tar", "operator.tar", "debian-base-bookworm-abc.tar"]
+    assert all("--name taskherd" in line for line in loads)
 
 
 def test_kind_cluster_created_when_missing(env, tmp_path):
