@@ -205,6 +205,15 @@ def _ensure_kind(kind: str, image: str) -> str:
     return str(kubeconfig)
 
 
+def selected_source() -> str:
+    """Which cluster resolve() would use ("explicit", "kind" or "local"), without side effects."""
+    if os.environ.get("TASKHERD_KUBECONFIG") or os.environ.get("KUBECONFIG"):
+        return "explicit"
+    if kind_path() and kind_node_image():
+        return "kind"
+    return "local"
+
+
 def resolve() -> Cluster:
     """Pick the cluster: explicit kubeconfig, else kind (binary + node image), else local."""
     kubectl, helm = kubectl_path(), helm_path()
