@@ -130,7 +130,7 @@ def write_results(run_dir: Path, summary: dict, scenario: Scenario | None, verdi
         summary["marks"] = [dataclasses.asdict(m) for m in outcome.marks]
         summary["oom"] = outcome.oom_detail
         summary["alerts"] = [a.get("labels") for a in outcome.alerts]
-        summary["observer_errors"] = outcome.errors
+        summary["observer_errors"] = scenario.observer.errors
         summary["samples"] = [dataclasses.asdict(s) for s in samples]
         summary["pods"] = [{"pod": p.pod, "cause": p.cause, "created_t": round(p.created_at - outcome.t0, 1),
                             "removed_t": None if p.removed_at is None else round(p.removed_at - outcome.t0, 1)}

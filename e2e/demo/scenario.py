@@ -190,6 +190,7 @@ class Scenario:
         deadline = time.monotonic() + self.plan.drain_timeout
         while True:
             time.sleep(self.observer.interval)
+            self._check_sight()
             snap = self.observer.latest
             effects = self.effects()
             if self.hogs and not hog_sent and self.t() >= 4:
@@ -233,6 +234,7 @@ class Scenario:
                 sent += 1
                 next_send += self.plan.trickle_interval
             time.sleep(0.5)
+            self._check_sight()
             snap = self.observer.latest
             if time.time() - self._last_status >= self.observer.interval:
                 effects = self.effects()
@@ -263,6 +265,13 @@ class Scenario:
             if time.monotonic() > deadline:
                 raise ScenarioError(f"the pool did not scale back to {minimum} in time: "
                                     f"{snap.sample}, operator: {snap.pool_status.get('lastDecisionReason')}")
+
+    def _check_sight(self) -> None:
+        """The watch must be current: a cluster that went away is the reason, not a stuck backlog."""
+        stale = time.time() - self.observer.latest.at
+        if stale > 30:
+            raise ScenarioError(f"lost sight of the cluster for {stale:.0f}s (was it restarted or stopped?); "
+                                f"last errors: {self.observer.errors[-3:]}")
 
     # ---- narration and faults
     def _narrate(self, snap, effects: dict[str, int], expected: int) -> None:
