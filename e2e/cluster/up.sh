@@ -38,7 +38,7 @@ if other=$(other_cluster_home); then
 fi
 
 # ---------------------------------------------------------------- prerequisites
-ensure_apt containerd runc containernetworking-plugins conntrack iptables openssl iproute2 \
+ensure_apt containerd runc containernetworking-plugins conntrack iptables openssl iproute2 curl util-linux \
     ca-certificates gcc libc6-dev debootstrap
 [ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/host-local" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
     die "CNI plugins missing in $CNI_BIN_DIR"
