@@ -76,6 +76,8 @@ class Verdict:
     unexpected_effects: list[str]
     attempts_per_task: dict[int, int]  #: number of attempts -> number of charges
     interrupted_attempts: int  #: attempts that never finished (worker killed under them)
+    #: attempts on force-deleted pods that never finished (the others ended within the kubelet's 2 s)
+    attempts_cut_by_kills: int
     dlq: list[dict]
     alerts: int
     pods_killed: int
@@ -202,6 +204,8 @@ def judge(sent: Sent, observed: Observed) -> Verdict:
         unexpected_effects=unexpected,
         attempts_per_task=attempts_histogram(observed.attempts, sent.charges),
         interrupted_attempts=sum(1 for a in observed.attempts if a.finished_at is None),
+        attempts_cut_by_kills=sum(1 for a in observed.attempts if a.finished_at is None
+                                  and a.worker in {p.pod for p in kills}),
         dlq=[asdict(d) for d in observed.dead_letters],
         alerts=len(observed.alerts),
         pods_killed=len(kills),

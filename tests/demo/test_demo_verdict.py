@@ -36,6 +36,7 @@ def test_clean_run_passes_and_counts_attempts():
     assert v.effects_recorded_once == 3
     assert v.attempts_per_task == {1: 2, 2: 1}
     assert v.interrupted_attempts == 1
+    assert v.attempts_cut_by_kills == 0  # the unfinished attempt ran on w1, which was not killed
     assert v.pods_killed == 1 and v.pods_removed_by_scale_down == 1
     assert [d["key"] for d in v.dlq] == ["bad1", "r1"]
 
