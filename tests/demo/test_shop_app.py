@@ -41,12 +41,14 @@ def runtime_env(directory: Path) -> dict[str, str]:
 
 
 def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
-        broker_url, pg_dsn, worker_factory, unique_name, tmp_path):
+        broker_url, pg_dsn, worker_factory, unique_name, tmp_path, monkeypatch):
     management_url = os.environ.get("TASKHERD_RABBITMQ_API_URL")
     env = {"TASKHERD_BROKER_URL": broker_url, "SHOP_DATABASE_URL": pg_dsn, "SHOP_QUEUE": unique_name,
            "SHOP_CHARGE_SECONDS": "0.8", "SHOP_GATEWAY_FAILURE_RATE": "0.3",
            "PYTHONPATH": str(SHOP)}
-    os.environ.setdefault("TASKHERD_BROKER_URL", broker_url)  # shop.app builds its module-level app on import
+    # configure() lets TASKHERD_BROKER_URL win over the app's broker (the chart's contract): the
+    # producer in this process must see this test's broker
+    monkeypatch.setenv("TASKHERD_BROKER_URL", broker_url)
     from shop import db
     from shop.app import make_app
 
@@ -70,7 +72,8 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
             row = wait_until("a charge in flight", lambda: conn.execute(
                 "SELECT key, pid FROM shop_attempts WHERE finished_at IS NULL AND task_name = 'shop.charge' "
                 "AND started_at < clock_timestamp() - interval '0.2 s' AND NOT (key = ANY(%s)) "
-                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), timeout=30)
+                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), timeout=30,
+                explain=lambda: "\n".join(w.tail(30) for w in workers))
             os.kill(row[1], signal.SIGKILL)
             killed.append(row[0])
 
@@ -135,13 +138,13 @@ class MemoryCgroup:
 
 
 def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(redis_url, pg_dsn, worker_factory,
-                                                                               unique_name, tmp_path):
+                                                                               unique_name, tmp_path, monkeypatch):
     """What the demo's OOM fault relies on: the kernel kills the pool child running the report, the
     message comes back (reject on worker lost), and after max_deliveries (3) taskherd dead-letters it
     unrun while the charges beside it complete."""
     env = {"TASKHERD_BROKER_URL": redis_url, "SHOP_DATABASE_URL": pg_dsn, "SHOP_QUEUE": unique_name,
            "SHOP_CHARGE_SECONDS": "0.2", "SHOP_GATEWAY_FAILURE_RATE": "0", "PYTHONPATH": str(SHOP)}
-    os.environ.setdefault("TASKHERD_BROKER_URL", redis_url)
+    monkeypatch.setenv("TASKHERD_BROKER_URL", redis_url)
     from shop import db
     from shop.app import make_app
 
