@@ -28,7 +28,9 @@ help:
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[operator,test,demo]'
+	# compat mode puts a plain path in a .pth file: the default mode's import hook would load `re`
+	# and friends into every interpreter, `taskherd probe` included (it must stay import-light).
+	$(PY) -m pip install -q -e '.[operator,test,demo]' --config-settings editable_mode=compat
 	touch $@
 
 venv: $(VENV)/.installed

@@ -27,6 +27,16 @@ def _required_env(name: str) -> str:
     return value
 
 
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Whatever a test (or code it drives in-process) puts in os.environ goes away after it:
+    configure() reads TASKHERD_* variables, so one leaked variable would reconfigure every later test."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def unique_name(request) -> str:
     """A name no other test uses: for queues, keys and task names."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BROKER, render_error
+from conftest import BROKER, render, render_error
 
 
 def pool(**overrides) -> dict:
@@ -85,8 +85,6 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_visibility_timeout_is_not_checked_on_rabbitmq():
-    from conftest import render
-
     values = values_with(pool(timeLimits={"softSeconds": 5000, "hardSeconds": 7200}))
     values["broker"] = {**values["broker"], "type": "rabbitmq", "ports": [5672]}
     assert render(values=values)
