@@ -27,7 +27,7 @@ import pytest
 import redis
 import yaml
 
-from conftest import CHART, CI_VALUES, KUBE_VERSION, REPO
+from chart_support import CHART, CI_VALUES, KUBE_VERSION, REPO
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import CHART, CI_VALUES, TASKHERD_HOME, helm, template_args
+from chart_support import CHART, CI_VALUES, TASKHERD_HOME, helm, template_args
 
 # checkov pins many libraries of its own: it lives in its own venv (mk/chart.mk builds it).
 CHECKOV = TASKHERD_HOME / "venv-checkov" / "bin" / "checkov"

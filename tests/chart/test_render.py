@@ -7,7 +7,7 @@ import shutil
 import pytest
 import yaml
 
-from conftest import BROKER, CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, render
+from chart_support import BROKER, CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, render
 
 WORKER = "taskherd-worker"
 

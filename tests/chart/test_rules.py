@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHART
+from chart_support import CHART
 
 HERE = Path(__file__).parent
 RULES = CHART / "files" / "prometheus-rules.yaml"

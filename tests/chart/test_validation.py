@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BROKER, render, render_error
+from chart_support import BROKER, render, render_error
 
 
 def pool(**overrides) -> dict:

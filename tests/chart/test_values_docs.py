@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from conftest import CHART
+from chart_support import CHART
 
 GEN = CHART / "hack" / "gen-readme.py"
 

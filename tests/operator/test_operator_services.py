@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from taskherd.worker import stamping
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import FakeKube  # noqa: E402
@@ -36,6 +38,9 @@ class SecretKube(FakeKube):
 
 
 def publish(url: str, queue: str, count: int, *, age: float) -> None:
+    # The stamps below fake an old backlog; the stamping hook (process-wide once any test in this
+    # process called configure()) would overwrite them with "now".
+    stamping.uninstall()
     app = Celery(broker=url)
     for i in range(count):
         app.send_task("t.noop", args=(i,), queue=queue, headers={"taskherd_published_at": time.time() - age},

@@ -5,7 +5,7 @@ import uuid
 
 from kombu import Connection, Producer
 
-from conftest import core_env, dead_letters, wait_for  # noqa: F401
+from worker_support import core_env, dead_letters, wait_for  # noqa: F401
 
 
 class _Exploit:

@@ -12,7 +12,7 @@ import redis
 from taskherd.worker.dlq_cli import main
 from taskherd.worker.deadletter import dead_letter_queue_declaration
 
-from conftest import core_env, dead_letters, wait_for  # noqa: F401
+from worker_support import core_env, dead_letters, wait_for  # noqa: F401
 
 
 def dlq(*argv, stdin=""):

@@ -3,7 +3,7 @@ import httpx
 import pytest
 from urllib.parse import unquote, urlsplit
 
-from conftest import core_env, dead_letters, wait_for  # noqa: F401
+from worker_support import core_env, dead_letters, wait_for  # noqa: F401
 
 
 def _queue_info(api_url: str, amqp_url: str, name: str) -> dict:

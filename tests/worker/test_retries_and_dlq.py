@@ -3,7 +3,7 @@ dead-letter; a validation error dead-letters after one attempt with a complete e
 import socket
 import time
 
-from conftest import core_env, dead_letters, wait_for  # noqa: F401  (tests/worker/conftest.py)
+from worker_support import core_env, dead_letters, wait_for  # noqa: F401  (tests/worker/conftest.py)
 
 
 def test_always_transient_failure_retries_max_retries_times_then_dead_letters(

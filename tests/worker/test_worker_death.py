@@ -5,7 +5,7 @@ import signal
 
 import redis
 
-from conftest import core_env, dead_letters, wait_for  # noqa: F401
+from worker_support import core_env, dead_letters, wait_for  # noqa: F401
 
 
 def test_sigkill_of_a_prefork_child_mid_task_redelivers_the_task(

@@ -1,0 +1,78 @@
+"""Helpers for the reliability-core tests: a recording Redis next to each broker, DLQ reading."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+import redis
+from celery import Celery
+
+from taskherd.worker import configure
+from taskherd.worker.dlq_cli import DeadLetter, open_dead_letters
+
+
+@pytest.fixture
+def record_url(broker_url, request) -> str:
+    """Where test tasks record their runs: the broker's own database on Redis, a leased one otherwise."""
+    return broker_url if broker_url.startswith("redis") else request.getfixturevalue("redis_url")
+
+
+@pytest.fixture
+def recorded(record_url) -> Callable[[str], list[tuple[float, int, str]]]:
+    client = redis.Redis.from_url(record_url)
+
+    def read(key: str) -> list[tuple[float, int, str]]:
+        rows = []
+        for raw in client.lrange(key, 0, -1):
+            when, pid, value = raw.decode().split("|", 2)
+            rows.append((float(when), int(pid), value))
+        return rows
+
+    yield read
+    client.close()
+
+
+@pytest.fixture
+def producer(broker_url, record_url, unique_name):
+    """The producer side of the app: the same profile, so it declares the queue as workers do
+    (RabbitMQ refuses a second declaration with different arguments)."""
+    app = Celery("producer", broker=broker_url, set_as_current=False)
+    app.conf.update(broker_connection_retry_on_startup=True)
+    configure(app, queues=[unique_name], delivery_counter_url=record_url)
+    yield app
+    app.close()
+
+
+def core_env(broker_url: str, queue: str, record_url: str, **knobs: str) -> dict[str, str]:
+    env = {"TEST_BROKER_URL": broker_url, "TEST_QUEUE": queue, "TEST_RECORD_URL": record_url,
+           "TEST_COUNTER_URL": record_url}
+    env.update({f"TEST_{k.upper()}": str(v) for k, v in knobs.items()})
+    return env
+
+
+def dead_letters(broker_url: str, queue: str) -> list[DeadLetter]:
+    """The DLQ's messages, left in place; [] while the DLQ does not exist yet."""
+    from amqp.exceptions import NotFound
+
+    store = open_dead_letters(broker_url, f"{queue}.dlq")
+    try:
+        return store.letters()
+    except NotFound:
+        return []
+    finally:
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - a channel closed by the NotFound above
+            pass
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
