@@ -62,7 +62,12 @@ ldflags() {
         done
         echo "-s -w ${f[*]}" ;;
     helm)
-        echo "-s -w -X helm.sh/helm/v3/internal/version.version=$VER -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+        # helm's own Makefile sets the Kubernetes version `helm template`/`lint` assume; without it
+        # they assume v1.20 and refuse charts with kubeVersion ">=1.29". Assume the cluster's.
+        local kube_minor=${KUBERNETES_VERSION#v1.}; kube_minor=${kube_minor%%.*}
+        echo "-s -w -X helm.sh/helm/v3/internal/version.version=$VER -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+             "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$kube_minor" \
+             "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$kube_minor" ;;
     coredns)
         echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$VER" ;;
     crictl) echo "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$VER" ;;
