@@ -82,3 +82,19 @@ def test_real_aiohttp_and_urllib3_errors():
     assert classify(urllib3.exceptions.NewConnectionError(None, "refused"))
     assert classify(urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"))
     assert not classify(urllib3.exceptions.LocationParseError("::bad"))
+
+
+def test_real_database_and_cache_connection_errors_are_transient_and_their_data_errors_are_not():
+    import psycopg
+    import redis
+
+    classifier = make_classifier()
+    with pytest.raises(psycopg.OperationalError) as lost_database:
+        psycopg.connect("postgresql://nobody@127.0.0.1:1/none", connect_timeout=2)
+    with pytest.raises(redis.ConnectionError) as lost_cache:
+        redis.Redis(port=1, socket_connect_timeout=2).ping()
+    assert classifier.is_transient(lost_database.value)
+    assert classifier.is_transient(lost_cache.value)
+    assert classifier.is_transient(psycopg.errors.DeadlockDetected("deadlock detected"))
+    assert not classifier.is_transient(psycopg.errors.UniqueViolation("duplicate key"))
+    assert not classifier.is_transient(redis.ResponseError("WRONGTYPE"))

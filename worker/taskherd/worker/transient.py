@@ -3,7 +3,8 @@
 Decided from the exception alone, without importing any HTTP client: a client that is not
 installed cannot have raised the exception, and importing one just to ``isinstance`` against it
 would make every worker pay for every client. HTTP errors are recognised by the module of their
-class (``requests``, ``httpx``, ``urllib3``, ``aiohttp``) and their status code.
+class (``requests``, ``httpx``, ``urllib3``, ``aiohttp``) and their status code; database and cache
+drivers' connection errors (psycopg, psycopg2, redis) by module and class name.
 """
 from __future__ import annotations
 
@@ -51,6 +52,20 @@ _HTTP_TRANSIENT_NAMES = frozenset({
     "ClientConnectionError", "ServerTimeoutError", "ServerDisconnectedError",
     "ClientConnectorError", "ClientPayloadError",
 })
+
+
+#: Database and cache clients' errors that pass by themselves, by (root module, class name) anywhere
+#: in the MRO: a dropped connection, a server restarting, a deadlock or serialization failure
+#: (psycopg's DeadlockDetected and SerializationFailure are OperationalErrors). redis-py's
+#: ConnectionError is not the builtin one, so the builtin check alone would miss it.
+_DRIVER_TRANSIENT = frozenset({
+    ("psycopg", "OperationalError"), ("psycopg2", "OperationalError"),
+    ("redis", "ConnectionError"), ("redis", "TimeoutError"), ("redis", "BusyLoadingError"),
+})
+
+
+def _is_transient_driver_error(exc: BaseException) -> bool:
+    return any((_root_module(cls), cls.__name__) in _DRIVER_TRANSIENT for cls in type(exc).__mro__)
 
 
 def _root_module(cls: type) -> str:
@@ -107,7 +122,7 @@ class ErrorClassifier:
             # A 4xx other than 408/425/429 is the request's fault even though the client's
             # HTTPError may subclass an IOError-like base: decide on the status first.
             return _is_transient_http(exc)
-        return isinstance(exc, self.transient)
+        return isinstance(exc, self.transient) or _is_transient_driver_error(exc)
 
 
 def make_classifier(*, transient: Iterable[type[BaseException]] = (),
