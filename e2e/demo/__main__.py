@@ -87,7 +87,7 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
         outcome = scenario.run()
         summary["timings"].update({f"{k}_seconds": v for k, v in outcome.phase_seconds.items()})
         verdict = judge_run(scenario, outcome, world)
-    except (ScenarioError, deploy.DeployError, environment.EnvironmentError_, clusters.ClusterUnavailable,
+    except (ScenarioError, deploy.DeployError, environment.ServiceError, clusters.ClusterUnavailable,
             clusters.CommandFailed, clusters.WaitTimeout) as exc:
         error = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - reported with its traceback, never swallowed

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -242,11 +240,3 @@ def delete_namespace(cluster: clusters.Cluster, log: Log) -> None:
     if r.returncode != 0:
         raise DeployError(f"deleting namespace {NAMESPACE}: {r.stderr.strip()}")
     log(f"namespace {NAMESPACE} deleted")
-
-
-def helm_available(cluster: clusters.Cluster) -> bool:
-    return Path(cluster.helm_bin).is_file() or shutil.which(cluster.helm_bin) is not None
-
-
-def dump_json(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)

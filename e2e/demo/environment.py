@@ -37,7 +37,7 @@ LEASE_TOKEN = "taskherd-demo"
 LEASE_SECONDS = 7 * 24 * 3600
 
 
-class EnvironmentError_(RuntimeError):
+class ServiceError(RuntimeError):
     """A service the demo needs is missing or unreachable; the message says which and how to fix it."""
 
 
@@ -77,7 +77,7 @@ def services_up(pod_address: str, log) -> None:
     r = subprocess.run(["bash", "scripts/services.sh", "up"], cwd=REPO_ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
-        raise EnvironmentError_(f"scripts/services.sh up failed ({r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}")
+        raise ServiceError(f"scripts/services.sh up failed ({r.returncode}):\n{(r.stderr or r.stdout)[-2000:]}")
 
 
 def ensure_reachable_from_pods(pod_address: str, log) -> tuple[int, ...]:
@@ -90,7 +90,7 @@ def ensure_reachable_from_pods(pod_address: str, log) -> tuple[int, ...]:
                 forwarded.append(port)
             continue
         if not listening("127.0.0.1", port):
-            raise EnvironmentError_(f"{name} is not listening on 127.0.0.1:{port}: `bash scripts/services.sh up`")
+            raise ServiceError(f"{name} is not listening on 127.0.0.1:{port}: `bash scripts/services.sh up`")
         start_forwarder(pod_address, port)
         forwarded.append(port)
     if forwarded:
@@ -99,7 +99,7 @@ def ensure_reachable_from_pods(pod_address: str, log) -> tuple[int, ...]:
             f"TASKHERD_SERVICES_BIND=127.0.0.1,{pod_address} to connect the pods directly.")
     for name in ("management", "alertmanager"):
         if not listening(pod_address, PORTS[name]):
-            raise EnvironmentError_(f"{name} does not answer on {pod_address}:{PORTS[name]} (pods could not reach it)")
+            raise ServiceError(f"{name} does not answer on {pod_address}:{PORTS[name]} (pods could not reach it)")
     return tuple(forwarded)
 
 
@@ -123,9 +123,9 @@ def start_forwarder(address: str, port: int) -> None:
         if listening(address, port, timeout=0.2):
             return
         if proc.poll() is not None:
-            raise EnvironmentError_(f"socat forwarding {address}:{port} exited: {log_path.read_text()[-500:]}")
+            raise ServiceError(f"socat forwarding {address}:{port} exited: {log_path.read_text()[-500:]}")
         time.sleep(0.1)
-    raise EnvironmentError_(f"socat forwarding {address}:{port} is not listening after 5 s")
+    raise ServiceError(f"socat forwarding {address}:{port} is not listening after 5 s")
 
 
 def forwarder_alive(port: int) -> bool:
@@ -170,7 +170,7 @@ def lease_redis_database() -> int:
                 return index
     finally:
         control.close()
-    raise EnvironmentError_("every Redis database index 1-15 is leased (tests running?): try again shortly")
+    raise ServiceError("every Redis database index 1-15 is leased (tests running?): try again shortly")
 
 
 def release_redis_database() -> int | None:

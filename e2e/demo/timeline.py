@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 #: mark kind -> colour of its vertical line
 MARK_COLOURS: dict[str, str] = {
@@ -132,7 +132,3 @@ def _legend(*axes) -> None:
         handles += h
         labels += lab
     axes[0].legend(handles, labels, loc="center right", fontsize="small")
-
-
-def samples_as_dicts(samples: Iterable[Sample]) -> list[Mapping]:
-    return [s.__dict__ for s in samples]
