@@ -11,7 +11,6 @@ cluster's pods cannot reach the host's loopback. Local cluster only (`make clust
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re

@@ -3,7 +3,6 @@
 standing in for the real CLIs, so that no kind cluster is created here."""
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 

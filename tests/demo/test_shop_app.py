@@ -19,19 +19,10 @@ sys.path.insert(0, str(REPO))  # e2e.demo
 sys.path.insert(0, str(SHOP))  # shop (make_app, db) for the producer side
 
 from e2e.demo import ledger  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 from e2e.demo.verdict import Observed, Sent, judge  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def wait_until(what, check, timeout, interval=0.3, explain=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{explain()}")
 
 
 def runtime_env(directory: Path) -> dict[str, str]:
@@ -69,10 +60,10 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
     killed: list[str] = []
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for _ in range(2):  # SIGKILL the pool child running a charge, twice (what an OOM kill does)
-            row = wait_until("a charge in flight", lambda: conn.execute(
+            row = wait_until(lambda: conn.execute(
                 "SELECT key, pid FROM shop_attempts WHERE finished_at IS NULL AND task_name = 'shop.charge' "
                 "AND started_at < clock_timestamp() - interval '0.2 s' AND NOT (key = ANY(%s)) "
-                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), timeout=30,
+                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), what="a charge in flight", timeout=30,
                 explain=lambda: "\n".join(w.tail(30) for w in workers))
             os.kill(row[1], signal.SIGKILL)
             killed.append(row[0])
@@ -88,7 +79,7 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
                     f"dlq: {ledger.read_dead_letters(broker_url, f'{unique_name}.dlq', management_url=management_url)}\n"
                     + "\n".join(w.tail(40) for w in workers))
 
-        effects, dead = wait_until("every charge recorded and the poison dead-lettered", settled, timeout=90,
+        effects, dead = wait_until(settled, what="every charge recorded and the poison dead-lettered", timeout=90,
                                    explain=explain)
         time.sleep(2)  # a duplicate would show up now: the killed children's messages are back in play
         effects, attempts = ledger.read_effects(conn), ledger.read_attempts(conn)
@@ -161,10 +152,10 @@ def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(red
         for i, c in enumerate(charges):
             producer.send_task("shop.charge", kwargs={"charge_id": c, "customer": "c", "amount_cents": 100 + i},
                                queue=unique_name)
-        dead = wait_until("the report in the DLQ", lambda: ledger.read_dead_letters(redis_url, f"{unique_name}.dlq"),
+        dead = wait_until(lambda: ledger.read_dead_letters(redis_url, f"{unique_name}.dlq"), what="the report in the DLQ",
                           timeout=120, explain=lambda: worker.tail(40))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            wait_until("the charges", lambda: all(ledger.read_effects(conn).get(c) for c in charges), timeout=60)
+            wait_until(lambda: all(ledger.read_effects(conn).get(c) for c in charges), what="the charges", timeout=60)
             attempts = [a for a in ledger.read_attempts(conn) if a.task_name == "shop.build_report"]
         assert cgroup.oom_kills() >= 1
         [report] = dead

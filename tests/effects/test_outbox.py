@@ -16,10 +16,11 @@ import psycopg
 import pytest
 
 from apps.effects_schema import create_tables
+from support.waiting import wait_until
 from taskherd.worker import outbox
 
 from .conftest import TESTS_DIR, subprocess_env
-from .test_worker_sigkill import rows, wait_until
+from .test_worker_sigkill import rows
 
 
 class Relay:
@@ -34,7 +35,7 @@ class Relay:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_log(self, needle: str, timeout: float = 60) -> None:
-        wait_until(lambda: needle in self.log() or self.process.poll() is not None, timeout, needle)
+        wait_until(lambda: needle in self.log() or self.process.poll() is not None, timeout=timeout, what=needle)
         assert needle in self.log(), self.log()
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
@@ -83,7 +84,7 @@ def wait_for_queue_depth(api_url: str, amqp_url: str, queue: str, expected: int)
             seen.append(c.get(f"/api/queues/{vhost}/{queue}").json().get("messages"))
             return seen[-1] == expected
         try:
-            wait_until(depth_is_expected, 30, f"{expected} messages in {queue}", interval=0.5)
+            wait_until(depth_is_expected, timeout=30, what=f"{expected} messages in {queue}", interval=0.5)
         except AssertionError:
             raise AssertionError(f"queue {queue} holds {seen[-1]} messages, expected {expected}") from None
 
@@ -125,7 +126,7 @@ def test_relay_killed_between_publish_and_mark_loses_nothing_and_repeats_no_effe
     wait_for_queue_depth(rabbitmq_api_url, amqp_url, unique_name, 20)  # every row, twice
 
     worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=2)
-    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM attempts") == [(20,)], 60, "20 deliveries")
+    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM attempts") == [(20,)], timeout=60, what="20 deliveries")
     time.sleep(1)
     ledger = rows(outbox_dsn, "SELECT key FROM ledger ORDER BY key")
     assert sorted(f"task:{i}" for i in ids) == [k for (k,) in ledger]
@@ -140,7 +141,7 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
             for name in ("a", "b")]
     # Both relays are polling (connected to the database) before the rows arrive.
     wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                        "AND application_name = 'taskherd-outbox-relay'") == [(2,)], 60, "two relays")
+                                        "AND application_name = 'taskherd-outbox-relay'") == [(2,)], timeout=60, what="two relays")
 
     ids: list[str] = []
     for batch in range(20):  # 20 transactions of 50 rows, while both relays run
@@ -150,9 +151,9 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
     assert len(ids) == 1000
 
     wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL") == [(0,)],
-               120, "all rows relayed")
+               timeout=120, what="all rows relayed")
     wait_until(lambda: rows(outbox_dsn, "SELECT count(DISTINCT task_id) FROM attempts") == [(1000,)],
-               180, "1000 tasks run", interval=0.5)
+               timeout=180, what="1000 tasks run", interval=0.5)
     for relay in pair:
         assert relay.stop() == 0, relay.log()
     relayed_by = dict(rows(outbox_dsn, "SELECT relayed_by, count(*) FROM taskherd_outbox GROUP BY relayed_by"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import redis
+
+from support.waiting import wait_until
 
 TASKHERD = [sys.executable, "-m", "taskherd.cli"]
 
@@ -23,16 +24,6 @@ def probe(kind: str, directory: Path, *options: str) -> tuple[int, str]:
     done = subprocess.run([*TASKHERD, "probe", kind, "--dir", str(directory), *options],
                           capture_output=True, text=True, timeout=30)
     return done.returncode, (done.stdout + done.stderr).strip()
-
-
-def wait_until(condition, *, timeout: float, interval: float = 0.2, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{message} not met within {timeout}s")
 
 
 class PrivateRedis:
@@ -54,7 +45,7 @@ class PrivateRedis:
              "--dir", str(self.directory)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         client = redis.Redis(port=self.port, socket_connect_timeout=1)
-        wait_until(lambda: _pings(client), timeout=15, message=f"redis-server on port {self.port} answering")
+        wait_until(lambda: _pings(client), timeout=15, what=f"redis-server on port {self.port} answering")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

@@ -9,7 +9,8 @@ import time
 
 from celery import Celery
 
-from runtime.helpers import probe, wait_until
+from runtime.helpers import probe
+from support.waiting import wait_until
 
 INTERVAL = 0.5
 MAX_AGE = 3.0
@@ -33,7 +34,7 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
         record = json.loads((heartbeat_dir / "heartbeat.json").read_text())
         return record["active"][0] if record["active"] else None
 
-    active = wait_until(running_task, timeout=10, message="the task appears in the heartbeat")
+    active = wait_until(running_task, timeout=10, what="the task appears in the heartbeat")
     assert active["name"] == "runtime.sleep" and active["time_limit"] == 30 and active["soft_time_limit"] == 25
     assert active["worker_pid"] in worker.child_pids()
 
@@ -55,7 +56,7 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
     try:
         failed_output = wait_until(lambda: (lambda r: r[1] if r[0] == 1 else None)(
             probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))),
-            timeout=MAX_AGE + 5, interval=0.1, message="liveness failing after SIGSTOP")
+            timeout=MAX_AGE + 5, interval=0.1, what="liveness failing after SIGSTOP")
         elapsed = time.monotonic() - stopped_at
     finally:
         worker.signal(signal.SIGCONT)
@@ -63,12 +64,12 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
     # Not before the threshold (the last beat may be up to one interval old), not much after.
     assert MAX_AGE - INTERVAL - 0.2 <= elapsed <= MAX_AGE + 2.0, elapsed
     wait_until(lambda: probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))[0] == 0, timeout=5,
-               message="liveness passing again after SIGCONT")
+               what="liveness passing again after SIGCONT")
 
     # A warm shutdown (SIGTERM) waits for a running task with the main loop stopped on purpose:
     # liveness must not restart the worker meanwhile; readiness says it is going.
     producer.send_task("runtime.sleep", args=("finishing", 3 * MAX_AGE), queue=unique_name)
-    wait_until(running_task, timeout=10, message="the last task running")
+    wait_until(running_task, timeout=10, what="the last task running")
     worker.signal(signal.SIGTERM)
     outputs = []
     while worker.is_running():

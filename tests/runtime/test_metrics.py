@@ -6,7 +6,9 @@ import redis
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.helpers import free_port, wait_until
+from runtime.helpers import free_port
+from support.waiting import wait_until
+from taskherd.worker import stamping
 
 QUEUE_WAIT = 5.0  # the stamped tasks claim to have been published this long ago
 
@@ -28,6 +30,9 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
            "TEST_METRICS_PORT": str(port), "TEST_MAX_TASKS_PER_CHILD": "3"}
     worker = worker_factory("apps.runtime_app", queues=[unique_name], env=env, concurrency=2)
     first_children = set(worker.child_pids())
+    # The test stamps (or leaves unstamped) on purpose; the stamping hook, process-wide once any
+    # earlier test in this process called configure(), would restamp every message with "now".
+    stamping.uninstall()
     producer = Celery(broker=redis_url)
 
     def send(name, *args, stamped=True):
@@ -53,14 +58,14 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
 
     ledger = redis.Redis.from_url(redis_url)
     wait_until(lambda: sum(int(ledger.get(k) or 0) for k in ledger.keys("runs:*")) == sum(executions.values())
-               and ledger.llen("done") == 4, timeout=30, message="all tasks run")
+               and ledger.llen("done") == 4, timeout=30, what="all tasks run")
 
     def settled():
         samples = scrape(port)
         done = sum(v for (name, _), v in samples.items() if name == "taskherd_tasks_total")
         return samples if done == sum(expected_outcomes.values()) else None
 
-    samples = wait_until(settled, timeout=15, message="outcomes counted")
+    samples = wait_until(settled, timeout=15, what="outcomes counted")
     outcomes = {(dict(labels)["task"], dict(labels)["outcome"]): v
                 for (name, labels), v in samples.items() if name == "taskherd_tasks_total"}
     assert outcomes == expected_outcomes

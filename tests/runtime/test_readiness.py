@@ -6,7 +6,8 @@ import time
 
 from celery import Celery
 
-from runtime.helpers import probe, wait_until
+from runtime.helpers import probe
+from support.waiting import wait_until
 
 INTERVAL = 0.5
 MAX_AGE = "3"
@@ -20,7 +21,7 @@ def test_broker_outage_fails_readiness_not_liveness(private_redis, unique_name, 
            "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir), "TASKHERD_HEARTBEAT_INTERVAL": str(INTERVAL)}
     worker = worker_factory("apps.runtime_app", queues=[unique_name], env=env, concurrency=1)
     wait_until(lambda: probe("readiness", heartbeat_dir, "--max-age", MAX_AGE)[0] == 0, timeout=10,
-               message="ready before the outage")
+               what="ready before the outage")
 
     private_redis.stop()
     stopped_at = time.monotonic()

@@ -1,13 +1,13 @@
 """Helpers for the reliability-core tests: a recording Redis next to each broker, DLQ reading."""
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import pytest
 import redis
 from celery import Celery
 
+from support.waiting import wait_until as wait_for  # noqa: F401 - the name tests/worker use
 from taskherd.worker import configure
 from taskherd.worker.dlq_cli import DeadLetter, open_dead_letters
 
@@ -67,12 +67,3 @@ def dead_letters(broker_url: str, queue: str) -> list[DeadLetter]:
             pass
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
