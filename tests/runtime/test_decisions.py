@@ -114,7 +114,7 @@ def test_a_drain_request_applies_only_to_this_worker_and_only_after_it_started()
 
 def test_drain_usage_errors(capsys):
     assert drain.main(["--deadline", "-3"]) == 2
-    assert "deadline=-3.0 must be a positive number" in capsys.readouterr().err
+    assert "deadline='-3' must be a positive number" in capsys.readouterr().err
 
 
 def test_drain_without_a_worker_returns_at_once(tmp_path, capsys):

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from taskherd import heartbeat_file, probe
+from taskherd import flags, heartbeat_file, probe
 
 DEADLINE_ENV = "TASKHERD_DRAIN_DEADLINE"
 #: Seconds to wait for the worker to acknowledge the request before giving up.
@@ -48,29 +48,11 @@ def drain_state(record: dict | None, *, requested_at: float, now: float, max_age
 
 
 def _parse(argv: list[str]) -> dict:
-    deadline_env = os.environ.get(DEADLINE_ENV)
-    options: dict = {"dir": None, "deadline": deadline_env or None, "poll": 0.2}
-    rest = list(argv)
-    while rest:
-        flag, *rest = rest
-        name, _, value = flag.partition("=")
-        key = {"--dir": "dir", "--deadline": "deadline", "--poll": "poll"}.get(name)
-        if key is None:
-            raise ValueError(f"unknown option {name!r}")
-        if not value:
-            if not rest:
-                raise ValueError(f"option {name} needs a value")
-            value, *rest = rest
-        options[key] = value
+    options: dict = {"dir": None, "deadline": os.environ.get(DEADLINE_ENV) or None, "poll": 0.2}
+    flags.parse_flags(argv, {"--dir": "dir", "--deadline": "deadline", "--poll": "poll"}, options)
     for key in ("deadline", "poll"):
-        if options[key] is None or key == "dir":
-            continue
-        try:
-            options[key] = float(options[key])
-        except ValueError:
-            raise ValueError(f"{key}={options[key]!r} is not a number of seconds") from None
-        if options[key] <= 0:
-            raise ValueError(f"{key}={options[key]!r} must be a positive number of seconds")
+        if options[key] is not None:
+            options[key] = flags.seconds(key, options[key])
     return options
 
 

@@ -19,7 +19,7 @@ The decisions are pure functions of the record and `now`, tested without a worke
 import sys
 import time
 
-from taskherd import heartbeat_file
+from taskherd import flags, heartbeat_file
 
 # No dataclasses or typing imports: they would triple the probe's import time (python -X importtime).
 
@@ -120,31 +120,13 @@ def startup(record: dict[str, object] | None, *, now: float, max_age: float | No
 
 
 def _parse(argv: list[str]) -> tuple[str, dict[str, object]]:
-    """A tiny option parser: argparse would cost more than the whole probe."""
     if not argv or argv[0] not in KINDS:
         raise ValueError(f"probe kind must be one of {', '.join(KINDS)}, got {argv[0] if argv else 'nothing'!r}")
     options: dict[str, object] = {"dir": None, "max_age": None, "task_margin": DEFAULT_TASK_MARGIN}
-    rest = argv[1:]
-    while rest:
-        flag, *rest = rest
-        name, _, value = flag.partition("=")
-        key = {"--dir": "dir", "--max-age": "max_age", "--task-margin": "task_margin"}.get(name)
-        if key is None:
-            raise ValueError(f"unknown option {name!r}")
-        if not value:
-            if not rest:
-                raise ValueError(f"option {name} needs a value")
-            value, *rest = rest
-        if key == "dir":
-            options[key] = value
-            continue
-        try:
-            number = float(value)
-        except ValueError:
-            raise ValueError(f"option {name}={value!r} is not a number of seconds") from None
-        if number <= 0 and key == "max_age" or number < 0:
-            raise ValueError(f"option {name}={value!r} must be a positive number of seconds")
-        options[key] = number
+    flags.parse_flags(argv[1:], {"--dir": "dir", "--max-age": "max_age", "--task-margin": "task_margin"}, options)
+    if options["max_age"] is not None:
+        options["max_age"] = flags.seconds("option --max-age", options["max_age"])
+    options["task_margin"] = flags.seconds("option --task-margin", options["task_margin"], zero_allowed=True)
     return argv[0], options
 
 
