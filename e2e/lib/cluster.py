@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -142,6 +143,25 @@ class Cluster:
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         return _run([self.helm_bin, "--kubeconfig", self.kubeconfig, *args],
                     env=self.env(), check=check, timeout=timeout)
+
+    def test_image(self) -> tuple[str, str]:
+        """(image, imagePullPolicy) of a Debian image with a shell and python3 for test pods:
+        TASKHERD_TEST_IMAGE when set, else the debootstrap base that `make cluster` imports."""
+        if os.environ.get("TASKHERD_TEST_IMAGE"):
+            return os.environ["TASKHERD_TEST_IMAGE"], "IfNotPresent"
+        return versions()["BASE_IMAGE"], "Never" if self.is_local else "IfNotPresent"
+
+    def create_test_namespace(self, prefix: str, test_name: str, labels: dict[str, str]) -> str:
+        """A fresh namespace named after the test and labelled for cleanup, returned once its
+        default ServiceAccount exists (the API creates it asynchronously and pods need it)."""
+        base = "".join(ch if ch.isalnum() else "-" for ch in test_name.lower())[:30].strip("-")
+        name = f"{prefix}-{base}-{uuid.uuid4().hex[:6]}"
+        label_lines = "".join(f"\n    {key}: {value}" for key, value in labels.items())
+        self.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:{label_lines}\n")
+        wait_for(f"default ServiceAccount in {name}",
+                 lambda: self.kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
+                 timeout=60, interval=0.5)
+        return name
 
     def check_reachable(self) -> None:
         """Raise ClusterUnavailable with the exact error when the API server is not ready."""

@@ -7,9 +7,7 @@ tail of `make cluster`'s output), it never skips them.
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -40,29 +38,13 @@ def k8s() -> clusterlib.Cluster:
 
 @pytest.fixture(scope="session")
 def test_image(k8s) -> tuple[str, str]:
-    """(image, pullPolicy) for the smoke tests' pods: a Debian image with a shell and python3.
-    Locally the debootstrap base imported by `make cluster`; elsewhere TASKHERD_TEST_IMAGE."""
-    if os.environ.get("TASKHERD_TEST_IMAGE"):
-        return os.environ["TASKHERD_TEST_IMAGE"], "IfNotPresent"
-    return clusterlib.versions()["BASE_IMAGE"], "Never" if k8s.is_local else "IfNotPresent"
+    """(image, pullPolicy) for the smoke tests' pods: a Debian image with a shell and python3."""
+    return k8s.test_image()
 
 
 @pytest.fixture
 def namespace(k8s, request) -> str:
     """A fresh namespace for one test, labelled for cleanup, deleted afterwards."""
-    base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:30].strip("-")
-    name = f"smoke-{base}-{uuid.uuid4().hex[:6]}"
-    k8s.apply(f"""
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: {name}
-  labels:
-    {TEST_LABEL}: {TEST_LABEL_VALUE}
-""")
-    # the namespace's default ServiceAccount is created asynchronously; pods need it
-    clusterlib.wait_for(f"default ServiceAccount in {name}",
-                        lambda: k8s.kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
-                        timeout=60, interval=0.5)
+    name = k8s.create_test_namespace("smoke", request.node.name, {TEST_LABEL: TEST_LABEL_VALUE})
     yield name
     k8s.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

@@ -6,11 +6,9 @@ An unreachable cluster FAILS these tests with the exact error; nothing is skippe
 """
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -44,30 +42,12 @@ def cluster():
 def pod_image(cluster) -> tuple[str, str]:
     """A Debian image with python3 for the stand-in workers (the worker image is not needed: the
     operator only reads their metrics endpoint)."""
-    from e2e.lib import cluster as clusterlib
-
-    if os.environ.get("TASKHERD_TEST_IMAGE"):
-        return os.environ["TASKHERD_TEST_IMAGE"], "IfNotPresent"
-    return clusterlib.versions()["BASE_IMAGE"], "Never" if cluster.is_local else "IfNotPresent"
+    return cluster.test_image()
 
 
 @pytest.fixture
 def namespace(cluster, request) -> str:
-    from e2e.lib import cluster as clusterlib
-
-    base = "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:30].strip("-")
-    name = f"op-{base}-{uuid.uuid4().hex[:6]}"
-    cluster.apply(f"""
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: {name}
-  labels:
-    {TEST_LABEL}: {TEST_LABEL_VALUE}
-""")
-    clusterlib.wait_for(f"default ServiceAccount in {name}",
-                        lambda: cluster.kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
-                        timeout=60, interval=0.5)
+    name = cluster.create_test_namespace("op", request.node.name, {TEST_LABEL: TEST_LABEL_VALUE})
     yield name
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
