@@ -14,16 +14,15 @@
 TASKHERD_SERVICES_DIR=${TASKHERD_SERVICES_DIR:-/var/lib/taskherd/services}
 # Services listen on loopback; the demo adds the cluster bridge address so pods can reach them.
 TASKHERD_SERVICES_BIND=${TASKHERD_SERVICES_BIND:-127.0.0.1}
-REDIS_PORT=${REDIS_PORT:-6390}
-RABBITMQ_PORT=${RABBITMQ_PORT:-5682}
-RABBITMQ_MGMT_PORT=${RABBITMQ_MGMT_PORT:-15682}
-RABBITMQ_DIST_PORT=${RABBITMQ_DIST_PORT:-25682}
-PG_PORT=${PG_PORT:-5442}
-PROMETHEUS_PORT=${PROMETHEUS_PORT:-9390}
-ALERTMANAGER_PORT=${ALERTMANAGER_PORT:-9393}
-ALERTMANAGER_CLUSTER_PORT=${ALERTMANAGER_CLUSTER_PORT:-9394}
-SERVICE_USER=taskherd
-SERVICE_PASSWORD=taskherd
+# Ports and credentials: scripts/services.env (shared with e2e/lib); the environment may override a port.
+_services_env_defaults() {
+  local key value
+  while IFS='=' read -r key value; do
+    case "$key" in ''|'#'*) continue ;; esac
+    [ -n "${!key:-}" ] || printf -v "$key" '%s' "$value"
+  done <"$(dirname "${BASH_SOURCE[0]}")/services.env"
+}
+_services_env_defaults
 
 export_env() {
   export TASKHERD_SERVICES_DIR
