@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from taskherd.worker.dlq_cli import main
+from taskherd.commands.dlq import main
 from taskherd.worker.deadletter import dead_letter_queue_declaration
 
 from worker_support import core_env, dead_letters, wait_for  # noqa: F401
