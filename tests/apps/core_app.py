@@ -1,7 +1,8 @@
 """A Celery app under the taskherd profile, for the reliability-core tests (tests/worker/).
 
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_RECORD_URL (a Redis database
-where tasks record what they did), and TEST_* knobs for the profile.
+where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), and TEST_* knobs for
+the profile.
 """
 import os
 import signal
@@ -15,6 +16,8 @@ from taskherd.worker import PermanentError, configure
 env = os.environ.get
 app = Celery("core", broker=env("TEST_BROKER_URL"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=True)
+if env("TEST_KEYPREFIX"):
+    app.conf.broker_transport_options = {"global_keyprefix": env("TEST_KEYPREFIX")}
 
 configure(
     app,

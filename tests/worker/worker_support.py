@@ -51,12 +51,12 @@ def core_env(broker_url: str, queue: str, record_url: str, **knobs: str) -> dict
     return env
 
 
-def dead_letters(broker_url: str, queue: str, dlq: str | None = None) -> list[DeadLetter]:
+def dead_letters(broker_url: str, queue: str, dlq: str | None = None, *, keyprefix: str = "") -> list[DeadLetter]:
     """The messages of ``queue``'s DLQ (``<queue>.dlq`` unless ``dlq`` names it), left in place;
     [] while the DLQ does not exist yet."""
     from amqp.exceptions import NotFound
 
-    store = open_dead_letters(broker_url, dlq or f"{queue}.dlq")
+    store = open_dead_letters(broker_url, dlq or f"{queue}.dlq", keyprefix=keyprefix)
     try:
         return store.letters()
     except NotFound:

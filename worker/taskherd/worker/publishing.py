@@ -53,7 +53,7 @@ def publish(body: Any, *, broker_url: str, exchange: str, routing_key: str, tran
                 Producer(channel).publish(body, exchange=exchange, routing_key=routing_key, mandatory=True,
                                           retry=True, retry_policy=RETRY_POLICY, **options)
             except ChannelError as exc:
-                if getattr(exc, "code", None) == 312:  # NO_ROUTE: returned, not delivered
+                if getattr(exc, "reply_code", None) == 312:  # NO_ROUTE: returned, not delivered
                     raise Unroutable(exchange, routing_key, str(exc)) from exc
                 raise
     finally:
