@@ -3,7 +3,7 @@ dead-letter; a validation error dead-letters after one attempt with a complete e
 import socket
 import time
 
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401  (tests/worker/conftest.py)
+from worker_support import core_env, dead_letters, make_dlq_unwritable, wait_for  # noqa: F401
 
 
 def test_always_transient_failure_retries_max_retries_times_then_dead_letters(
@@ -69,21 +69,8 @@ def test_a_dlq_that_cannot_be_written_loses_nothing(
         broker_url, record_url, recorded, producer, unique_name, worker_factory):
     """If the envelope cannot be published the original is requeued, not acked; once the DLQ is
     writable again the task is dead-lettered with its real reason."""
-    import redis
-    from kombu import Connection, Queue
-
-    q, dlq_name = unique_name, f"{unique_name}.dlq"
-    if broker_url.startswith("redis"):
-        client = redis.Redis.from_url(broker_url)
-        client.set(dlq_name, "not a list")  # LPUSH now fails with WRONGTYPE
-        repair = lambda: client.delete(dlq_name)  # noqa: E731
-    else:
-        with Connection(broker_url) as connection:  # a DLQ declared with other arguments
-            Queue(dlq_name, routing_key=dlq_name, queue_arguments={"x-max-length": 1})(connection.default_channel).declare()
-
-        def repair():
-            with Connection(broker_url) as connection:
-                connection.default_channel.queue_delete(dlq_name)
+    q = unique_name
+    repair = make_dlq_unwritable(broker_url, f"{q}.dlq")
     worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     result = producer.send_task("core.validation", args=("unwritable", 1), queue=q)
 
