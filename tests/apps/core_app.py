@@ -1,8 +1,9 @@
 """A Celery app under the taskherd profile, for the reliability-core tests (tests/worker/).
 
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_RECORD_URL (a Redis database
-where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), and TEST_* knobs for
-the profile.
+where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), TEST_RESTORE_SWEEP=1
+(kombu's visibility sweep every second), TEST_TASK_TIME_LIMIT (registers core.own_time_limit with
+that limit), and TEST_* knobs for the profile.
 """
 import os
 import signal
@@ -20,6 +21,10 @@ app = Celery("core", broker=env("TEST_BROKER_URL"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=True)
 if env("TEST_KEYPREFIX"):
     app.conf.broker_transport_options = {"global_keyprefix": env("TEST_KEYPREFIX")}
+if env("TEST_RESTORE_SWEEP"):
+    # kombu's sweep for unacked messages older than the visibility timeout: every second, not 100 s.
+    app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}),
+                                         "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
 
 configure(
     app,
@@ -42,6 +47,12 @@ _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL")
 
 def record(key: str, value: str = "") -> None:
     _record.rpush(key, f"{time.time()}|{os.getpid()}|{value}")
+
+
+if env("TEST_TASK_TIME_LIMIT"):
+    @app.task(name="core.own_time_limit", time_limit=float(env("TEST_TASK_TIME_LIMIT")))
+    def own_time_limit():
+        """A task with a hard time limit of its own (not the app's)."""
 
 
 @app.task(name="core.record")

@@ -203,8 +203,11 @@ def _non_json(values: Any) -> list[str]:
 
 
 def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
-             app_serialization: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Every problem with the combination (errors, warnings); pure, so tests call it directly."""
+             app_serialization: Mapping[str, Any], parks_delayed_messages: bool = False) -> tuple[list[str], list[str]]:
+    """Every problem with the combination (errors, warnings); pure, so tests call it directly.
+
+    ``parks_delayed_messages``: the DelayedMessages component is installed, so on Redis a retry's
+    countdown is spent in the delay set rather than unacknowledged in a worker."""
     s = settings
     errors: list[str] = []
     warns: list[str] = []
@@ -224,7 +227,8 @@ def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
                       f"(valid: > {s.time_limit!r}, derived default "
                       f"{derived_visibility_timeout(time_limit=s.time_limit, backoff_cap=max(s.backoff_cap, 0))!r}); "
                       f"otherwise Redis redelivers a task that is still running")
-    elif visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap:
+    elif (visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap
+          and not parks_delayed_messages):
         warns.append(f"visibility_timeout={visibility!r} is less than time_limit + backoff_cap = "
                      f"{s.time_limit + s.backoff_cap!r}: a retry waiting for its countdown may be redelivered "
                      f"and run twice")
@@ -421,8 +425,11 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     app_serialization = {name: conf.get(name) for name in
                          ("task_serializer", "result_serializer", "event_serializer",
                           "accept_content", "result_accept_content")}
+    from .components.delayed import DelayedMessages
+
     more_errors, warns = validate(wanted, broker_url=broker_url, queues=queue_names,
-                                  app_serialization=app_serialization)
+                                  app_serialization=app_serialization,
+                                  parks_delayed_messages=any(isinstance(c, DelayedMessages) for c in resolved))
     errors += more_errors
     if errors:
         raise ProfileError(errors)
