@@ -1,8 +1,9 @@
 """Redis store: a `SET NX` state machine, in_progress (with a lease) -> done (with the result).
 
 - The claim is one Lua script: SET NX PX lease, or else return the record and its TTL.
-- While the body runs, the process-wide renewer extends the lease every third of it, only if the
-  record is still this claim's (compare-and-PEXPIRE).
+- While the body runs, the store's renewer thread extends the lease every third of it, only if
+  the record is still this claim's (compare-and-PEXPIRE), on connections whose socket timeout is
+  that third: a Redis that stops answering delays nothing but its own leases.
 - On success the record becomes done, kept for `result_ttl_seconds`, only if it is still ours (or
   has expired with nobody taking it, in which case the effect still ran exactly once).
 - On an exception the record is deleted (if ours) so that a retry runs the effect again.
@@ -30,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
 from .records import Action, decide, done_record, in_progress_record
-from .renewer import renewer
+from .renewer import Renewer
 from .scripts import Scripts
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,8 @@ class RedisStore:
         self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
         scripts = Scripts(client)
         self._claim = scripts.register(_CLAIM)
-        self._renew = scripts.register(_RENEW)
+        self._renew = Scripts(client, socket_timeout=self.lease_seconds / 3).register(_RENEW)
+        self._renewer = Renewer(name=f"taskherd-lease-renewer-{prefix}")
         self._complete = scripts.register(_COMPLETE)
         self._release = scripts.register(_RELEASE)
 
@@ -124,13 +126,13 @@ class RedisStore:
             yield Claim(key, done=True, result=decision.result)
             return
 
-        lease_id = renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
+        lease_id = self._renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
                                self.lease_seconds / 3)
         claim = Claim(key, done=False)
         try:
             yield claim
         except BaseException:
-            renewer.remove(lease_id)
+            self._renewer.remove(lease_id)
             try:
                 self._release(keys=[redis_key], args=[record])
             except _UNREACHABLE:
@@ -138,7 +140,7 @@ class RedisStore:
                 logger.warning("idempotency key %r: could not release it after a failure; it frees itself "
                                "after the %ss lease", key, self.lease_seconds, exc_info=True)
             raise
-        renewer.remove(lease_id)
+        self._renewer.remove(lease_id)
         self._finish(key, redis_key, record, holder, claim.result)
 
     def _finish(self, key: str, redis_key: str, record: str, holder: str, result: Any) -> None:
