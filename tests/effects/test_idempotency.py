@@ -228,6 +228,39 @@ def test_a_redis_that_stops_answering_does_not_stall_another_stores_leases(redis
     assert store_b.state(key_b)["state"] == "done"
 
 
+def test_a_redis_effect_commits_with_the_done_record_or_not_at_all(redis_client):
+    from taskherd.worker.idempotency import LeaseLost
+
+    store = RedisStore(client=redis_client, lease_seconds=0.5)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+    with store.guard(key) as claim:
+        claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
+        assert redis_client.llen(ledger) == 0, "queued, not applied, while the body runs"
+        claim.set_result("ok")
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged"] and store.state(key)["state"] == "done"
+    with store.guard(key) as again:
+        assert again.done and again.result == "ok"
+
+    class NoRenewals:  # a holder paused past its lease: its renewals never run
+        def add(self, renew, every_seconds):
+            return 0
+
+        def remove(self, lease_id):
+            return False
+
+    # Paused past its lease, taken over by another holder: the first holder's effect is discarded.
+    paused_store = RedisStore(client=redis_client, lease_seconds=0.5)
+    paused_store._renewer = NoRenewals()  # noqa: SLF001
+    paused = f"tx-{uuid.uuid4().hex}"
+    with pytest.raises(LeaseLost):
+        with paused_store.guard(paused) as first:
+            first.in_transaction(lambda pipe: pipe.rpush(ledger, "first"))
+            time.sleep(0.7)
+            with store.guard(paused) as second:
+                second.in_transaction(lambda pipe: pipe.rpush(ledger, "second"))
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged", b"second"]
+
+
 def test_postgres_duplicate_threads_run_the_effect_once(ledger_dsn):
     store = PostgresStore()
     barrier = threading.Barrier(12)
