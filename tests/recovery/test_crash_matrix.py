@@ -112,6 +112,8 @@ class Column:
         self.workers: list[WorkerProcess] = []
         self.relays: list = []
         self.started = 0
+        self._starting = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
 
     # -- running ---------------------------------------------------------------------------------
@@ -139,18 +141,25 @@ class Column:
                 self.redis.sadd(f"crash-plan:{cell.task_id}", *cell.row.plan)
                 producer.send_task("crash.effect", args=args, task_id=cell.task_id, queue=self.queue, **options)
 
-    def start_worker(self) -> WorkerProcess | None:
+    def start_worker(self) -> None:
+        """Starts a worker (in the calling thread) and adds it to the pool once it is ready."""
+        with self._lock:
+            self.started += 1
+            name = f"{self.broker}-{self.started}-{uuid.uuid4().hex[:4]}@%h"
         worker = WorkerProcess("apps.crash_app", log_dir=self.log_dir, queues=[self.queue], concurrency=1,
-                               env=self.env, hostname=f"{self.broker}-{self.started}-{uuid.uuid4().hex[:4]}@%h")
-        self.started += 1
+                               env=self.env, hostname=name)
         try:
             worker.start()
         except AssertionError:
             # It took a message and reached that message's crash point before it logged "ready.":
             # a crash like any other; the next worker picks the message up.
             worker.kill()
-            return None
-        return worker
+        else:
+            with self._lock:
+                self.workers.append(worker)
+        finally:
+            with self._lock:
+                self._starting -= 1
 
     def start_relay(self) -> subprocess.Popen:
         """`taskherd outbox relay` itself, in a session of its own (its crash hook kills only it)."""
@@ -172,12 +181,12 @@ class Column:
     def supervise(self) -> None:
         """Keeps WORKERS workers and, while rows are pending, one relay alive, until stopped."""
         while not self._stop.is_set():
-            self.workers = [w for w in self.workers if w.is_running()]
-            if len(self.workers) < WORKERS:
-                worker = self.start_worker()
-                if worker is not None:
-                    self.workers.append(worker)
-                continue
+            with self._lock:
+                self.workers = [w for w in self.workers if w.is_running()]
+                missing = WORKERS - len(self.workers) - self._starting
+                self._starting += max(missing, 0)
+            for _ in range(missing):  # replacements start side by side, as a ReplicaSet's would
+                threading.Thread(target=self.start_worker, daemon=True).start()
             relay = self.relays[-1] if self.relays else None
             if (relay is None or relay.poll() is not None) and self.pending_rows():
                 self.start_relay()
@@ -187,6 +196,7 @@ class Column:
         self._stop.set()
 
     def shut_down(self) -> None:
+        wait_until(lambda: self._starting == 0, timeout=90, what=f"{self.broker} workers still starting")
         for relay in self.relays:
             if relay.poll() is None:
                 relay.kill()
