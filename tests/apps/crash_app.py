@@ -15,12 +15,12 @@ import os
 import socket
 import time
 
-import psycopg
 import redis
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
 from apps.crash_points import crash_point
+from apps.effects_schema import process_connection
 from taskherd.worker import configure
 from taskherd.worker.idempotency import PostgresStore, RedisStore
 
@@ -36,14 +36,6 @@ configure(app, queues=[os.environ.get("TEST_QUEUE", "crash")], soft_time_limit=8
 _redis = redis.Redis.from_url(REDIS_URL)
 redis_store = RedisStore(client=_redis, lease_seconds=2)
 postgres_store = PostgresStore()
-_connections: dict[int, psycopg.Connection] = {}
-
-
-def _connection() -> psycopg.Connection:
-    conn = _connections.get(os.getpid())
-    if conn is None or conn.closed:
-        conn = _connections[os.getpid()] = psycopg.connect(DSN, autocommit=True)
-    return conn
 
 
 @app.task(name="crash.effect", bind=True, Strategy=STRATEGY)
@@ -66,7 +58,7 @@ def effect(self, store, order, fail=None):
             crash_point("effect started", task_id)
             claim.set_result({"order": order})
     else:
-        conn = _connection()
+        conn = process_connection(DSN)
         with postgres_store.guard(key, conn=conn) as claim:
             if claim.done:
                 return claim.result

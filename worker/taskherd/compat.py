@@ -132,7 +132,10 @@ INTERNALS: tuple[Internal, ...] = (
              why="hold the soft time limit back while an envelope or a retry is published"),
     Internal("billiard", "billiard.pool:soft_timeout_sighandler", "callable",
              why="recognise the pool child's soft time limit handler"),
-    # Delayed (ETA/countdown) messages on Redis (taskherd.worker.delayed).
+    # Delayed (ETA/countdown) messages on Redis (taskherd.worker.delayed) and fast recovery: the
+    # message exactly as the transport stored it, to store it again.
+    Internal("kombu", "kombu.transport.virtual:Message", "instance attributes", parameters=("_raw",),
+             why="store a Redis delivery again exactly as kombu stored it (delay set, recovery records)"),
     Internal("celery", "celery.worker.strategy:default", "callable", parameters=("task", "app", "consumer"),
              why="take ETA/countdown messages out of the worker into the Redis delay set"),
     Internal("celery", "celery.app.amqp:AMQP.create_task_message", "attribute",

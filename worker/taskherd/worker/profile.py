@@ -19,6 +19,9 @@ Settings applied and why (docs/reliability.md has the long form):
 - ``broker_heartbeat``: a dead broker connection is noticed in seconds, not minutes.
 - ``worker_cancel_long_running_tasks_on_connection_loss``: when the connection drops, the
   broker redelivers unacked messages; cancelling our copies avoids running them twice at once.
+- ``broker_connection_retry`` with ``broker_connection_max_retries=None``: a worker keeps
+  reconnecting through a broker outage instead of exiting after 100 attempts — an outage must not
+  restart every worker of the cluster (the heartbeat keeps liveness green meanwhile).
 - ``broker_transport_options["visibility_timeout"]`` (Redis): derived as
   ``time_limit + backoff_cap + margin`` — a message is restored to the queue once it has been
   unacked that long, so it must outlive the longest run. (Retry countdowns and other ETA
@@ -478,6 +481,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
         event_serializer=JSON_CONTENT,
         broker_heartbeat=profile.broker_heartbeat,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
         broker_transport_options=transport_options,
         task_queues=_queue_declarations(profile, list(conf.task_queues or ())),
     )
