@@ -137,6 +137,16 @@ class ConsumingWorker:
     def letters(self) -> list:
         return dead_letters(self.broker_url, self.queue)
 
+    def dead_letter_count(self) -> int:
+        if self.broker == "redis":
+            client = redis.Redis.from_url(self.broker_url)
+            try:
+                return client.llen(self.dead_letter_queue)
+            finally:
+                client.close()
+        with Connection(self.broker_url) as connection:
+            return connection.default_channel.queue_declare(self.dead_letter_queue, passive=True).message_count
+
     def purge_dead_letters(self) -> None:
         if self.broker == "redis":
             client = redis.Redis.from_url(self.broker_url)

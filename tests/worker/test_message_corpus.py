@@ -44,7 +44,8 @@ def _task(body, **headers) -> Wire:
 def _item(**changes) -> RedisItem:
     """A kombu Redis payload of a good message, with top-level or ``properties.*`` keys changed
     (DROP removes one)."""
-    payload = kombu_payload(json_body(GOOD_BODY), task_headers(), queue="set-by-the-worker")
+    # The routing key does not decide which list an item is pushed on: any will do.
+    payload = kombu_payload(json_body(GOOD_BODY), task_headers(), queue="any-routing-key")
     for key, value in changes.items():
         target, name = (payload["properties"], key[len("properties."):]) if key.startswith("properties.") \
             else (payload, key)
@@ -125,6 +126,8 @@ CASES = [
          (INVALID, "embed (the body's third item) must be a JSON object or null, got 'callbacks'")),
     Case("callbacks-not-signatures", _task([["k"], {}, {"callbacks": "core.record"}]),
          (INVALID, "embed 'callbacks' must be a list of signatures")),
+    Case("chain-of-empty-signatures", _task([["k"], {}, {"chain": [{}]}]),
+         (INVALID, "embed 'chain' must be a list of signatures (JSON objects with a 'task') or null, got [{}]")),
     Case("too-many-arguments", _task([["k", "v", "extra"], {}, None]),
          (INVALID, "arguments do not match task 'core.record': ")),
     Case("unknown-keyword-argument", _task([["k"], {"colour": "red"}, None]),

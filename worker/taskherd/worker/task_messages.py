@@ -143,12 +143,17 @@ def embed_problem(embed: Any) -> str | None:
         return f"embed (the body's third item) must be a JSON object or null, got {_shown(embed)}"
     for name in ("callbacks", "errbacks", "chain"):
         value = embed.get(name)
-        if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
-            return f"embed {name!r} must be a list of signatures (JSON objects) or null, got {_shown(value)}"
+        if value is not None and not (isinstance(value, list) and all(_is_signature(v) for v in value)):
+            return (f"embed {name!r} must be a list of signatures (JSON objects with a 'task') or null, "
+                    f"got {_shown(value)}")
     chord = embed.get("chord")
-    if chord is not None and not isinstance(chord, dict):
-        return f"embed 'chord' must be a signature (JSON object) or null, got {_shown(chord)}"
+    if chord is not None and not _is_signature(chord):
+        return f"embed 'chord' must be a signature (a JSON object with a 'task') or null, got {_shown(chord)}"
     return None
+
+
+def _is_signature(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("task"), str) and bool(value["task"])
 
 
 def signature_problem(task_name: str, check: Callable[..., Any] | None, args: Any, kwargs: Any) -> str | None:
