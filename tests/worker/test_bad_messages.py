@@ -71,7 +71,7 @@ def test_bad_messages_are_dead_lettered_with_the_reason_and_consuming_goes_on(
 
     (broken_env,) = by_reason["invalid-message"]
     assert broken_env.task == "core.record"
-    assert broken_env.detail == "broken headers: 'id' must be a non-empty str, got None"
+    assert broken_env.detail == "header 'id' must be a non-empty string, got None"
     assert "id" not in broken_env.headers
 
     (refused,) = by_reason["content-refused"]
