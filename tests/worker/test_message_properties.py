@@ -51,7 +51,8 @@ _ids = st.uuids().map(str)
 VALID_HEADERS = st.fixed_dictionaries(
     {"id": _ids, "task": st.just("core.sink")},
     optional={"lang": st.sampled_from(["py", "js", "go"]), "retries": st.integers(0, 5), "eta": st.none() | _past,
-              "expires": st.none() | _future, "timelimit": st.sampled_from([None, [None, None], [30, 60], [None, 45.5]]),
+              "expires": st.none() | _future,
+              "timelimit": st.sampled_from([None, [None, None], [30, 60], [None, 45.5]]),
               "shadow": st.none() | st.text(max_size=8), "group_index": st.none() | st.integers(0, 9),
               "ignore_result": st.booleans(), "root_id": st.none() | _ids, "parent_id": st.none() | _ids,
               "group": st.none() | _ids, "argsrepr": st.text(max_size=8), "kwargsrepr": st.text(max_size=8),
@@ -99,8 +100,8 @@ def wire_messages(draw) -> Wire:
         elif mutation == "body-protocol-1-shape":
             body = json_body({"args": args, "kwargs": kwargs})
         elif mutation == "content-type":
-            content_type = draw(st.sampled_from([None, "text/plain", "application/data", "application/x-python-serialize",
-                                                 "application/json; charset=utf-8"]))
+            content_type = draw(st.sampled_from([None, "text/plain", "application/data",
+                                                 "application/x-python-serialize", "application/json; charset=utf-8"]))
         elif mutation == "content-encoding":
             content_encoding = draw(st.sampled_from([None, "UTF8", "latin-1", "binary", "x-bogus"]))
         elif mutation in ("compressed", "compression-false"):

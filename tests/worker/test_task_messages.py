@@ -59,11 +59,15 @@ def test_body_problem(body, problem):
     assert (found is None) if problem is None else (problem in found), found
 
 
-def test_protocol1_problem_names_fields_not_headers():
-    assert task_messages.protocol1_problem({"task": "t", "id": "i", "args": [1], "kwargs": {}}) is None
-    assert task_messages.protocol1_problem({"task": "t", "args": []}) == "field 'id' must be a non-empty string, got None"
-    assert task_messages.protocol1_problem({"task": "t", "id": "i", "kwargs": []}) == "kwargs must be a JSON object, got []"
-    assert "embed 'callbacks'" in task_messages.protocol1_problem({"task": "t", "id": "i", "callbacks": "x"})
+def test_protocol1_problem_names_fields_and_headers():
+    ok = {"task": "t", "id": "i", "args": [1], "kwargs": {}}
+    assert task_messages.protocol1_problem(ok, {}) is None
+    assert task_messages.protocol1_problem({"task": "t", "args": []}, {}) == \
+        "field 'id' must be a non-empty string, got None"
+    assert task_messages.protocol1_problem({**ok, "kwargs": []}, {}) == "kwargs must be a JSON object, got []"
+    assert "embed 'callbacks'" in task_messages.protocol1_problem({**ok, "callbacks": "x"}, {})
+    # Celery lets headers override the body's fields
+    assert task_messages.protocol1_problem(ok, {"timelimit": "soon"}).startswith("header 'timelimit' must be")
 
 
 @pytest.mark.parametrize("content_type,content_encoding,refused,undecodable", [
@@ -132,7 +136,8 @@ def _item_problem(item: bytes):
     (_item(delivery_tag=""), "'properties.delivery_tag' must be a non-empty string, got ''"),
     (_item(delivery_tag={"__type__": "datetime", "__value__": "2026-01-01T00:00:00"}),
      "'properties.delivery_tag' must be a non-empty string, got datetime.datetime("),
-    (_item(delivery_info={"exchange": ""}), "'properties.delivery_info.routing_key' must be a string, got missing/null"),
+    (_item(delivery_info={"exchange": ""}),
+     "'properties.delivery_info.routing_key' must be a string, got missing/null"),
     (_item(priority=float("inf")), "'properties.priority' must be a finite number, got inf"),
     (_item(**{"content-type": 5}), "'content-type' must be a string, got 5"),
     (_item(headers=["task"]), "'headers' must be a JSON object, got ['task']"),

@@ -26,6 +26,7 @@ UNREADABLE_HEADER = "taskherd_unreadable_item"
 #: Content type of a replacement message: its body is the original item, byte for byte.
 UNREADABLE_CONTENT_TYPE = "application/x-taskherd-unreadable-item"
 
+
 def item_problem(item: bytes, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> str | None:
     """Why kombu could not turn ``item`` into a delivery, or None.
 

@@ -50,31 +50,36 @@ def encoding_problem(content_type: str | None, content_encoding: str | None) -> 
     return None
 
 
-def header_problem(headers: Mapping[str, Any]) -> str | None:
-    """Why protocol-2 headers (or a protocol-1 body, which carries the same fields) are unusable."""
+def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str | None:
+    """Why protocol-2 headers are unusable, or None. A protocol-1 body carries the same fields
+    (``noun="field"``)."""
     for name in ("id", "task"):
         value = headers.get(name)
         if not isinstance(value, str) or not value:
-            return f"header {name!r} must be a non-empty string, got {_shown(value)}"
+            return f"{noun} {name!r} must be a non-empty string, got {_shown(value)}"
     for name in _OPTIONAL_STRINGS:
         value = headers.get(name)
         if value is not None and not isinstance(value, str):
-            return f"header {name!r} must be a string or null, got {_shown(value)}"
+            return f"{noun} {name!r} must be a string or null, got {_shown(value)}"
     for name in _COUNTS:
         value = headers.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
-            return f"header {name!r} must be an integer >= 0, got {_shown(value)}"
+            return f"{noun} {name!r} must be an integer >= 0, got {_shown(value)}"
     group_index = headers.get("group_index")
     if group_index is not None and not _is_int(group_index):
-        return f"header 'group_index' must be an integer or null, got {_shown(group_index)}"
+        return f"{noun} 'group_index' must be an integer or null, got {_shown(group_index)}"
     ignore_result = headers.get("ignore_result")
     if ignore_result is not None and not isinstance(ignore_result, bool):
-        return f"header 'ignore_result' must be true, false or null, got {_shown(ignore_result)}"
+        return f"{noun} 'ignore_result' must be true, false or null, got {_shown(ignore_result)}"
     for name in _DATE_TIMES:
         problem = date_time_problem(headers.get(name))
         if problem:
-            return f"header {name!r} {problem}"
-    return time_limit_problem(headers.get("timelimit"))
+            return f"{noun} {name!r} {problem}"
+    timelimit = headers.get("timelimit")
+    if not time_limit_ok(timelimit):
+        return (f"{noun} 'timelimit' must be [soft, hard] with each a number of seconds >= 0 or null, "
+                f"got {_shown(timelimit)}")
+    return None
 
 
 def date_time_problem(value: Any) -> str | None:
@@ -96,13 +101,10 @@ def date_time_problem(value: Any) -> str | None:
     return None
 
 
-def time_limit_problem(value: Any) -> str | None:
+def time_limit_ok(value: Any) -> bool:
     if value is None:
-        return None
-    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(_is_limit(v) for v in value):
-        return (f"header 'timelimit' must be [soft, hard] with each a number of seconds >= 0 or null, "
-                f"got {_shown(value)}")
-    return None
+        return True
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_limit(v) for v in value)
 
 
 def body_problem(body: Any) -> str | None:
@@ -116,11 +118,12 @@ def body_problem(body: Any) -> str | None:
     return arguments_problem(args, kwargs) or embed_problem(embed)
 
 
-def protocol1_problem(body: Mapping[str, Any]) -> str | None:
-    """Why a decoded protocol-1 body (a JSON object with a ``task`` field) is unusable, or None."""
-    problem = header_problem(body)
+def protocol1_problem(body: Mapping[str, Any], headers: Mapping[str, Any]) -> str | None:
+    """Why a decoded protocol-1 body (a JSON object with a ``task`` field) is unusable, or None.
+    Celery lets the message's headers override the body's fields: both are checked."""
+    problem = header_problem(body, noun="field") or header_problem({**body, **headers})
     if problem:
-        return problem.replace("header ", "field ", 1)
+        return problem
     problem = arguments_problem(body.get("args", ()), body.get("kwargs", {}))
     if problem:
         return problem

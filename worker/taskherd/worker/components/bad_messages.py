@@ -104,7 +104,7 @@ def _task_message_problem(headers: dict, body: Any, tasks: dict) -> str | None:
             return problem
         name, (args, kwargs, _) = headers["task"], body
     elif isinstance(body, dict) and "task" in body:  # protocol 1 (old Celery, some other languages)
-        problem = task_messages.protocol1_problem(body)
+        problem = task_messages.protocol1_problem(body, headers)
         if problem:
             return problem
         name, args, kwargs = body["task"], body.get("args", ()), body.get("kwargs", {})
@@ -194,8 +194,8 @@ class Consumer(CeleryConsumer):
         task, task_id = headers.get("task"), headers.get("id")
         if task is None and verdict.reason in (Reason.INVALID_MESSAGE, Reason.UNKNOWN_TASK):
             # Decoded (JSON, accepted) by now: a protocol-1 body names its task and id itself.
-            body = _protocol1_body(message)
-            task, task_id = body.get("task"), body.get("id")
+            protocol1 = _protocol1_body(message)
+            task, task_id = protocol1.get("task"), protocol1.get("id")
         envelope = Envelope(
             reason=verdict.reason, detail=verdict.detail, queue=queue,
             task=task if isinstance(task, str) else None,
