@@ -79,6 +79,40 @@ services_dirs() {  # services directories with a live service (default, caller's
     done
     return 0
 }
+# The processes step 1 stops: those of the pid files of the clusters and services above, with
+# their descendants, and the containerd shims of those clusters.
+stopped_by_step_1() {
+    local h d
+    {
+        for h in "${CLUSTER_HOMES[@]}"; do
+            live_pids_in "$h"/cluster/run/*.pid | cut -d' ' -f1
+            grep -l -- "$h/cluster/containerd/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3
+        done
+        for d in "${SERVICES_DIRS[@]}"; do live_pids_in "$d"/*/pid "$d/postgres/data/postmaster.pid" | cut -d' ' -f1; done
+    } | sort -u >"$RUN_DIR/.roots"
+    ps -eo pid=,ppid= | awk 'NR == FNR {keep[$1] = 1; next} {parent[$1] = $2}
+        END {for (p in parent) {q = p; while (q in parent && !(q in keep) && q > 1) q = parent[q]; if (q in keep) print p}}' \
+        "$RUN_DIR/.roots" -
+}
+# fate PID: what step 1 does about a process that blocks a fresh start
+fate() {
+    case " $STOPPED_BY_STEP_1 " in
+    *" $1 "*) echo "stopped in step 1" ;;
+    *) if [ "$(readlink "/proc/$1/exe" 2>/dev/null | sed 's|.*/||')" = epmd ]; then echo "stopped in step 1 (epmd -kill)"; else echo "NOT started by the project's scripts: refused"; fi ;;
+    esac
+}
+port_holders() { ss -Hltnp "sport = :$1" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; }
+# What would survive step 1 and keep the machine from being fresh: a process of another origin
+# holding a service port or running a binary of a package to purge. The run refuses to start then.
+foreign_blockers() {
+    local port pid
+    {
+        for port in $(service_ports); do port_holders "$port"; done
+        [ ${#PURGE[@]} -eq 0 ] || processes_of "${PURGE[@]}" | cut -d' ' -f1
+    } | sort -u | while read -r pid; do
+        case "$(fate "$pid")" in NOT*) echo "$pid $(readlink "/proc/$pid/exe" 2>/dev/null) $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-100)" ;; esac
+    done
+}
 service_ports() { grep -E '^[A-Z_]+_PORT=' "$REPO_ROOT/scripts/services.env" | cut -d= -f2; }
 
 pristine_list() {
@@ -111,15 +145,14 @@ check_purge_plan() {
 # Processes running a binary of a package about to be purged: "PID EXE PACKAGE".
 processes_of() {
     local exes
-    exes=$(for p in /proc/[0-9]*; do readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//'; done | LC_ALL=C sort -u)
+    exes=$(for p in /proc/[0-9]*; do readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//' || true; done | LC_ALL=C sort -u)
     [ -n "$exes" ] || return 0
     # "pkg[:arch][, pkg…]: /path" for the executables dpkg knows
     dpkg -S $exes 2>/dev/null | awk -F': ' '{n = split($1, p, ", "); for (i = 1; i <= n; i++) {sub(/:.*/, "", p[i]); print p[i], $2}}' |
         LC_ALL=C sort -u >"$RUN_DIR/.exe-packages" || true
     local p exe pkg
     for p in /proc/[0-9]*; do
-        exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') || continue
-        [ -n "$exe" ] || continue
+        exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') && [ -n "$exe" ] || continue
         pkg=$(awk -v e="$exe" '$2 == e {print $1}' "$RUN_DIR/.exe-packages" | head -1)
         [ -n "$pkg" ] && printf '%s\n' "$@" | grep -qxF "$pkg" && echo "${p#/proc/} $exe $pkg"
     done
@@ -133,6 +166,7 @@ check_pristine "$PRISTINE_FILE"
 mapfile -t PURGE < <(purge_candidates "$PRISTINE_FILE")
 mapfile -t CLUSTER_HOMES < <(cluster_homes)
 mapfile -t SERVICES_DIRS < <(services_dirs)
+STOPPED_BY_STEP_1=$(stopped_by_step_1 | tr '\n' ' ')
 recorded() { [ -f "$APT_INSTALLED_LIST" ] && grep -qxF "$1" "$APT_INSTALLED_LIST"; }
 
 plan() {
@@ -153,11 +187,12 @@ plan() {
         for f in $(live_pids_in "$h"/demo/forward-*.pid | cut -d' ' -f2); do echo "   demo forwarder             $f"; done
     done
     echo "   epmd -kill                 (RabbitMQ's port mapper outlives the broker)"
-    local port holders=0
+    local port pid
     for port in $(service_ports); do
-        if port_in_use "$port"; then holders=1; fi
+        for pid in $(port_holders "$port"); do
+            printf '   port %-6s held by pid %-7s %-28s %s\n' "$port" "$pid" "$(readlink "/proc/$pid/exe" 2>/dev/null)" "$(fate "$pid")"
+        done
     done
-    [ "$holders" = 0 ] || echo "   service ports in use now: $(for port in $(service_ports); do port_in_use "$port" && printf '%s ' "$port"; done)(must be free once the above stopped)"
     echo
     echo "2. purge ${#PURGE[@]} Debian packages the machine did not come with (list: $PRISTINE_FILE)"
     [ "$PRISTINE_FILE" = "$DPKG_PRISTINE_LIST" ] || echo "   (first use: $PRISTINE_FILE will be copied to $DPKG_PRISTINE_LIST)"
@@ -176,7 +211,7 @@ plan() {
         echo "   apt-get -s purge: removes exactly these packages, nothing the machine came with"
         echo "   processes now running their binaries (each must be gone after step 1):"
         processes_of "${PURGE[@]}" | while read -r pid exe pkg; do
-            printf '     %-7s %-55s %s\n' "$pid" "$exe" "$pkg"
+            printf '     %-7s %-48s %-24s %s\n' "$pid" "$exe" "$pkg" "$(fate "$pid")"
         done
     fi
     [ -z "${FRESH_CACHES:-}" ] || echo "   apt-get clean"
@@ -200,6 +235,14 @@ plan() {
 go_cache() { local v; v=$( (PATH=/usr/local/go/bin:$PATH; go env "$1") 2>/dev/null) || v=unknown; echo "${v:-unknown}"; }
 
 plan | tee "$RUN_DIR/plan.txt"
+BLOCKERS=$(foreign_blockers)
+if [ -n "$BLOCKERS" ]; then
+    echo
+    echo "These processes were not started by the project's scripts (so the rehearsal would not stop them),"
+    echo "yet they hold a service port or run a binary of a package to purge:"
+    echo "$BLOCKERS" | sed 's/^/   /'
+    die "refusing to run: stop them first (by their PIDs), then run it again. Nothing was changed."
+fi
 if [ -n "$DRY_RUN" ]; then
     echo
     echo "DRY_RUN: nothing was changed (the plan is in $RUN_DIR/plan.txt)."
@@ -308,17 +351,33 @@ clone() {
     git clone -q "$REPO_ROOT" "$RUN_DIR/clone" && git -C "$RUN_DIR/clone" checkout -q --detach "$COMMIT" &&
         git -C "$RUN_DIR/clone" log -1 --format='%H %s'
 }
-restore() {
-    local h d rc=0
+stop_rehearsal() {
+    local rc=0
     (cd "$RUN_DIR/clone" && "${INNER_ENV[@]}" bash e2e/cluster/down.sh) || rc=1
     (cd "$RUN_DIR/clone" && "${INNER_ENV[@]}" bash scripts/services.sh down) || rc=1
+    return "$rc"
+}
+start_previous() {  # the services and the cluster that ran before, from this checkout's scripts
+    local h d rc=0
     for d in "${SERVICES_DIRS[@]}"; do
-        TASKHERD_SERVICES_DIR=$d TASKHERD_STEPS_FILE= bash "$REPO_ROOT/scripts/services.sh" up || rc=1
+        TASKHERD_SERVICES_DIR=$d TASKHERD_STEPS_FILE='' bash "$REPO_ROOT/scripts/services.sh" up || rc=1
     done
     for h in "${CLUSTER_HOMES[@]}"; do
-        TASKHERD_HOME=$h TASKHERD_STEPS_FILE= bash "$REPO_ROOT/e2e/cluster/up.sh" || rc=1
+        TASKHERD_HOME=$h TASKHERD_STEPS_FILE='' bash "$REPO_ROOT/e2e/cluster/up.sh" || rc=1
     done
     return "$rc"
+}
+restore() {
+    local rc=0
+    stop_rehearsal || rc=1
+    start_previous || rc=1
+    return "$rc"
+}
+# A rehearsal that stops before its runs leaves the machine as others had it.
+give_up() {
+    log "ERROR: $*"
+    phase start-previous start_previous || true
+    exit 1
 }
 
 [ "$PRISTINE_FILE" = "$DPKG_PRISTINE_LIST" ] || {
@@ -328,9 +387,9 @@ restore() {
 }
 T0=$SECONDS
 failed=0
-phase stop-what-runs stop_what_runs || die "could not stop everything (see above): nothing was purged"
-phase purge-packages purge_packages || die "purge failed (see above)"
-phase clone clone || die "git clone failed"
+phase stop-what-runs stop_what_runs || give_up "could not stop everything (see above): nothing was purged"
+phase purge-packages purge_packages || give_up "the purge failed (see above)"
+phase clone clone || give_up "git clone failed"
 phase make-test inner_make make-test test || failed=1
 phase make-demo inner_make make-demo demo DEMO_SHORT=1 || failed=1
 if [ -z "${FRESH_KEEP:-}" ]; then phase restore restore || failed=1; fi

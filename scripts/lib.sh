@@ -104,7 +104,8 @@ steps_summary() {
         }
         {
             n++; name[n] = $1; outcome[n] = $2; secs[n] = $3; detail[n] = $5
-            if (length($1) > w) w = length($1)
+            if (length(name[n]) > 44) name[n] = substr(name[n], 1, 41) "..."
+            if (length(name[n]) > w) w = length(name[n])
             start = $4 - $3; if (first == "" || start < first) first = start
             if ($4 > last) last = $4
         }
@@ -213,7 +214,7 @@ apt_install() {
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     if [ ${#missing[@]} -eq 0 ]; then
-        step_done "packages $*" reused 0
+        step_done "packages for $LOG_TAG" reused 0
         return 0
     fi
     need_root "apt-get install ${missing[*]}"
