@@ -29,7 +29,7 @@ REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 need_root "it stops services, purges packages and runs make test"
 
 FRESH_ROOT=/var/tmp/taskherd-fresh
-RUN_DIR=${FRESH_DIR:-$FRESH_ROOT/$(date -u +%Y%m%dT%H%M%SZ)}
+REHEARSAL=${FRESH_DIR:-$FRESH_ROOT/$(date -u +%Y%m%dT%H%M%SZ)}
 DEFAULT_HOME=$HOME/.cache/taskherd
 DEFAULT_SERVICES_DIR=/var/lib/taskherd/services
 CLUSTER_OWNER_FILE=/run/taskherd-cluster.owner   # e2e/cluster/lib.sh HOST_OWNER_FILE
@@ -89,10 +89,10 @@ stopped_by_step_1() {
             grep -l -- "$h/cluster/containerd/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3
         done
         for d in "${SERVICES_DIRS[@]}"; do live_pids_in "$d"/*/pid "$d/postgres/data/postmaster.pid" | cut -d' ' -f1; done
-    } | sort -u >"$RUN_DIR/.roots"
+    } | sort -u >"$REHEARSAL/.roots"
     ps -eo pid=,ppid= | awk 'NR == FNR {keep[$1] = 1; next} {parent[$1] = $2}
         END {for (p in parent) {q = p; while (q in parent && !(q in keep) && q > 1) q = parent[q]; if (q in keep) print p}}' \
-        "$RUN_DIR/.roots" -
+        "$REHEARSAL/.roots" -
 }
 # fate PID: what step 1 does about a process that blocks a fresh start
 fate() {
@@ -149,18 +149,18 @@ processes_of() {
     [ -n "$exes" ] || return 0
     # "pkg[:arch][, pkg…]: /path" for the executables dpkg knows
     dpkg -S $exes 2>/dev/null | awk -F': ' '{n = split($1, p, ", "); for (i = 1; i <= n; i++) {sub(/:.*/, "", p[i]); print p[i], $2}}' |
-        LC_ALL=C sort -u >"$RUN_DIR/.exe-packages" || true
+        LC_ALL=C sort -u >"$REHEARSAL/.exe-packages" || true
     local p exe pkg
     for p in /proc/[0-9]*; do
         exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') && [ -n "$exe" ] || continue
-        pkg=$(awk -v e="$exe" '$2 == e {print $1}' "$RUN_DIR/.exe-packages" | head -1)
+        pkg=$(awk -v e="$exe" '$2 == e {print $1}' "$REHEARSAL/.exe-packages" | head -1)
         [ -n "$pkg" ] && printf '%s\n' "$@" | grep -qxF "$pkg" && echo "${p#/proc/} $exe $pkg"
     done
     return 0
 }
 
 # ---- the plan -----------------------------------------------------------------------------------------
-mkdir -p "$RUN_DIR/logs"
+mkdir -p "$REHEARSAL/logs"
 PRISTINE_FILE=$(pristine_list)
 check_pristine "$PRISTINE_FILE"
 mapfile -t PURGE < <(purge_candidates "$PRISTINE_FILE")
@@ -175,7 +175,7 @@ plan() {
     if [ -n "$(git -C "$REPO_ROOT" status --porcelain --untracked-files=no)" ]; then
         echo "            (uncommitted changes in $REPO_ROOT are NOT part of it: only the commit is cloned)"
     fi
-    echo "run folder  $RUN_DIR (logs, the clone, TASKHERD_HOME=home/, TASKHERD_SERVICES_DIR=services/)"
+    echo "run folder  $REHEARSAL (logs, the clone, TASKHERD_HOME=home/, TASKHERD_SERVICES_DIR=services/)"
     echo
     echo "1. stop what runs"
     local h d f
@@ -217,11 +217,11 @@ plan() {
     [ -z "${FRESH_CACHES:-}" ] || echo "   apt-get clean"
     echo
     echo "3. from a clean clone of $COMMIT, with a new TASKHERD_HOME and services directory:"
-    echo "   git clone $REPO_ROOT $RUN_DIR/clone"
+    echo "   git clone $REPO_ROOT $REHEARSAL/clone"
     echo "   make test"
     echo "   make demo DEMO_SHORT=1"
     if [ -n "${FRESH_CACHES:-}" ]; then
-        echo "   caches: new and empty (GOMODCACHE, GOCACHE, PIP_CACHE_DIR in $RUN_DIR/caches)"
+        echo "   caches: new and empty (GOMODCACHE, GOCACHE, PIP_CACHE_DIR in $REHEARSAL/caches)"
     else
         echo "   caches reused: Go modules $(go_cache GOMODCACHE), Go builds $(go_cache GOCACHE), pip ~/.cache/pip, apt /var/cache/apt/archives (FRESH_CACHES=1 empties them)"
     fi
@@ -234,7 +234,7 @@ plan() {
 }
 go_cache() { local v; v=$( (PATH=/usr/local/go/bin:$PATH; go env "$1") 2>/dev/null) || v=unknown; echo "${v:-unknown}"; }
 
-plan | tee "$RUN_DIR/plan.txt"
+plan | tee "$REHEARSAL/plan.txt"
 BLOCKERS=$(foreign_blockers)
 if [ -n "$BLOCKERS" ]; then
     echo
@@ -245,7 +245,7 @@ if [ -n "$BLOCKERS" ]; then
 fi
 if [ -n "$DRY_RUN" ]; then
     echo
-    echo "DRY_RUN: nothing was changed (the plan is in $RUN_DIR/plan.txt)."
+    echo "DRY_RUN: nothing was changed (the plan is in $REHEARSAL/plan.txt)."
     exit 0
 fi
 if [ "${TASKHERD_FRESH_CONFIRM:-}" != yes ]; then
@@ -255,7 +255,7 @@ if [ "${TASKHERD_FRESH_CONFIRM:-}" != yes ]; then
 fi
 
 # ---- the run ------------------------------------------------------------------------------------------
-export TASKHERD_STEPS_FILE="$RUN_DIR/steps-rehearsal.tsv"
+export TASKHERD_STEPS_FILE="$REHEARSAL/steps-rehearsal.tsv"
 : >"$TASKHERD_STEPS_FILE"
 stamp() {
     local line
@@ -267,11 +267,11 @@ phase() {
     local name=$1 t0=$SECONDS rc=0
     shift
     log "── $name"
-    { "$@" 2>&1 || exit $?; } | tee >(stamp >"$RUN_DIR/logs/$name.log") || rc=$?
+    { "$@" 2>&1 || exit $?; } | tee >(stamp >"$REHEARSAL/logs/$name.log") || rc=$?
     local outcome=passed
     [ "$rc" -eq 0 ] || outcome=failed
     step_done "$name" "$outcome" $((SECONDS - t0)) "log: logs/$name.log" "$rc"
-    [ "$rc" -eq 0 ] || log "$name FAILED (exit status $rc; log: $RUN_DIR/logs/$name.log)"
+    [ "$rc" -eq 0 ] || log "$name FAILED (exit status $rc; log: $REHEARSAL/logs/$name.log)"
     return "$rc"
 }
 
@@ -314,7 +314,7 @@ purge_packages() {
     fi
     check_purge_plan "${PURGE[@]}" || return 1
     mkdir -p "$APT_STATE_DIR"
-    printf '%s\n' "${PURGE[@]}" >"$RUN_DIR/purged-packages.txt"
+    printf '%s\n' "${PURGE[@]}" >"$REHEARSAL/purged-packages.txt"
     DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${PURGE[@]}" || return 1
     local pkg d
     for pkg in "${PURGE[@]}"; do
@@ -338,23 +338,23 @@ for v in $(compgen -e); do
         INNER_ENV+=(-u "$v") ;;
     esac
 done
-INNER_ENV+=("TASKHERD_HOME=$RUN_DIR/home" "TASKHERD_SERVICES_DIR=$RUN_DIR/services")
+INNER_ENV+=("TASKHERD_HOME=$REHEARSAL/home" "TASKHERD_SERVICES_DIR=$REHEARSAL/services")
 if [ -n "${FRESH_CACHES:-}" ]; then
-    INNER_ENV+=("GOMODCACHE=$RUN_DIR/caches/gomod" "GOCACHE=$RUN_DIR/caches/go-build" "PIP_CACHE_DIR=$RUN_DIR/caches/pip")
+    INNER_ENV+=("GOMODCACHE=$REHEARSAL/caches/gomod" "GOCACHE=$REHEARSAL/caches/go-build" "PIP_CACHE_DIR=$REHEARSAL/caches/pip")
 fi
 inner_make() {  # STEPS_NAME ARGS...: make in the clone, as a newcomer would type it
     local steps=$1
     shift
-    (cd "$RUN_DIR/clone" && "${INNER_ENV[@]}" "TASKHERD_STEPS_FILE=$RUN_DIR/steps-$steps.tsv" make "$@")
+    (cd "$REHEARSAL/clone" && "${INNER_ENV[@]}" "TASKHERD_STEPS_FILE=$REHEARSAL/steps-$steps.tsv" make "$@")
 }
 clone() {
-    git clone -q "$REPO_ROOT" "$RUN_DIR/clone" && git -C "$RUN_DIR/clone" checkout -q --detach "$COMMIT" &&
-        git -C "$RUN_DIR/clone" log -1 --format='%H %s'
+    git clone -q "$REPO_ROOT" "$REHEARSAL/clone" && git -C "$REHEARSAL/clone" checkout -q --detach "$COMMIT" &&
+        git -C "$REHEARSAL/clone" log -1 --format='%H %s'
 }
 stop_rehearsal() {
     local rc=0
-    (cd "$RUN_DIR/clone" && "${INNER_ENV[@]}" bash e2e/cluster/down.sh) || rc=1
-    (cd "$RUN_DIR/clone" && "${INNER_ENV[@]}" bash scripts/services.sh down) || rc=1
+    (cd "$REHEARSAL/clone" && "${INNER_ENV[@]}" bash e2e/cluster/down.sh) || rc=1
+    (cd "$REHEARSAL/clone" && "${INNER_ENV[@]}" bash scripts/services.sh down) || rc=1
     return "$rc"
 }
 start_previous() {  # the services and the cluster that ran before, from this checkout's scripts
@@ -398,10 +398,10 @@ if [ -z "${FRESH_KEEP:-}" ]; then phase restore restore || failed=1; fi
     echo
     echo "== fresh-machine rehearsal of $COMMIT: $(fmt_duration $((SECONDS - T0))) =="
     steps_summary "$TASKHERD_STEPS_FILE" "rehearsal"
-    steps_summary "$RUN_DIR/steps-make-test.tsv" "make test (first run)"
-    steps_summary "$RUN_DIR/steps-make-demo.tsv" "make demo DEMO_SHORT=1 (right after)"
+    steps_summary "$REHEARSAL/steps-make-test.tsv" "make test (first run)"
+    steps_summary "$REHEARSAL/steps-make-demo.tsv" "make demo DEMO_SHORT=1 (right after)"
     echo
-    echo "disk: $(du -sh "$RUN_DIR/home" 2>/dev/null | cut -f1) in TASKHERD_HOME, $(du -sh "$RUN_DIR/clone" 2>/dev/null | cut -f1) in the clone (with .venv)$([ -z "${FRESH_CACHES:-}" ] || echo ", $(du -sh "$RUN_DIR/caches" 2>/dev/null | cut -f1) in the caches")"
-    echo "logs: $RUN_DIR/logs, $RUN_DIR/home/logs"
-} | tee "$RUN_DIR/timings.txt"
+    echo "disk: $(du -sh "$REHEARSAL/home" 2>/dev/null | cut -f1) in TASKHERD_HOME, $(du -sh "$REHEARSAL/clone" 2>/dev/null | cut -f1) in the clone (with .venv)$([ -z "${FRESH_CACHES:-}" ] || echo ", $(du -sh "$REHEARSAL/caches" 2>/dev/null | cut -f1) in the caches")"
+    echo "logs: $REHEARSAL/logs, $REHEARSAL/home/logs"
+} | tee "$REHEARSAL/timings.txt"
 exit "$failed"
