@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the image build scripts. Source it.
 LOG_TAG=images
 # shellcheck source=../e2e/cluster/lib.sh
@@ -17,9 +18,8 @@ safe_rmtree() {
     local dir=$1 m
     [ -e "$dir" ] || return 0
     dir=$(readlink -f "$dir")
-    for m in $(awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r); do
-        umount "$m" 2>/dev/null || umount -l "$m"
-    done
+    awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
     rm -rf --one-file-system "$dir"
 }
 

@@ -9,7 +9,7 @@
 .PHONY: cluster cluster-down cluster-binaries images kind-binary cluster-env
 
 cluster-binaries:
-	bash e2e/cluster/build.sh
+	@$(STEPS) with-summary "make cluster-binaries" -- bash e2e/cluster/build.sh
 
 cluster:
 	@$(STEPS) with-summary "make cluster" -- bash e2e/cluster/up.sh

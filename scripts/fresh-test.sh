@@ -79,11 +79,12 @@ services_dirs() {  # services directories with a live service (default, caller's
     done
     return 0
 }
-# The processes step 1 stops: those of the pid files of the clusters and services above, with
-# their descendants, and the containerd shims of those clusters.
+# The processes step 1 stops: those of the pid files of the clusters, services and demo forwarders
+# above, with their descendants, and the containerd shims of those clusters.
 stopped_by_step_1() {
     local h d
     {
+        for h in $(candidate_homes); do live_pids_in "$h"/demo/forward-*.pid | cut -d' ' -f1; done
         for h in "${CLUSTER_HOMES[@]}"; do
             live_pids_in "$h"/cluster/run/*.pid | cut -d' ' -f1
             grep -l -- "$h/cluster/containerd/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3
@@ -127,8 +128,9 @@ pristine_list() {
     fi
 }
 check_pristine() {  # a package list that misses dpkg itself is not a dpkg list
-    grep -qx dpkg "$1" && grep -qx bash "$1" && ! grep -qvE '^[a-z0-9][a-z0-9+.-]*$' "$1" ||
+    if ! grep -qx dpkg "$1" || ! grep -qx bash "$1" || grep -qvE '^[a-z0-9][a-z0-9+.-]*$' "$1"; then
         die "$1 is not a list of Debian package names, one a line (as dpkg-query -W -f='\${Package}\\n' prints)"
+    fi
 }
 # Packages installed now that the machine did not come with.
 purge_candidates() { dpkg_installed | LC_ALL=C comm -23 - <(LC_ALL=C sort -u "$1"); }
@@ -139,7 +141,7 @@ check_purge_plan() {
     plan=$(apt-get -s purge "$@" 2>&1) || die "apt-get -s purge failed: $plan"
     extra=$(echo "$plan" | awk '$1 == "Purg" || $1 == "Remv" {print $2}' | LC_ALL=C sort -u |
         LC_ALL=C comm -23 - <(printf '%s\n' "$@" | LC_ALL=C sort -u))
-    [ -z "$extra" ] || die "purging them would also remove packages the machine came with: $(echo $extra)"
+    [ -z "$extra" ] || die "purging them would also remove packages the machine came with: ${extra//$'\n'/ }"
 }
 
 # Processes running a binary of a package about to be purged: "PID EXE PACKAGE".
@@ -148,11 +150,13 @@ processes_of() {
     exes=$(for p in /proc/[0-9]*; do readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//' || true; done | LC_ALL=C sort -u)
     [ -n "$exes" ] || return 0
     # "pkg[:arch][, pkg…]: /path" for the executables dpkg knows
+    # shellcheck disable=SC2086  # one path a word
     dpkg -S $exes 2>/dev/null | awk -F': ' '{n = split($1, p, ", "); for (i = 1; i <= n; i++) {sub(/:.*/, "", p[i]); print p[i], $2}}' |
         LC_ALL=C sort -u >"$REHEARSAL/.exe-packages" || true
     local p exe pkg
     for p in /proc/[0-9]*; do
-        exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') && [ -n "$exe" ] || continue
+        exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') || continue
+        [ -n "$exe" ] || continue
         pkg=$(awk -v e="$exe" '$2 == e {print $1}' "$REHEARSAL/.exe-packages" | head -1)
         [ -n "$pkg" ] && printf '%s\n' "$@" | grep -qxF "$pkg" && echo "${p#/proc/} $exe $pkg"
     done
@@ -240,7 +244,7 @@ if [ -n "$BLOCKERS" ]; then
     echo
     echo "These processes were not started by the project's scripts (so the rehearsal would not stop them),"
     echo "yet they hold a service port or run a binary of a package to purge:"
-    echo "$BLOCKERS" | sed 's/^/   /'
+    printf '%s\n' "$BLOCKERS" | sed 's/^/   /'
     die "refusing to run: stop them first (by their PIDs), then run it again. Nothing was changed."
 fi
 if [ -n "$DRY_RUN" ]; then

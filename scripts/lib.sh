@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The one shell library of taskherd's scripts: the services (scripts/services.sh), the cluster
 # (e2e/cluster/*.sh), the images (images/*.sh) and the fresh-machine rehearsal all source it.
 # Source it; do not execute it. It sets no shell options (each script sets its own), so sourcing it
@@ -48,23 +49,20 @@ fmt_estimate() {
 TIMINGS_DIR="$TASKHERD_HOME/timings"
 first_run_seconds() {
     case "$1" in
-    go-kubernetes) echo 660 ;;       # six binaries; the longest step of a cold run
-    go-etcd) echo 90 ;;
-    go-helm) echo 180 ;;
-    go-coredns) echo 200 ;;
-    go-crictl) echo 60 ;;
-    go-kind) echo 120 ;;
+    go-kubernetes) echo 760 ;;       # six binaries; the longest step of a cold run
+    go-etcd) echo 85 ;;
+    go-helm) echo 230 ;;
+    go-coredns) echo 520 ;;
+    go-crictl) echo 170 ;;
+    go-kind) echo 180 ;;
     go-toolchain) echo 60 ;;         # the Go toolchain from the module proxy (only without a go >= GO_MIN_VERSION)
-    image-base) echo 80 ;;           # debootstrap minbase + python3
+    image-base) echo 115 ;;          # debootstrap minbase + python3
     image-pause | image-coredns) echo 5 ;;
-    image-wheels) echo 60 ;;         # pip wheel of taskherd[operator] and its dependencies
-    image-worker | image-operator) echo 40 ;;
+    image-wheels) echo 35 ;;         # pip wheel of taskherd[operator] and its dependencies
+    image-worker | image-operator) echo 35 ;;
     venv) echo 40 ;;
-    checkov-venv) echo 90 ;;
-    apt-*docker.io*) echo 40 ;;
-    apt-*containerd*) echo 30 ;;
-    apt-*rabbitmq-server*) echo 20 ;;
-    apt-*) echo 15 ;;
+    checkov-venv) echo 40 ;;
+    apt-*) echo 15 ;;                # one apt-get update + install: 5-15 s each here
     *) return 1 ;;
     esac
 }
@@ -139,7 +137,7 @@ run_step() { run_step_as built "$@"; }
 run_step_as() {
     local outcome=$1 name=$2 key=$3
     shift 3
-    local logf="$TASKHERD_HOME/logs/$key.log" verb expected t0=$SECONDS rc errexit= me=$BASHPID
+    local logf="$TASKHERD_HOME/logs/$key.log" verb expected t0=$SECONDS rc errexit='' me=$BASHPID
     verb=$(step_verb "$outcome")
     expected=$(expected_seconds "$key")
     mkdir -p "${logf%/*}"
@@ -182,7 +180,7 @@ heartbeat() {
     while [ -e "$file" ] && kill -0 "$parent" 2>/dev/null; do
         sleep 1
         elapsed=$((SECONDS - start))
-        ((elapsed >= next)) && [ -e "$file" ] || continue
+        if ((elapsed < next)) || [ ! -e "$file" ]; then continue; fi
         next=$((next + HEARTBEAT_SECONDS))
         if [ -z "$expected" ]; then
             log "$label … $(fmt_duration "$elapsed")"

@@ -33,7 +33,7 @@ dashes_at() {
 }
 
 time_step() {  # NAME [--tee] -- COMMAND...
-    local name=$1 tee= t0=$SECONDS rc=0 detail=
+    local name=$1 tee='' t0=$SECONDS rc=0 detail=
     shift
     [ "$1" = --tee ] && { tee=1; shift; }
     shift  # --

@@ -42,7 +42,7 @@ generate_gomod() {
         # requires it must replace them with their published versions itself.
         local kmod staging
         kmod=$(go mod download -json "k8s.io/kubernetes@$VER" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-        for staging in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod"); do
+        awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod" | while read -r staging; do
             go mod edit -replace "$staging=$staging@$KUBERNETES_STAGING_VERSION"
         done
     fi

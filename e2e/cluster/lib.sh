@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the settings below are for the scripts that source it
 # Settings and helpers of the local cluster scripts (and the image builds), on top of the project's
 # shell library scripts/lib.sh. Source it; do not execute it.
 set -euo pipefail
@@ -50,7 +51,8 @@ go_env() {
     local cand dir="$TASKHERD_HOME/toolchain/$GO_TOOLCHAIN"
     for cand in "$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go "$dir/bin/go"; do
         if [ -n "$cand" ] && [ -x "$cand" ] && go_ok "$cand"; then
-            export PATH="$(dirname "$cand"):$PATH"
+            PATH="$(dirname "$cand"):$PATH"
+            export PATH
             return 0
         fi
     done

@@ -41,8 +41,9 @@ fi
 # ---------------------------------------------------------------- prerequisites
 apt_install containerd runc containernetworking-plugins conntrack iptables openssl iproute2 curl util-linux \
     ca-certificates gcc libc6-dev debootstrap
-[ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/host-local" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
-    die "CNI plugins missing in $CNI_BIN_DIR"
+for plugin in bridge host-local loopback; do
+    [ -x "$CNI_BIN_DIR/$plugin" ] || die "CNI plugin $plugin missing in $CNI_BIN_DIR"
+done
 bash "$CLUSTER_SCRIPTS/build.sh" kubernetes etcd coredns crictl helm
 PAUSE_TAR=$(bash "$REPO_ROOT/images/pause/build.sh")
 COREDNS_TAR=$(bash "$REPO_ROOT/images/coredns/build.sh")
