@@ -51,7 +51,8 @@ rootfs_image() {
     shift
     local out=${*: -1} args=("${@:1:$#-1}")
     work=$(mktemp -d "$IMAGES_CACHE/rootfs.XXXXXX")
-    trap 'rm -rf "$work"' EXIT
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "rm -rf $(printf %q "$work")" EXIT
     mkdir -p "$work/rootfs"
     "$fill" "$work/rootfs"
     python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/rootfs" "${args[@]}" -o "$out"

@@ -46,7 +46,8 @@ debootstrap_image() {
     from=$(mirror)
     safe_rmtree "$work"
     mkdir -p "$work"
-    trap 'safe_rmtree "$work"' EXIT
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "safe_rmtree $(printf %q "$work")" EXIT
     echo "debootstrap $BASE_SUITE (minbase, $INCLUDE) from $from"
     debootstrap --variant=minbase --include="$INCLUDE" "$BASE_SUITE" "$work/rootfs" "$from"
     rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin \
