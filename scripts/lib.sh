@@ -212,7 +212,7 @@ apt_install() {
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     if [ ${#missing[@]} -eq 0 ]; then
-        step_done "packages for $LOG_TAG" reused 0
+        step_done "packages $*" reused 0
         return 0
     fi
     need_root "apt-get install ${missing[*]}"
