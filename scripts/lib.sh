@@ -90,16 +90,18 @@ step_done() {
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(date +%s)" "${4:-}" "${5:-0}" >>"$file"
 }
 
-# steps_summary FILE TITLE: the table of one run's steps, then its wall-clock time.
+# steps_summary FILE TITLE [START]: the table of one run's steps, then its wall-clock time (from
+# START, in epoch seconds, when given; else from the start of the first step).
 steps_summary() {
-    local file=$1 title=$2
+    local file=$1 title=$2 start=${3:-}
     [ -s "$file" ] || { echo "== $title: no setup step recorded =="; return 0; }
-    awk -F'\t' -v title="$title" '
+    awk -F'\t' -v title="$title" -v first="$start" -v now="$(date +%s)" '
         function dur(s) {
             if (s < 60) return sprintf("%ds", s)
             if (s < 3600) return sprintf("%dm%02ds", int(s / 60), s % 60)
             return sprintf("%dh%02dm", int(s / 3600), int(s % 3600 / 60))
         }
+        NR == 1 { start_given = (first != ""); w = length("wall clock") }
         {
             n++; name[n] = $1; outcome[n] = $2; secs[n] = $3; detail[n] = $5
             if (length(name[n]) > 44) name[n] = substr(name[n], 1, 41) "..."
@@ -116,6 +118,7 @@ steps_summary() {
                 if (d != "") line = line "  " d
                 print line
             }
+            if (start_given) last = now
             printf "  %-" w "s  %-9s %8s\n", "wall clock", "", dur(last - first)
         }' "$file"
 }

@@ -52,7 +52,8 @@ time_step() {  # NAME [--tee] -- COMMAND...
 }
 
 with_summary() {  # TITLE -- COMMAND...
-    local title=$1 rc=0
+    local title=$1 rc=0 started
+    started=$(date +%s)
     shift 2
     if [ -n "${TASKHERD_SUMMARY_OWNER:-}" ]; then
         exec "$@"
@@ -61,7 +62,7 @@ with_summary() {  # TITLE -- COMMAND...
     "$@" || rc=$?
     local file=${TASKHERD_STEPS_FILE:-} tests_rc=
     if [ -s "$file" ]; then
-        steps_summary "$file" "$title"
+        steps_summary "$file" "$title" "$started"
         # The test run's own closing line (pytest's) stays the last line of the output, and its exit
         # status is the run's (make itself would turn any failure into 2).
         awk -F'\t' '$1 == "tests" && $5 != "" {line = $5} END {if (line != "") print "\n" line}' "$file"
