@@ -389,13 +389,33 @@ give_up() {
     LC_ALL=C sort -u "$PRISTINE_FILE" >"$DPKG_PRISTINE_LIST"
     log "seeded $DPKG_PRISTINE_LIST from $PRISTINE_FILE (once: from now on it is the machine's own list)"
 }
+# The machine's memory in use (MiB, machine-wide: run it when nothing else does), every 5 s.
+sample_memory() {
+    while kill -0 "$1" 2>/dev/null; do
+        printf '%s %s\n' "$(date +%s)" "$(free -m | awk '$1 == "Mem:" {print $3}')"
+        sleep 5
+    done >"$REHEARSAL/memory.txt"
+}
+# Disk taken by the packages the rehearsal installed, in MiB (dpkg's Installed-Size).
+packages_mib() {
+    # shellcheck disable=SC2016  # a dpkg-query format, not a shell expansion
+    dpkg_installed | LC_ALL=C comm -23 - <(LC_ALL=C sort -u "$DPKG_PRISTINE_LIST") |
+        xargs -r dpkg-query -W -f='${Installed-Size}\n' | awk '{kib += $1} END {printf "%d", kib / 1024}'
+}
+
 T0=$SECONDS
 failed=0
 phase stop-what-runs stop_what_runs || give_up "could not stop everything (see above): nothing was purged"
 phase purge-packages purge_packages || give_up "the purge failed (see above)"
 phase clone clone || give_up "git clone failed"
+MEMORY_BEFORE=$(free -m | awk '$1 == "Mem:" {print $3}')
+sample_memory "$$" &
+SAMPLER=$!
 phase make-test inner_make make-test test || failed=1
 phase make-demo inner_make make-demo demo DEMO_SHORT=1 || failed=1
+kill "$SAMPLER" 2>/dev/null || true
+MEMORY_PEAK=$(awk '$2 > max {max = $2} END {print max + 0}' "$REHEARSAL/memory.txt")
+PACKAGES_MIB=$(packages_mib)
 if [ -z "${FRESH_KEEP:-}" ]; then phase restore restore || failed=1; fi
 
 {
@@ -405,7 +425,8 @@ if [ -z "${FRESH_KEEP:-}" ]; then phase restore restore || failed=1; fi
     steps_summary "$REHEARSAL/steps-make-test.tsv" "make test (first run)"
     steps_summary "$REHEARSAL/steps-make-demo.tsv" "make demo DEMO_SHORT=1 (right after)"
     echo
-    echo "disk: $(du -sh "$REHEARSAL/home" 2>/dev/null | cut -f1) in TASKHERD_HOME, $(du -sh "$REHEARSAL/clone" 2>/dev/null | cut -f1) in the clone (with .venv)$([ -z "${FRESH_CACHES:-}" ] || echo ", $(du -sh "$REHEARSAL/caches" 2>/dev/null | cut -f1) in the caches")"
+    echo "disk: $(du -sh "$REHEARSAL/home" 2>/dev/null | cut -f1) in TASKHERD_HOME, $(du -sh "$REHEARSAL/clone" 2>/dev/null | cut -f1) in the clone (with .venv), ${PACKAGES_MIB} MiB of Debian packages$([ -z "${FRESH_CACHES:-}" ] || echo ", $(du -sh "$REHEARSAL/caches" 2>/dev/null | cut -f1) in Go's and pip's caches")"
+    echo "memory in use (machine-wide): ${MEMORY_BEFORE} MiB before the runs, ${MEMORY_PEAK} MiB at the peak (memory.txt: every 5 s)"
     echo "logs: $REHEARSAL/logs, $REHEARSAL/home/logs"
 } | tee "$REHEARSAL/timings.txt"
 exit "$failed"
