@@ -173,7 +173,8 @@ run_step_as() {
 }
 step_verb() {
     case "$1" in
-    built) echo building ;; installed) echo installing ;; started) echo starting ;; *) echo running ;;
+    built) echo building ;; installed) echo installing ;; started) echo starting ;; removed) echo removing ;;
+    *) echo running ;;
     esac
 }
 # heartbeat FILE LABEL EXPECTED PARENT_PID: a line every HEARTBEAT_SECONDS while FILE exists and

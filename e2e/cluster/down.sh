@@ -20,8 +20,8 @@ stop_proc kubelet 30
 if proc_pid containerd >/dev/null && [ -x "$CRICTL_BIN/crictl" ]; then
     # Stop and remove every pod sandbox the normal way: CNI DEL, network namespace, mounts.
     if [ -n "$("${CRICTL[@]}" pods -q 2>/dev/null)" ]; then
-        log "removing pod sandboxes"
-        timeout 120 "${CRICTL[@]}" rmp -fa >/dev/null 2>&1 || log "crictl rmp -fa failed; cleaning up by hand"
+        run_step_as removed "pod sandboxes" crictl-rmp timeout 120 "${CRICTL[@]}" rmp -fa ||
+            log "crictl rmp -fa failed; cleaning up by hand"
     fi
 fi
 stop_proc kube-proxy
