@@ -24,8 +24,9 @@ safe_rmtree() {
 }
 
 # cached_image NAME OUT BUILD ARGS...: the image tarball OUT ($IMAGES_CACHE/<name>-<content key>.tar)
-# is reused when it exists; otherwise `BUILD OUT.partial ARGS...` writes it (a step of its own, with
-# its log) and tarballs of the same name with another key are removed. Prints OUT.
+# is reused when it exists; otherwise `BUILD ARGS... OUT.partial` writes it (a step of its own, with
+# its log), it is renamed to OUT, and tarballs of the same name with another key are removed.
+# Prints OUT.
 cached_image() {
     local name=$1 out=$2
     shift 2
@@ -36,7 +37,7 @@ cached_image() {
     fi
     echo "$out"
 }
-write_image() {  # OUT BUILD ARGS...
+write_image() {  # OUT BUILD ARGS...: runs BUILD ARGS... OUT.partial
     local out=$1 old
     shift
     "$@" "$out.partial"
