@@ -51,8 +51,8 @@ services-down:
 	bash scripts/services.sh down
 
 # Cluster tests run when the cluster can be brought up (mk/cluster.mk adds that step). The table
-# of setup steps follows the tests, whatever failed; the exit status is that of the tests (or of
-# the step that stopped the run).
+# of setup steps follows the tests, whatever failed; the recipe exits with pytest's status (or that
+# of the step that stopped the run), which make reports as "Error N" before exiting 2 as usual.
 test:
 	@$(STEPS) with-summary "make test" -- $(MAKE) --no-print-directory test-run
 
