@@ -47,10 +47,18 @@ LOG_TAG=services
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
-refuse_foreign_port() {  # a port held by a process we did not start is a clear error, not a hang
-  if port_in_use "$2"; then
+# A port held on one of our addresses (or on all addresses) by a process we did not start is a clear
+# error, not a hang. A listener on another address is no conflict: the demo's forwarders listen on
+# the cluster bridge with the same port numbers.
+refuse_foreign_port() {  # refuse_foreign_port NAME PORT
+  local taken
+  taken=$(ss -Hltnp "sport = :$2" | awk -v port="$2" -v ours="${TASKHERD_SERVICES_BIND//,/ }" '
+    BEGIN { n = split(ours, a, " "); for (i = 1; i <= n; i++) mine[a[i] ":" port] = 1
+            mine["0.0.0.0:" port] = 1; mine["*:" port] = 1; mine["[::]:" port] = 1 }
+    $4 in mine')
+  if [ -n "$taken" ]; then
     log "port $2 for $1 is in use by a process this script did not start:"
-    ss -Hltnp "sport = :$2" >&2
+    echo "$taken" >&2
     return 1
   fi
 }
