@@ -127,7 +127,7 @@ EOF
   [ -f "$dir/.erlang.cookie" ] || { head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/.erlang.cookie"; }
   chmod 600 "$dir/.erlang.cookie"
   (rabbitmq_env; setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/log/startup.log" 2>&1 </dev/null &)
-  wait_for "rabbitmq node" 90 rabbitmqctl_ -q await_startup || die "rabbitmq did not start (logs: $dir/log)"
+  wait_for "rabbitmq node" 90 rabbitmqctl_ -q -t 5 await_startup || die "rabbitmq did not start (logs: $dir/log)"
   # The default guest account only works from loopback: pods need a real user.
   rabbitmqctl_ -q add_user "$SERVICE_USER" "$SERVICE_PASSWORD" 2>/dev/null || true
   rabbitmqctl_ -q set_user_tags "$SERVICE_USER" administrator
