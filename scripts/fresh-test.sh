@@ -3,7 +3,8 @@
 # as close to a newcomer's as this machine allows.
 #
 #   1. stops what runs: the local cluster (`make cluster-down`, for every TASKHERD_HOME that has one),
-#      the loopback services (`scripts/services.sh down`), the demo's forwarders;
+#      the private dockerds under a TASKHERD_HOME, the loopback services (`scripts/services.sh down`),
+#      the demo's forwarders;
 #   2. purges the Debian packages the machine did not come with (everything installed since
 #      /var/lib/taskherd/dpkg-pristine.txt; scripts/lib.sh apt_install records it) with their data;
 #   3. clones the current commit and runs `make test`, then `make demo DEMO_SHORT=1`, each with a new,
@@ -85,6 +86,7 @@ stopped_by_step_1() {
     local h d
     {
         for h in $(candidate_homes); do live_pids_in "$h"/demo/forward-*.pid | cut -d' ' -f1; done
+        private_dockerds | cut -d' ' -f1
         for h in "${CLUSTER_HOMES[@]}"; do
             live_pids_in "$h"/cluster/run/*.pid | cut -d' ' -f1
             grep -l -- "$h/cluster/containerd/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3
@@ -113,6 +115,19 @@ foreign_blockers() {
     } | sort -u | while read -r pid; do
         case "$(fate "$pid")" in NOT*) echo "$pid $(readlink "/proc/$pid/exe" 2>/dev/null) $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-100)" ;; esac
     done
+}
+# Private dockerds the project's scripts start under a TASKHERD_HOME (the image build's, kind's),
+# each with its pid file: "PID FILE" of the live ones.
+private_dockerds() {
+    local h f exe pid
+    exe=$(readlink -f "$(command -v dockerd 2>/dev/null || echo /usr/sbin/dockerd)")
+    for h in $(candidate_homes); do
+        [ -d "$h" ] || continue
+        find "$h" -maxdepth 3 -name dockerd.pid 2>/dev/null | while read -r f; do
+            pid=$(pidfile_pid "$f" "$exe") && echo "$pid $f"
+        done
+    done
+    return 0
 }
 service_ports() { grep -E '^[A-Z_]+_PORT=' "$REPO_ROOT/scripts/services.env" | cut -d= -f2; }
 
@@ -190,6 +205,7 @@ plan() {
     for h in $(candidate_homes); do
         for f in $(live_pids_in "$h"/demo/forward-*.pid | cut -d' ' -f2); do echo "   demo forwarder             $f"; done
     done
+    for f in $(private_dockerds | cut -d' ' -f2); do echo "   private dockerd            $f (and what runs in it)"; done
     echo "   epmd -kill                 (RabbitMQ's port mapper outlives the broker)"
     local port pid
     for port in $(service_ports); do
@@ -290,6 +306,9 @@ stop_what_runs() {
     done
     for h in "${CLUSTER_HOMES[@]}"; do
         TASKHERD_HOME=$h bash "$REPO_ROOT/e2e/cluster/down.sh" || rc=1
+    done
+    for f in $(private_dockerds | cut -d' ' -f2); do  # dockerd stops its containers and its containerd
+        stop_pidfile dockerd "$f" 60 "$(readlink -f "$(command -v dockerd)")"
     done
     for d in "${SERVICES_DIRS[@]}"; do
         TASKHERD_SERVICES_DIR=$d bash "$REPO_ROOT/scripts/services.sh" down || rc=1
