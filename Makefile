@@ -32,13 +32,12 @@ help:
 	@echo "make bench       benchmarks (figures beside their baselines)"
 	@echo "make fresh-test  rehearse a first run on this machine (stops the services and the cluster; see README.md)"
 
-# The virtualenv is rebuilt when pyproject.toml changes. compat mode puts a plain path in a .pth
-# file: the default mode's import hook would load `re` and friends into every interpreter,
-# `taskherd probe` included (it must stay import-light).
-$(VENV)/.installed: pyproject.toml
+# The virtualenv is rebuilt when a pyproject.toml changes: the two distributions (worker/ and
+# operator/, editable) and the workspace's test and demo tools.
+$(VENV)/.installed: pyproject.toml worker/pyproject.toml operator/pyproject.toml
 	@$(STEPS) run venv venv -- bash -c 'set -e; test -x $(PY) || python3 -m venv $(VENV); \
 	  $(PY) -m pip install --upgrade pip; \
-	  $(PY) -m pip install -e ".[operator,test,demo]" --config-settings editable_mode=compat'
+	  $(PY) -m pip install -e ./worker -e ./operator -e ".[test,demo]"'
 	@touch $@
 
 venv: $(VENV)/.installed

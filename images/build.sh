@@ -25,7 +25,7 @@ BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 
 # Skip the build when nothing that goes into the images changed since the last one (the sources
 # of the distribution, the Dockerfiles, this script, the base image); FORCE=1 rebuilds anyway.
-src_key=$( (cd "$REPO_ROOT" && find pyproject.toml setup.cfg setup.py README.md worker operator \
+src_key=$( (cd "$REPO_ROOT" && find worker operator \
         images/worker images/operator images/build.sh -type f \
         ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -path '*/build/*' -print0 2>/dev/null |
         sort -z | xargs -0 sha256sum; echo "$BASE_TAR $WORKER_IMAGE $OPERATOR_IMAGE") | sha256sum | cut -c1-16)
@@ -52,13 +52,12 @@ cleanup() {
 trap cleanup EXIT
 build_wheels() {
     mkdir -p "$work/src" "$work/wheels"
-    (cd "$REPO_ROOT" && for f in pyproject.toml setup.cfg setup.py README.md LICENSE worker operator; do
-        [ -e "$f" ] && cp -r "$f" "$work/src/"
-    done)
+    cp -r "$REPO_ROOT/worker" "$REPO_ROOT/operator" "$work/src/"
     find "$work/src" \( -name '*.egg-info' -o -name __pycache__ -o -name build \) -prune -exec rm -rf {} +
-    echo "resolving wheels for taskherd[operator] with $("$PY" --version)"
-    "$PY" -m pip wheel --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" "$work/src[operator]"
-    ls "$work/wheels"/taskherd-*.whl
+    echo "resolving wheels for taskherd and taskherd-operator with $("$PY" --version)"
+    "$PY" -m pip wheel --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" \
+        "$work/src/worker" "$work/src/operator"
+    ls "$work/wheels"/taskherd-0*.whl "$work/wheels"/taskherd_operator-*.whl
 }
 run_step "wheels for the images" image-wheels build_wheels
 
