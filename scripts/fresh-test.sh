@@ -89,7 +89,6 @@ stopped_by_step_1() {
         private_dockerds | cut -d' ' -f1
         for h in "${CLUSTER_HOMES[@]}"; do
             live_pids_in "$h"/cluster/run/*.pid | cut -d' ' -f1
-            grep -l -- "$h/cluster/containerd/containerd.sock" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3
         done
         for d in "${SERVICES_DIRS[@]}"; do live_pids_in "$d"/*/pid "$d/postgres/data/postmaster.pid" | cut -d' ' -f1; done
     } | sort -u >"$REHEARSAL/.roots"
@@ -99,10 +98,21 @@ stopped_by_step_1() {
 }
 # fate PID: what step 1 does about a process that blocks a fresh start
 fate() {
-    case " $STOPPED_BY_STEP_1 " in
-    *" $1 "*) echo "stopped in step 1" ;;
-    *) if [ "$(readlink "/proc/$1/exe" 2>/dev/null | sed 's|.*/||')" = epmd ]; then echo "stopped in step 1 (epmd -kill)"; else echo "NOT started by the project's scripts: refused"; fi ;;
-    esac
+    local h
+    case " $STOPPED_BY_STEP_1 " in *" $1 "*) echo "stopped in step 1"; return 0 ;; esac
+    if [ "$(readlink "/proc/$1/exe" 2>/dev/null | sed 's|.*/||')" = epmd ]; then
+        echo "stopped in step 1 (epmd -kill)"
+        return 0
+    fi
+    # A containerd shim outlives its containerd by design; the shims of the cluster's containerd
+    # (down.sh kills them) and of a private dockerd's (they end with its containers) are ours.
+    for h in $(candidate_homes); do
+        if tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q -- "-address $h/"; then
+            echo "stopped in step 1 (a shim of a containerd under $h)"
+            return 0
+        fi
+    done
+    echo "NOT started by the project's scripts: refused"
 }
 port_holders() { ss -Hltnp "sport = :$1" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u; }
 # What would survive step 1 and keep the machine from being fresh: a process of another origin
@@ -159,17 +169,28 @@ check_purge_plan() {
     [ -z "$extra" ] || die "purging them would also remove packages the machine came with: ${extra//$'\n'/ }"
 }
 
+# The processes that see this machine's files: a process in a container has a mount namespace of its
+# own, and its binaries come from its image, not from the host's packages.
+host_processes() {
+    local me p
+    me=$(readlink /proc/self/ns/mnt)
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$me" ] && echo "$p"
+    done
+    return 0
+}
 # Processes running a binary of a package about to be purged: "PID EXE PACKAGE".
 processes_of() {
-    local exes
-    exes=$(for p in /proc/[0-9]*; do readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//' || true; done | LC_ALL=C sort -u)
+    local exes procs
+    procs=$(host_processes)
+    exes=$(for p in $procs; do readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//' || true; done | LC_ALL=C sort -u)
     [ -n "$exes" ] || return 0
     # "pkg[:arch][, pkg…]: /path" for the executables dpkg knows
     # shellcheck disable=SC2086  # one path a word
     dpkg -S $exes 2>/dev/null | awk -F': ' '{n = split($1, p, ", "); for (i = 1; i <= n; i++) {sub(/:.*/, "", p[i]); print p[i], $2}}' |
         LC_ALL=C sort -u >"$REHEARSAL/.exe-packages" || true
     local p exe pkg
-    for p in /proc/[0-9]*; do
+    for p in $procs; do
         exe=$(readlink "$p/exe" 2>/dev/null | sed 's/ (deleted)$//') || continue
         [ -n "$exe" ] || continue
         pkg=$(awk -v e="$exe" '$2 == e {print $1}' "$REHEARSAL/.exe-packages" | head -1)
