@@ -1,6 +1,7 @@
 """In-memory stand-ins for the operator's injected dependencies (fast tests of the poll loop)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -8,7 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from taskherd.operator.kube import NotFound
 from taskherd.operator.metrics import OperatorMetrics
-from taskherd.operator.reconcile import Deps
+from taskherd.operator.plan import PoolMemory
+from taskherd.operator.poll import Deps, poll_once
 from taskherd.operator.scaling import Observation
 
 
@@ -100,3 +102,19 @@ def pool_body(**spec) -> dict[str, Any]:
 def running_pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"phase": "Running", "podIP": "10.0.0.1",
                                                    "containerStatuses": [{"name": "worker", "restartCount": 0}]}}
+
+
+class PolledPool:
+    """One WorkerPool polled again and again as the scheduler does: the memory of one poll and the
+    status it wrote are what the next poll starts from."""
+
+    def __init__(self, deps: Deps, body: dict[str, Any] | None = None) -> None:
+        self.deps, self.body, self.memory = deps, body or pool_body(), PoolMemory()
+        self.last = None
+
+    def poll(self) -> dict[str, Any]:
+        self.last = asyncio.run(poll_once(self.body, self.memory, self.deps))
+        self.memory = self.last.memory
+        if self.last.status is not None:
+            self.body["status"] = {k: v for k, v in self.last.status.items() if v is not None}
+        return self.last.status

@@ -8,19 +8,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fakes import Clock, FakeBroker, FakeKube, make_deps, pool_body, running_pod  # noqa: E402
+from fakes import Clock, FakeBroker, FakeKube, PolledPool, make_deps, pool_body, running_pod  # noqa: E402
 
 from taskherd.operator.deletion_cost import ANNOTATION, removed_by_replicaset  # noqa: E402
-from taskherd.operator.observe import ObservationError  # noqa: E402
-from taskherd.operator.reconcile import PoolMemory, poll_once  # noqa: E402
+from taskherd.operator.broker import ObservationError  # noqa: E402
 from taskherd.operator.scaling import Observation  # noqa: E402
 from taskherd.operator.scheduler import PoolScheduler  # noqa: E402
-
-
-def poll(body, memory, deps):
-    status = asyncio.run(poll_once(body, memory, deps))
-    body["status"] = {k: v for k, v in status.items() if v is not None}
-    return status
 
 
 def condition(status, type_):
@@ -30,7 +23,7 @@ def condition(status, type_):
 def test_work_on_an_idle_pool_scales_from_zero_on_the_first_poll():
     kube = FakeKube(replicas={"workers": 0})
     deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0, oldest_message_age_seconds=4.2)))
-    status = poll(pool_body(), PoolMemory(), deps)
+    status = PolledPool(deps).poll()
     assert kube.scale_calls == [5]
     assert status["desiredReplicas"] == 5 and status["observedDepth"] == 23
     assert status["oldestMessageAgeSeconds"] == 4 and status["phase"] == "ScalingUp"
@@ -42,9 +35,9 @@ def test_an_unreachable_broker_is_a_condition_with_the_error_and_replicas_hold()
     kube = FakeKube(replicas={"workers": 3})
     error = ObservationError("BrokerUnreachable: redis://:s3cret@redis:6379/0 refused")
     deps = make_deps(kube, FakeBroker(error=error))
-    body, memory = pool_body(), PoolMemory()
+    pool = PolledPool(deps)
     for _ in range(3):
-        status = poll(body, memory, deps)
+        status = pool.poll()
         deps.clock.t += 5
     assert kube.scale_calls == []
     cond = condition(status, "BrokerReachable")
@@ -54,14 +47,14 @@ def test_an_unreachable_broker_is_a_condition_with_the_error_and_replicas_hold()
 
 def test_a_missing_deployment_is_reported():
     deps = make_deps(FakeKube(), FakeBroker(Observation(ready=1, unacked=0)))
-    status = poll(pool_body(), PoolMemory(), deps)
+    status = PolledPool(deps).poll()
     assert status["phase"] == "ScaleTargetMissing"
     assert "ns/workers not found" in condition(status, "ScaleTargetFound")["message"]
 
 
 def test_an_invalid_spec_is_reported_not_raised():
     deps = make_deps(FakeKube(replicas={"workers": 1}), FakeBroker(Observation(ready=1, unacked=0)))
-    status = poll(pool_body(minReplicas=20), PoolMemory(), deps)
+    status = PolledPool(deps, pool_body(minReplicas=20)).poll()
     assert status["phase"] == "InvalidSpec"
     assert "spec.minReplicas=20" in condition(status, "Ready")["message"]
 
@@ -72,17 +65,17 @@ def test_scale_down_waits_for_the_window_then_marks_idle_pods_cheapest():
     broker = FakeBroker(Observation(ready=0, unacked=2))
     clock = Clock()
     deps = make_deps(kube, broker, busy={"w0": 0, "w1": 1, "w2": 0, "w3": 1}, clock=clock)
-    body, memory = pool_body(), PoolMemory()
+    pool = PolledPool(deps)
     for _ in range(12):  # 55 s < the 60 s window
-        poll(body, memory, deps)
+        pool.poll()
         clock.t += 5
     assert kube.scale_calls == [] and kube.annotations == {}
-    poll(body, memory, deps)  # now the history covers the window
+    pool.poll()  # now the history covers the window
     assert kube.scale_calls == [2], "down to the 2 busy workers, not below"
     assert kube.annotations == {"w0": "0", "w1": "1", "w2": "0", "w3": "1"}
     assert sorted(removed_by_replicaset({p["metadata"]["name"]: int(p["metadata"]["annotations"][ANNOTATION])
                                          for p in pods}, 2)) == ["w0", "w2"]
-    assert body["status"]["busyWorkers"] == 2 and body["status"]["phase"] == "ScalingDown"
+    assert pool.body["status"]["busyWorkers"] == 2 and pool.body["status"]["phase"] == "ScalingDown"
 
 
 def test_dead_letters_page_once_resend_and_resolve():
@@ -91,23 +84,22 @@ def test_dead_letters_page_once_resend_and_resolve():
     broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
     clock = Clock()
     deps = make_deps(kube, broker, posts=posts, clock=clock)
-    body = pool_body(minReplicas=1, deadLetter={"threshold": 2, "alertmanagerUrl": "http://am:9093"})
-    memory = PoolMemory()
-    status = poll(body, memory, deps)
+    pool = PolledPool(deps, pool_body(minReplicas=1, deadLetter={"threshold": 2, "alertmanagerUrl": "http://am:9093"}))
+    status = pool.poll()
     assert [e[:2] for e in kube.posted_events] == [("Warning", "DeadLetterThreshold")]
     assert len(posts) == 1 and posts[0][0] == "http://am:9093/api/v2/alerts"
     assert posts[0][1][0]["labels"]["queue"] == "celery.dlq"
     assert condition(status, "DeadLetterAlert")["status"] == "True" and status["phase"] == "DeadLetterAlert"
     for _ in range(11):  # 55 s: no re-send, no new event
         clock.t += 5
-        poll(body, memory, deps)
+        pool.poll()
     assert len(posts) == 1 and len(kube.posted_events) == 1
     clock.t += 5
-    poll(body, memory, deps)
+    pool.poll()
     assert len(posts) == 2, "re-sent after the 60 s resend interval"
     broker.observation = Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 1})
     clock.t += 5
-    status = poll(body, memory, deps)
+    status = pool.poll()
     assert len(posts) == 3 and posts[2][1][0]["endsAt"] < posts[1][1][0]["endsAt"]
     assert [e[:2] for e in kube.posted_events][-1] == ("Normal", "DeadLetterResolved")
     assert condition(status, "DeadLetterAlert")["status"] == "False"
@@ -120,9 +112,9 @@ def test_a_restarted_operator_does_not_page_twice():
     broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
     deps = make_deps(kube, broker, posts=posts)
     body = pool_body(minReplicas=1, deadLetter={"alertmanagerUrl": "http://am:9093"})
-    poll(body, PoolMemory(), deps)
+    PolledPool(deps, body).poll()
     deps.clock.t += 5
-    poll(body, PoolMemory(), deps)  # fresh memory: the state comes from the status
+    PolledPool(deps, body).poll()  # fresh memory: the state comes from the status
     assert len(posts) == 1 and len(kube.posted_events) == 1
 
 
@@ -130,19 +122,19 @@ def test_an_undeliverable_page_is_a_condition_and_is_retried():
     kube = FakeKube(replicas={"workers": 1})
     broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
     deps = make_deps(kube, broker, fail_posts=True)
-    body, memory = pool_body(minReplicas=1, deadLetter={"webhookUrl": "http://hook"}), PoolMemory()
-    status = poll(body, memory, deps)
+    pool = PolledPool(deps, pool_body(minReplicas=1, deadLetter={"webhookUrl": "http://hook"}))
+    status = pool.poll()
     assert condition(status, "DeadLetterAlert")["reason"] == "PageNotDelivered"
     assert "alertmanager down" in condition(status, "DeadLetterAlert")["message"]
-    assert memory.paging.firing["celery.dlq"].last_sent is None
+    assert pool.memory.paging.firing["celery.dlq"].last_sent is None
 
 
 def test_a_steady_pool_writes_its_status_once():
     kube = FakeKube(replicas={"workers": 1})
     deps = make_deps(kube, FakeBroker(Observation(ready=2, unacked=1)))
-    body, memory = pool_body(minReplicas=1), PoolMemory()
+    pool = PolledPool(deps, pool_body(minReplicas=1))
     for _ in range(5):
-        poll(body, memory, deps)
+        pool.poll()
         deps.clock.t += 5
     assert len(kube.statuses) == 1
 
@@ -154,7 +146,7 @@ def test_terminations_appear_in_the_status():
                                                   "finishedAt": "2026-11-29T10:00:00Z"}})
     kube = FakeKube(replicas={"workers": 1}, pods=[pod])
     deps = make_deps(kube, FakeBroker(Observation(ready=0, unacked=0)))
-    status = poll(pool_body(minReplicas=1), PoolMemory(), deps)
+    status = PolledPool(deps, pool_body(minReplicas=1)).poll()
     assert status["recentTerminations"][0] == {"pod": "w0", "container": "worker", "reason": "OOMKilled",
                                                "exitCode": 137, "finishedAt": "2026-11-29T10:00:00Z",
                                                "restartCount": 2}
@@ -192,7 +184,66 @@ def test_an_api_error_reading_the_scale_is_a_condition():
             raise PermissionError("403 deployments/scale is forbidden")
 
     deps = make_deps(Forbidden(), FakeBroker(Observation(ready=1, unacked=0)))
-    status = poll(pool_body(), PoolMemory(), deps)
+    status = PolledPool(deps).poll()
     cond = condition(status, "ScaleTargetFound")
     assert cond["status"] == "False" and "forbidden" in cond["message"]
     assert status["phase"] == "ScaleTargetMissing"
+
+
+def test_a_dry_run_reads_decides_and_logs_every_write_without_making_it(caplog):
+    from taskherd.operator.kube import DryRunKube
+
+    pods = [running_pod(f"w{i}") for i in range(3)]
+    kube = FakeKube(replicas={"workers": 3}, pods=pods)
+    deps = make_deps(DryRunKube(kube), FakeBroker(Observation(ready=40, unacked=0,
+                                                              dead_letters={"celery.dlq": 2})))
+    pool = PolledPool(deps, pool_body(deadLetter={"alertmanagerUrl": "http://am:9093"}))
+    with caplog.at_level("INFO", logger="taskherd.operator"):
+        status = pool.poll()
+    assert (kube.scale_calls, kube.statuses, kube.posted_events) == ([], [], [])
+    assert status["desiredReplicas"] == 8
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("**DRY-RUN**")]
+    assert "**DRY-RUN**: would scale Deployment ns/workers to 8 replicas" in lines
+    assert any(line.startswith("**DRY-RUN**: would post Warning Event DeadLetterThreshold") for line in lines)
+    assert "**DRY-RUN**: would patch the status of WorkerPool ns/pool" in lines
+
+
+def test_worker_pods_that_cannot_be_listed_block_a_scale_down():
+    class PodsForbidden(FakeKube):
+        async def list_pods(self, namespace, selector):
+            raise PermissionError("403 pods is forbidden")
+
+    kube = PodsForbidden(replicas={"workers": 4})
+    deps = make_deps(kube, FakeBroker(Observation(ready=0, unacked=0)))
+    pool = PolledPool(deps, pool_body(scaleDownStabilizationSeconds=0))
+    status = pool.poll()
+    assert kube.scale_calls == [] and status["desiredReplicas"] == 4
+    assert "4 workers are busy" in status["lastDecisionReason"]
+    assert pool.last.errors == ["busyness"]
+
+
+def test_a_failing_condition_posts_one_warning_event_not_one_per_poll():
+    kube = FakeKube(replicas={})
+    deps = make_deps(kube, FakeBroker(Observation(ready=1, unacked=0)))
+    pool = PolledPool(deps)
+    for _ in range(4):
+        pool.poll()
+        deps.clock.t += 5
+    assert [e[:2] for e in kube.posted_events] == [("Warning", "NotFound")]
+
+
+def test_the_scheduler_logs_one_summary_line_per_round(caplog):
+    async def scenario():
+        kube = FakeKube(replicas={"workers": 0, "other": 1})
+        deps = make_deps(kube, FakeBroker(Observation(ready=12, unacked=0)))
+        scheduler = PoolScheduler(deps=deps, monotonic=lambda: 0.0)
+        scheduler.upsert(pool_body())
+        second = pool_body(scaleTargetRef={"name": "missing"})
+        second["metadata"]["name"] = "broken"
+        scheduler.upsert(second)
+        await asyncio.gather(*scheduler.start_due())
+
+    with caplog.at_level("INFO", logger="taskherd.operator"):
+        asyncio.run(scenario())
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("poll completed")]
+    assert summaries == ["poll completed: pools=2 scaled=1 paged=0 errors=1"]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fakes import FakeKube  # noqa: E402
 
 from taskherd.operator.alerts import HttpPoster, deliver  # noqa: E402
-from taskherd.operator.observe import BrokerObserver, ObservationError  # noqa: E402
+from taskherd.operator.broker import BrokerObserver, ObservationError  # noqa: E402
 from taskherd.operator.paging import PagingState, step  # noqa: E402
 from taskherd.operator.policy import BrokerSpec  # noqa: E402
 

@@ -14,8 +14,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .deletion_cost import PodBusyness
+from .worker_contract import WORKER_METRICS_PORT
 
-METRICS_PORT = 9808
 IN_FLIGHT_METRIC = "taskherd_tasks_in_flight"
 
 BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | None"]]
@@ -42,7 +42,7 @@ def pod_is_running(pod: Mapping[str, Any]) -> bool:
 class MetricsBusynessReader:
     """GET http://<podIP>:<port>/metrics and read the in-flight gauge."""
 
-    def __init__(self, *, port: int = METRICS_PORT, timeout: float = 2.0,
+    def __init__(self, *, port: int = WORKER_METRICS_PORT, timeout: float = 2.0,
                  client: httpx.AsyncClient | None = None) -> None:
         self.port = port
         self._client = client or httpx.AsyncClient(timeout=timeout)

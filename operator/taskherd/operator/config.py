@@ -6,11 +6,15 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from .metrics import METRICS_PORT
+from .worker_contract import OPERATOR_METRICS_PORT, WORKER_METRICS_PORT
 
 
 def _namespaces(value: str | None) -> list[str]:
     return [n.strip() for n in (value or "").split(",") if n.strip()]
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("0", "false", "no", "")
 
 
 @dataclass(kw_only=True)
@@ -24,13 +28,16 @@ class OperatorConfig:
     #: False = standalone (a single replica, no Lease).
     leader_election: bool = True
     #: port of the operator's /metrics; 0 disables.
-    metrics_port: int = METRICS_PORT
+    metrics_port: int = OPERATOR_METRICS_PORT
     #: kopf's liveness endpoint.
     liveness_endpoint: str | None = "http://0.0.0.0:8080/healthz"
     #: Alertmanager used when a WorkerPool names no alert target.
     default_alertmanager_url: str | None = None
     #: port of the workers' metrics (taskherd_tasks_in_flight).
-    worker_metrics_port: int = 9808
+    worker_metrics_port: int = WORKER_METRICS_PORT
+    #: log every write (scale, annotation, status, Event, page) as `**DRY-RUN**: would …` instead
+    #: of making it; implies no leader election (taking the Lease is a write too).
+    dry_run: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
@@ -40,9 +47,10 @@ class OperatorConfig:
             namespaces=_namespaces(env.get("TASKHERD_WATCH_NAMESPACES")) or [own],
             lease_namespace=own,
             lease_name=env.get("TASKHERD_LEASE_NAME", "taskherd-operator"),
-            leader_election=env.get("TASKHERD_LEADER_ELECTION", "true").lower() not in ("0", "false", "no"),
-            metrics_port=int(env.get("TASKHERD_OPERATOR_METRICS_PORT", METRICS_PORT)),
+            leader_election=_flag(env.get("TASKHERD_LEADER_ELECTION", "true")),
+            metrics_port=int(env.get("TASKHERD_OPERATOR_METRICS_PORT", OPERATOR_METRICS_PORT)),
             liveness_endpoint=env.get("TASKHERD_LIVENESS_ENDPOINT", "http://0.0.0.0:8080/healthz") or None,
             default_alertmanager_url=env.get("TASKHERD_ALERTMANAGER_URL") or None,
-            worker_metrics_port=int(env.get("TASKHERD_WORKER_METRICS_PORT", 9808)),
+            worker_metrics_port=int(env.get("TASKHERD_WORKER_METRICS_PORT", WORKER_METRICS_PORT)),
+            dry_run=_flag(env.get("TASKHERD_DRY_RUN", "false")),
         )

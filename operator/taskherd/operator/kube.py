@@ -4,6 +4,7 @@ client model classes. The exact verbs used here are listed in rbac.md."""
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -21,7 +22,7 @@ class NotFound(LookupError):
 
 
 class Kube(Protocol):
-    """What the reconcile loop needs from the API; tests implement it in memory."""
+    """What a poll needs from the API; tests implement it in memory, DryRunKube logs its writes."""
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, str]: ...
     async def get_scale(self, namespace: str, deployment: str) -> tuple[int, int, str]:
@@ -113,3 +114,39 @@ class ApiKube:
 
     async def close(self) -> None:
         await self.api.close()
+
+
+class DryRunKube:
+    """Reads through `inner`; every write is logged as kube-janitor does (`**DRY-RUN**: would …`)
+    and not made. `python -m taskherd.operator --dry-run` shows what the operator would do to a
+    cluster it does not own yet."""
+
+    def __init__(self, inner: Kube, log: logging.Logger | None = None) -> None:
+        self.inner = inner
+        self.log = log or logging.getLogger("taskherd.operator")
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, str]:
+        return await self.inner.read_secret(namespace, name)
+
+    async def get_scale(self, namespace: str, deployment: str) -> tuple[int, int, str]:
+        return await self.inner.get_scale(namespace, deployment)
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return await self.inner.list_pods(namespace, selector)
+
+    async def list_pod_events(self, namespace: str) -> list[dict[str, Any]]:
+        return await self.inner.list_pod_events(namespace)
+
+    async def set_scale(self, namespace: str, deployment: str, replicas: int) -> None:
+        self.log.info("**DRY-RUN**: would scale Deployment %s/%s to %d replicas", namespace, deployment, replicas)
+
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        self.log.info("**DRY-RUN**: would annotate pod %s/%s with %s=%s", namespace, name, key, value)
+
+    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.log.info("**DRY-RUN**: would patch the status of WorkerPool %s/%s", namespace, name)
+
+    async def post_event(self, namespace: str, pool: dict[str, Any], *, type: str, reason: str,
+                         message: str) -> None:
+        self.log.info("**DRY-RUN**: would post %s Event %s on WorkerPool %s/%s: %s", type, reason, namespace,
+                      (pool.get("metadata") or {}).get("name"), message)

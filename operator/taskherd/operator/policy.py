@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .worker_contract import dead_letter_queue
+
 #: Poll interval when the spec does not say.
 DEFAULT_POLL_INTERVAL_SECONDS = 5.0
 #: Scale-down window: the HPA's default, so that nobody is surprised by faster scale-down.
@@ -91,7 +93,7 @@ def parse_spec(spec: Mapping[str, Any]) -> PoolSpec:
     _check(bool(secret.get("name")), "broker.secretRef.name", secret.get("name"), "a Secret name")
     queues = tuple(broker.get("queues") or ())
     _check(len(queues) > 0, "broker.queues", list(queues), "a non-empty list of queue names")
-    dlqs = tuple(broker.get("deadLetterQueues") or (f"{q}.dlq" for q in queues))
+    dlqs = tuple(broker.get("deadLetterQueues") or (dead_letter_queue(q) for q in queues))
     dl = spec.get("deadLetter") or {}
     dead_letter = DeadLetterSpec(
         threshold=int(dl.get("threshold", DEFAULT_DEAD_LETTER_THRESHOLD)),

@@ -3,7 +3,7 @@
 `desired_replicas()` decides; the caller applies the result through the Deployment's scale
 subresource and appends `decision.recommendation` to the history it passes next time.
 
-Rules (each one a property test in tests/operator/test_scaling.py):
+Rules (each one a property test in tests/operator/test_operator_scaling.py):
 - depth (ready + unacked) needs ceil(depth / targetDepthPerWorker) workers; scale-up goes there in
   one step, and 0 -> N happens on the first poll that sees work;
 - an oldest waiting message older than maxOldestMessageAgeSeconds adds workers even when the

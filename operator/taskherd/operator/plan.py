@@ -1,0 +1,326 @@
+"""What one poll of one WorkerPool should do, decided from what it observed (pure, clock in the snapshot).
+
+`plan()` turns a `Snapshot` (everything the observe step read) and the pool's `PoolMemory` into a
+`Plan`: the scale change, the pod-deletion-cost annotations, the Events and the pages to send.
+The apply step carries the plan out and reports an `Outcome`; `settle()` then folds the outcome
+into the status and the memory kept for the next poll. Neither function performs any I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from .alerts import rfc3339
+from .deletion_cost import PodBusyness, annotations_to_change, busy_count, deletion_costs
+from .paging import Page, PagingState, step
+from .policy import PoolSpec
+from .scaling import Decision, Observation, Recommendation, desired_replicas, prune_history
+from .status import Conditions
+from .terminations import recent_terminations
+
+#: pods and their Events are read for the termination report at most this often.
+TERMINATIONS_EVERY_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why something could not be read: `reason` is CamelCase (a condition reason and Event reason)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The scale subresource of the target: replicas asked for, replicas that exist, pod selector."""
+
+    replicas: int
+    current_replicas: int
+    selector: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """Everything one poll read, before anything was decided."""
+
+    body: Mapping[str, Any]
+    now: float
+    spec: PoolSpec | None = None
+    spec_problem: Problem | None = None
+    observation: Observation | None = None
+    broker_problem: Problem | None = None
+    scale: Scale | None = None
+    scale_problem: Problem | None = None
+    #: every worker pod's busyness; read only when a scale-down is on the table.
+    busyness: tuple[PodBusyness, ...] | None = None
+    #: pod name -> its pod-deletion-cost annotation as found.
+    cost_annotations: Mapping[str, str | None] = field(default_factory=dict)
+    #: worker pods and their Events, when the termination report was due and could be read.
+    pods: tuple[Mapping[str, Any], ...] | None = None
+    pod_events: tuple[Mapping[str, Any], ...] = ()
+    #: what could not be read, by kind (the `kind` label of taskherd_operator_errors_total).
+    errors: tuple[str, ...] = ()
+
+    @property
+    def namespace(self) -> str:
+        return self.body["metadata"]["namespace"]
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def previous_status(self) -> Mapping[str, Any]:
+        return self.body.get("status") or {}
+
+
+@dataclass
+class PoolMemory:
+    """What one pool's polls keep between polls (lost on restart, on purpose: a new leader first
+    watches a whole stabilisation window before scaling down)."""
+
+    history: list[Recommendation] = field(default_factory=list)
+    paging: PagingState | None = None  # None: not yet loaded from the status
+    last_scale_time: str | None = None
+    last_scale_reason: str | None = None
+    terminations: list[dict[str, Any]] = field(default_factory=list)
+    terminations_read_at: float = -math.inf
+
+    def loaded(self, status: Mapping[str, Any]) -> "PoolMemory":
+        """On the first poll, what the status remembers (pages sent, last scale, terminations)."""
+        if self.paging is not None:
+            return self
+        return replace(self, paging=PagingState.from_status(status.get("deadLetterAlert")),
+                       last_scale_time=status.get("lastScaleTime"), last_scale_reason=status.get("lastScaleReason"),
+                       terminations=list(status.get("recentTerminations") or []))
+
+    def terminations_due(self, now: float) -> bool:
+        return now - self.terminations_read_at >= TERMINATIONS_EVERY_SECONDS
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    replicas_before: int
+    replicas: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.replicas_before} -> {self.replicas}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where and how the pages of this pool go, as the spec says (the operator may add a default
+    Alertmanager); no target at all means condition and Event only."""
+
+    alertmanager_url: str | None
+    webhook_url: str | None
+    severity: str
+    threshold: int
+
+
+@dataclass
+class Plan:
+    memory: PoolMemory
+    conditions: Conditions
+    decision: Decision | None = None
+    scale: ScaleChange | None = None
+    #: pod name -> pod-deletion-cost to write before the scale-down.
+    deletion_costs: Mapping[str, int] = field(default_factory=dict)
+    events: list[EventSpec] = field(default_factory=list)
+    pages: list[Page] = field(default_factory=list)
+    delivery: Delivery | None = None
+    #: status fields known before anything is applied.
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """What the apply step managed to do."""
+
+    scaled: bool = False
+    scale_error: str | None = None
+    #: dead-letter queue -> why its page was not delivered.
+    undelivered: dict[str, str] = field(default_factory=dict)
+    delivered: int = 0
+    #: error kinds (the `kind` label of taskherd_operator_errors_total).
+    errors: list[str] = field(default_factory=list)
+
+
+def needs_busyness(spec: PoolSpec, observation: Observation | None, current_replicas: int,
+                   memory: PoolMemory, now: float) -> bool:
+    """Busyness only matters for a scale-down: the observe step reads it only then."""
+    decision = desired_replicas(spec.scaling, observation, current_replicas, 0, memory.history, now)
+    return decision.replicas < current_replicas
+
+
+def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
+    now, spec = snapshot.now, snapshot.spec
+    memory = memory.loaded(snapshot.previous_status)
+    conditions = Conditions(snapshot.previous_status.get("conditions"), now)
+    result = Plan(memory=memory, conditions=conditions,
+                  status={"observedGeneration": snapshot.body["metadata"].get("generation")})
+    if spec is None:
+        problem = snapshot.spec_problem or Problem("InvalidSpec", "the spec could not be read")
+        conditions.set("Ready", False, problem.reason, problem.message)
+        result.events += _failure_events(conditions, "Ready")
+        result.status["phase"] = "InvalidSpec"
+        return result
+
+    observation = snapshot.observation
+    if observation is not None:
+        conditions.set("BrokerReachable", True, "Observed",
+                       f"inspected {len(spec.broker.queues)} queues and "
+                       f"{len(spec.broker.dead_letter_queues)} dead-letter queues")
+    else:
+        problem = snapshot.broker_problem or Problem("BrokerUnreachable", "the queues could not be observed")
+        conditions.set("BrokerReachable", False, problem.reason, problem.message)
+    if snapshot.scale is not None:
+        conditions.set("ScaleTargetFound", True, "Found", f"Deployment {spec.deployment}")
+    else:
+        problem = snapshot.scale_problem or Problem("ReadFailed", "the scale could not be read")
+        conditions.set("ScaleTargetFound", False, problem.reason, problem.message)
+    result.events += _failure_events(conditions, "BrokerReachable", "ScaleTargetFound")
+
+    if snapshot.scale is not None:
+        _plan_scale(result, spec, snapshot, memory)
+    if snapshot.pods is not None:
+        result.memory = replace(result.memory, terminations_read_at=now, terminations=recent_terminations(
+            snapshot.pods, snapshot.pod_events, result.memory.terminations))
+    _plan_pages(result, spec, observation, now)
+    if observation is not None:
+        result.status.update(
+            observedDepth=observation.depth, readyMessages=observation.ready, unackedMessages=observation.unacked,
+            oldestMessageAgeSeconds=None if observation.oldest_message_age_seconds is None
+            else int(observation.oldest_message_age_seconds),
+            deadLetterDepth=observation.dead_letter_depth, deadLetterQueues=dict(observation.dead_letters))
+    return result
+
+
+def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMemory) -> None:
+    scale, now = snapshot.scale, snapshot.now
+    if snapshot.busyness is not None:
+        busy = busy_count(snapshot.busyness)
+    elif needs_busyness(spec, snapshot.observation, scale.replicas, memory, now):
+        busy = scale.replicas  # the pods could not be read: never remove what we cannot prove idle
+    else:
+        busy = 0
+    decision = desired_replicas(spec.scaling, snapshot.observation, scale.replicas, busy, memory.history, now)
+    result.decision = decision
+    if decision.recommendation is not None:
+        result.memory = replace(result.memory, history=prune_history(
+            memory.history + [decision.recommendation], now, spec.scaling.scale_down_stabilization_seconds))
+    if decision.replicas < scale.replicas and snapshot.busyness is not None:
+        result.deletion_costs = annotations_to_change(deletion_costs(snapshot.busyness), snapshot.cost_annotations)
+    if decision.replicas != scale.replicas:
+        result.scale = ScaleChange(scale.replicas, decision.replicas, decision.reason)
+    result.status.update(currentReplicas=scale.current_replicas, desiredReplicas=decision.replicas)
+    if snapshot.busyness is not None:
+        result.status["busyWorkers"] = busy
+
+
+def _plan_pages(result: Plan, spec: PoolSpec, observation: Observation | None, now: float) -> None:
+    dl = spec.dead_letter
+    state, pages = step(result.memory.paging or PagingState(),
+                        None if observation is None else observation.dead_letters,
+                        threshold=dl.threshold, resend_interval=dl.resend_interval_seconds, now=now)
+    result.memory = replace(result.memory, paging=state)
+    result.pages = pages
+    result.delivery = Delivery(alertmanager_url=dl.alertmanager_url, webhook_url=dl.webhook_url,
+                               severity=dl.severity, threshold=dl.threshold)
+    for page in pages:
+        if page.kind == "fire":
+            result.events.append(EventSpec("Warning", "DeadLetterThreshold",
+                                           f"dead-letter queue {page.queue} holds {page.depth} messages "
+                                           f"(threshold {dl.threshold})"))
+        elif page.kind == "resolve":
+            result.events.append(EventSpec("Normal", "DeadLetterResolved",
+                                           f"dead-letter queue {page.queue} is below the threshold "
+                                           f"({page.depth} < {dl.threshold})"))
+
+
+def _failure_events(conditions: Conditions, *types: str) -> list[EventSpec]:
+    """One Warning Event when a condition turns False (not on every poll while it stays False)."""
+    return [EventSpec("Warning", conditions.get(t)["reason"], conditions.get(t)["message"])
+            for t in types if conditions.newly_failing(t)]
+
+
+def settle(snapshot: Snapshot, planned: Plan, outcome: Outcome) -> tuple[dict[str, Any], PoolMemory]:
+    """The status to write and the memory to keep, once the plan was applied as `outcome` says."""
+    conditions, memory, status = planned.conditions, planned.memory, dict(planned.status)
+    spec, now = snapshot.spec, snapshot.now
+    if spec is None:
+        status["conditions"] = conditions.as_list()
+        return status, memory
+    if planned.decision is not None:
+        if outcome.scale_error:
+            conditions.set("ScalingActive", False, "ScaleFailed", outcome.scale_error)
+        else:
+            conditions.set("ScalingActive", True, "Decided", planned.decision.reason)
+    if outcome.scaled and planned.scale is not None:
+        memory = replace(memory, last_scale_time=rfc3339(now), last_scale_reason=planned.scale.describe())
+    paging = memory.paging or PagingState()
+    for queue in outcome.undelivered:
+        paging = paging.unsent(queue)
+    memory = replace(memory, paging=paging)
+
+    threshold = spec.dead_letter.threshold
+    if paging.firing:
+        undelivered = "; ".join(outcome.undelivered.values())
+        conditions.set("DeadLetterAlert", True, "PageNotDelivered" if undelivered else "ThresholdExceeded",
+                       "; ".join(f"{q}: {f.depth} >= {threshold}" for q, f in sorted(paging.firing.items()))
+                       + (f"; {undelivered}" if undelivered else ""))
+    else:
+        conditions.set("DeadLetterAlert", False, "BelowThreshold",
+                       f"every dead-letter queue holds fewer than {threshold} messages")
+    ready = conditions.is_true("BrokerReachable") and conditions.is_true("ScaleTargetFound")
+    conditions.set("Ready", ready, "Polling" if ready else "Degraded",
+                   "observing and scaling" if ready else "see BrokerReachable and ScaleTargetFound")
+
+    previous = snapshot.previous_status
+    new_alert = paging.to_status()
+    status["deadLetterAlert"] = {**{q: None for q in previous.get("deadLetterAlert") or {} if q not in new_alert},
+                                 **new_alert}
+    decision = planned.decision
+    scale = snapshot.scale
+    status.setdefault("busyWorkers", previous.get("busyWorkers"))
+    status.update(
+        lastScaleTime=memory.last_scale_time, lastScaleReason=memory.last_scale_reason,
+        lastDecisionReason=decision.reason if decision else previous.get("lastDecisionReason"),
+        recentTerminations=memory.terminations, conditions=conditions.as_list(),
+        phase=_phase(conditions, desired=decision.replicas if decision else None,
+                     current=scale.replicas if scale else None, observation=snapshot.observation))
+    return status, memory
+
+
+def _phase(conditions: Conditions, *, desired: int | None, current: int | None,
+           observation: Observation | None) -> str:
+    if not conditions.is_true("ScaleTargetFound"):
+        return "ScaleTargetMissing"
+    if not conditions.is_true("BrokerReachable"):
+        return "BrokerUnreachable"
+    if conditions.is_true("DeadLetterAlert"):
+        return "DeadLetterAlert"
+    if desired is not None and current is not None and desired != current:
+        return "ScalingUp" if desired > current else "ScalingDown"
+    if desired == 0 and observation is not None and observation.depth == 0:
+        return "Idle"
+    return "Active"
+
+
+def status_changed(previous: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    for key, value in status.items():
+        if key == "deadLetterAlert":
+            if {k: v for k, v in (value or {}).items() if v is not None} != (previous.get(key) or {}):
+                return True
+        elif previous.get(key) != value:
+            return True
+    return False

@@ -1,0 +1,43 @@
+"""A WorkerPool's status conditions (pure): set, compare, and what changed since the last poll."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .alerts import rfc3339
+
+#: Kubernetes caps a condition message at 32768 characters; ours stay readable in `describe`.
+MESSAGE_LIMIT = 1000
+
+
+class Conditions:
+    """Status conditions that keep lastTransitionTime when the status did not change."""
+
+    def __init__(self, previous: list[Mapping[str, Any]] | None, now: float) -> None:
+        self._previous = {c["type"]: dict(c) for c in previous or [] if "type" in c}
+        self._items = dict(self._previous)
+        self._now = rfc3339(now)
+        #: what changed in this poll, for the log.
+        self.transitions: list[str] = []
+
+    def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        status = "True" if ok else "False"
+        old = self._items.get(type_, {})
+        if old.get("status") != status or old.get("reason") != reason:
+            self.transitions.append(f"{type_}={status} ({reason}: {message[:200]})")
+        since = old.get("lastTransitionTime") if old.get("status") == status else self._now
+        self._items[type_] = {"type": type_, "status": status, "reason": reason,
+                              "message": message[:MESSAGE_LIMIT], "lastTransitionTime": since or self._now}
+
+    def get(self, type_: str) -> Mapping[str, Any]:
+        return self._items.get(type_, {})
+
+    def is_true(self, type_: str) -> bool:
+        return self.get(type_).get("status") == "True"
+
+    def newly_failing(self, type_: str) -> bool:
+        """False now, and it was not False for the same reason before this poll: worth one Event."""
+        old, new = self._previous.get(type_, {}), self.get(type_)
+        return new.get("status") == "False" and (old.get("status"), old.get("reason")) != ("False", new.get("reason"))
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [self._items[k] for k in sorted(self._items)]
