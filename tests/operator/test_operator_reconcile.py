@@ -247,3 +247,26 @@ def test_the_scheduler_logs_one_summary_line_per_round(caplog):
         asyncio.run(scenario())
     summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("poll completed")]
     assert summaries == ["poll completed: pools=2 scaled=1 paged=0 errors=1"]
+
+
+def test_the_status_says_when_the_oldest_age_is_only_a_lower_bound():
+    kube = FakeKube(replicas={"workers": 2})
+    deps = make_deps(kube, FakeBroker(Observation(ready=4, unacked=0, oldest_message_age_seconds=7.6,
+                                                  oldest_message_age_is_lower_bound=True)))
+    status = PolledPool(deps, pool_body(maxOldestMessageAgeSeconds=30, scaleDownStabilizationSeconds=0)).poll()
+    assert (status["oldestMessageAgeSeconds"], status["oldestMessageAge"]) == (7, ">=7s")
+    assert kube.scale_calls == [] and "at least 7s, perhaps more" in status["lastDecisionReason"]
+
+
+def test_dead_letter_queues_not_reported_yet_neither_fire_nor_resolve_a_page():
+    kube = FakeKube(replicas={"workers": 1})
+    broker = FakeBroker(Observation(ready=0, unacked=0, dead_letters={"celery.dlq": 3}))
+    deps = make_deps(kube, broker)
+    pool = PolledPool(deps, pool_body(minReplicas=1))
+    pool.poll()
+    broker.observation = Observation(ready=0, unacked=0, dead_letters={"celery.dlq": None},
+                                     pending_queues=("celery",))
+    deps.clock.t += 5
+    status = pool.poll()
+    assert [e[1] for e in kube.posted_events] == ["DeadLetterThreshold"]
+    assert condition(status, "DeadLetterAlert")["status"] == "True"

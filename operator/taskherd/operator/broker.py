@@ -10,12 +10,15 @@ import asyncio
 import re
 import threading
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
 
 from .kube import Kube, NotFound
 from .policy import BrokerSpec
 from .scaling import Observation
 from .worker_contract import is_redis_url
+
+if TYPE_CHECKING:
+    from taskherd.queues import QueueStats
 
 ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
 #: a Secret is re-read at most this often (a rotated URL is picked up within this delay).
@@ -38,15 +41,23 @@ def redact(text: str) -> str:
     return re.sub(r"://[^/@\s]*@", "://***@", text)
 
 
-def aggregate(stats: Mapping[str, Any], broker: BrokerSpec) -> Observation:
-    """Sum the pool's work queues; DLQs are reported per queue (their ready count)."""
+def aggregate(stats: Mapping[str, QueueStats], broker: BrokerSpec) -> Observation:
+    """Sum the pool's work queues; DLQs are reported per queue (their ready count).
+
+    The pool's oldest message is the oldest of its queues: exact only when every queue with
+    waiting messages knows its age exactly, otherwise "at least" the largest figure known."""
     work = [stats[q] for q in broker.queues if q in stats]
-    ages = [s.oldest_age_seconds for s in work if s.oldest_age_seconds is not None]
+    waiting = [s for s in work if s.ready > 0]
+    known = [s for s in waiting if s.oldest_age_seconds is not None]
+    oldest = max(known, key=lambda s: s.oldest_age_seconds, default=None)
     return Observation(
         ready=sum(s.ready for s in work),
         unacked=sum(s.unacked for s in work),
-        oldest_message_age_seconds=max(ages) if ages else None,
-        dead_letters={q: stats[q].ready for q in broker.dead_letter_queues if q in stats},
+        oldest_message_age_seconds=oldest.oldest_age_seconds if oldest else (0.0 if waiting else None),
+        oldest_message_age_is_lower_bound=any(s.oldest_age_is_lower_bound for s in waiting),
+        oldest_message_age_method=oldest.oldest_age_method if oldest else None,
+        dead_letters={q: None if stats[q].pending else stats[q].ready for q in broker.dead_letter_queues if q in stats},
+        pending_queues=tuple(q for q in broker.queues if q in stats and stats[q].pending),
     )
 
 

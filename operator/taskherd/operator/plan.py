@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from taskherd.queues.stats import AGE_FROM_PUBLISH_COUNTER
+
 from .alerts import rfc3339
 from .deletion_cost import PodBusyness, annotations_to_change, busy_count, deletion_costs
 from .paging import Page, PagingState, step
@@ -201,8 +203,20 @@ def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
             observedDepth=observation.depth, readyMessages=observation.ready, unackedMessages=observation.unacked,
             oldestMessageAgeSeconds=None if observation.oldest_message_age_seconds is None
             else int(observation.oldest_message_age_seconds),
+            oldestMessageAge=age_text(observation),
             deadLetterDepth=observation.dead_letter_depth, deadLetterQueues=dict(observation.dead_letters))
     return result
+
+
+def age_text(observation: Observation) -> str | None:
+    """The oldest message's age for people: `40s` measured, `~40s` estimated, `>=40s` known only
+    from below, `unknown` when messages wait and nothing is known; None when none waits."""
+    age = observation.oldest_message_age_seconds
+    if observation.ready == 0 or (age is None and not observation.age_known_only_from_below):
+        return None
+    if observation.age_known_only_from_below:  # whole seconds, rounded down: "at least" must hold
+        return f">={int(age)}s" if age else "unknown"
+    return f"~{int(age)}s" if observation.oldest_message_age_method == AGE_FROM_PUBLISH_COUNTER else f"{int(age)}s"
 
 
 def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMemory) -> None:
