@@ -1,7 +1,7 @@
 """The operator against the REAL API server of the local cluster (`make cluster`), with a real
 Redis queue on the host and the real Alertmanager on loopback.
 
-Stand-in workers: pods of the cluster's base image serving `taskherd_tasks_in_flight` on :9808
+Stand-in workers: pods of the cluster's base image serving `taskherd_tasks_in_flight` on the worker metrics port
 (the worker's metrics contract) from a file, so a test marks a pod busy or idle with `kubectl exec`.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from e2e.lib.cluster import CommandFailed, wait_for
+from taskherd.contract import WORKER_METRICS_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -34,8 +35,8 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-http.server.HTTPServer(('', 9808), H).serve_forever()
-"""
+http.server.HTTPServer(('', METRICS_PORT), H).serve_forever()
+""".replace("METRICS_PORT", str(WORKER_METRICS_PORT))
 
 
 def deployment(name: str, image: str, pull: str, replicas: int = 0) -> str:
@@ -46,8 +47,9 @@ def deployment(name: str, image: str, pull: str, replicas: int = 0) -> str:
                      "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "worker", "image": image, "imagePullPolicy": pull,
                                      "command": ["python3", "-c", FAKE_WORKER],
-                                     "ports": [{"containerPort": 9808, "name": "metrics"}],
-                                     "readinessProbe": {"tcpSocket": {"port": 9808}, "periodSeconds": 1}}]}}}})
+                                     "ports": [{"containerPort": WORKER_METRICS_PORT, "name": "metrics"}],
+                                     "readinessProbe": {"tcpSocket": {"port": WORKER_METRICS_PORT},
+                                                        "periodSeconds": 1}}]}}}})
 
 
 def broker_secret(url: str) -> str:

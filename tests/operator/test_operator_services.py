@@ -47,7 +47,7 @@ def publish(url: str, queue: str, count: int, *, age: float) -> None:
     app = Celery(broker=url)
     for i in range(count):
         app.send_task("t.noop", args=(i,), queue=queue, headers={"taskherd_published_at": time.time() - age},
-                      timestamp=int(time.time() - age))  # what taskherd.worker.stamping sets
+                      timestamp=int(time.time() - age))  # what the PublishStamps component sets
     app.close()
 
 

@@ -82,3 +82,17 @@ def test_a_lease_held_by_someone_else_is_taken_only_after_it_stopped_changing_fo
     assert may_acquire(LEASE, seen, me="me", now_monotonic=116, lease_seconds=15)
     renewed = {**LEASE, "renewTime": "2026-11-29T10:00:02.000000Z"}
     assert not may_acquire(renewed, seen, me="me", now_monotonic=200, lease_seconds=15)
+
+
+def test_settings_come_from_the_contract_and_a_bad_one_names_the_variable():
+    from taskherd.contract import ContractError
+    from taskherd.operator.config import OperatorConfig
+
+    config = OperatorConfig.from_env({"POD_NAMESPACE": "shop", "TASKHERD_OPERATOR_HEALTH_PORT": "9000",
+                                      "TASKHERD_LEADER_ELECTION": "false"})
+    assert config.namespaces == ["shop"] and config.lease_namespace == "shop" and not config.leader_election
+    assert config.liveness_endpoint == "http://0.0.0.0:9000/healthz"
+    assert OperatorConfig.from_env({"TASKHERD_OPERATOR_HEALTH_PORT": "0"}).liveness_endpoint is None
+    with pytest.raises(ContractError) as info:
+        OperatorConfig.from_env({"TASKHERD_WORKER_METRICS_PORT": "98080"})
+    assert "TASKHERD_WORKER_METRICS_PORT='98080' is invalid" in str(info.value)

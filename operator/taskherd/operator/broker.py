@@ -11,11 +11,11 @@ import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from urllib.parse import urlsplit
 
 from .kube import Kube, NotFound
 from .policy import BrokerSpec
 from .scaling import Observation
-from .worker_contract import is_redis_url
 
 if TYPE_CHECKING:
     from taskherd.queues import QueueStats
@@ -25,6 +25,9 @@ ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
 SECRET_TTL_SECONDS = 30.0
 #: Redis clients kept (one connection pool per broker URL).
 MAX_REDIS_CLIENTS = 64
+#: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
+#: inspect_queues, which knows every scheme of the contract.
+KEPT_CLIENT_SCHEMES = ("redis", "rediss")
 
 
 class ObservationError(RuntimeError):
@@ -75,7 +78,7 @@ class BrokerObserver:
                          global_keyprefix: str) -> Mapping[str, Any]:
         """`taskherd.queues.inspect_queues`, except that Redis clients are kept between polls:
         a new connection per poll cost 2 ms of the 3 ms CPU of a poll (bench/operator_scale.py)."""
-        if is_redis_url(url):
+        if urlsplit(url).scheme in KEPT_CLIENT_SCHEMES:
             import redis
 
             from taskherd.queues.redis import inspect_redis

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .worker_contract import dead_letter_queue
+from taskherd import contract
 
 #: Poll interval when the spec does not say.
 DEFAULT_POLL_INTERVAL_SECONDS = 5.0
@@ -93,7 +93,11 @@ def parse_spec(spec: Mapping[str, Any]) -> PoolSpec:
     _check(bool(secret.get("name")), "broker.secretRef.name", secret.get("name"), "a Secret name")
     queues = tuple(broker.get("queues") or ())
     _check(len(queues) > 0, "broker.queues", list(queues), "a non-empty list of queue names")
-    dlqs = tuple(broker.get("deadLetterQueues") or (dead_letter_queue(q) for q in queues))
+    try:
+        dlqs = tuple(contract.dead_letter_queues(queues, broker.get("deadLetterQueues"),
+                                                 source="spec.broker.deadLetterQueues").values())
+    except contract.ContractError as exc:
+        raise InvalidSpec(str(exc)) from exc
     dl = spec.get("deadLetter") or {}
     dead_letter = DeadLetterSpec(
         threshold=int(dl.get("threshold", DEFAULT_DEAD_LETTER_THRESHOLD)),
