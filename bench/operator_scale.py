@@ -36,6 +36,7 @@ from support.services import leased_redis_db  # noqa: E402
 
 from taskherd.operator.metrics import OperatorMetrics  # noqa: E402
 from taskherd.operator.broker import BrokerObserver  # noqa: E402
+from taskherd.operator.kube import Scale  # noqa: E402
 from taskherd.operator.plan import PoolMemory  # noqa: E402
 from taskherd.operator.policy import parse_spec  # noqa: E402
 from taskherd.operator.poll import Deps, poll_once  # noqa: E402
@@ -54,13 +55,13 @@ class MemoryKube:
         self.calls += 1
         return {"url": self.url}
 
-    async def get_scale(self, namespace, deployment):
+    async def get_scale(self, namespace, target):
         self.calls += 1
-        return self.replicas[deployment], self.replicas[deployment], f"app={deployment}"
+        return Scale(self.replicas[target.name], self.replicas[target.name], f"app={target.name}")
 
-    async def set_scale(self, namespace, deployment, replicas):
+    async def set_scale(self, namespace, target, replicas):
         self.calls += 1
-        self.replicas[deployment] = replicas
+        self.replicas[target.name] = replicas
 
     async def list_pods(self, namespace, selector):
         self.calls += 1

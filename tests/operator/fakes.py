@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from taskherd.operator.kube import NotFound
+from taskherd.operator.kube import NotFound, Scale
 from taskherd.operator.metrics import OperatorMetrics
 from taskherd.operator.plan import PoolMemory
 from taskherd.operator.poll import Deps, poll_once
@@ -27,14 +27,14 @@ class FakeKube:
     async def read_secret(self, namespace, name):
         return {"url": "redis://localhost"}
 
-    async def get_scale(self, namespace, deployment):
-        if deployment not in self.replicas:
-            raise NotFound(deployment)
-        return self.replicas[deployment], self.replicas[deployment], "app=w"
+    async def get_scale(self, namespace, target):
+        if target.name not in self.replicas:
+            raise NotFound(target.name)
+        return Scale(self.replicas[target.name], self.replicas[target.name], "app=w")
 
-    async def set_scale(self, namespace, deployment, replicas):
+    async def set_scale(self, namespace, target, replicas):
         self.scale_calls.append(replicas)
-        self.replicas[deployment] = replicas
+        self.replicas[target.name] = replicas
 
     async def list_pods(self, namespace, selector):
         return self.pods

@@ -20,13 +20,18 @@ def condition(status, type_):
     return next(c for c in status["conditions"] if c["type"] == type_)
 
 
+def ready(status):
+    """What the Ready and Status columns of `kubectl get wp` show."""
+    return condition(status, "Ready")["status"], condition(status, "Ready")["reason"]
+
+
 def test_work_on_an_idle_pool_scales_from_zero_on_the_first_poll():
     kube = FakeKube(replicas={"workers": 0})
     deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0, oldest_message_age_seconds=4.2)))
     status = PolledPool(deps).poll()
     assert kube.scale_calls == [5]
     assert status["desiredReplicas"] == 5 and status["observedDepth"] == 23
-    assert status["oldestMessageAgeSeconds"] == 4 and status["phase"] == "ScalingUp"
+    assert status["oldestMessageAgeSeconds"] == 4 and ready(status) == ("True", "ScalingUp")
     assert status["lastScaleReason"].startswith("0 -> 5: depth 23")
     assert condition(status, "Ready")["status"] == "True"
 
@@ -42,20 +47,20 @@ def test_an_unreachable_broker_is_a_condition_with_the_error_and_replicas_hold()
     assert kube.scale_calls == []
     cond = condition(status, "BrokerReachable")
     assert cond["status"] == "False" and "refused" in cond["message"] and "s3cret" not in cond["message"]
-    assert status["phase"] == "BrokerUnreachable" and status["desiredReplicas"] == 3
+    assert ready(status) == ("False", "BrokerUnreachable") and status["desiredReplicas"] == 3
 
 
 def test_a_missing_deployment_is_reported():
     deps = make_deps(FakeKube(), FakeBroker(Observation(ready=1, unacked=0)))
     status = PolledPool(deps).poll()
-    assert status["phase"] == "ScaleTargetMissing"
-    assert "ns/workers not found" in condition(status, "ScaleTargetFound")["message"]
+    assert ready(status) == ("False", "ScaleTargetNotFound")
+    assert condition(status, "ScaleTargetFound")["message"] == "Deployment ns/workers not found"
 
 
 def test_an_invalid_spec_is_reported_not_raised():
     deps = make_deps(FakeKube(replicas={"workers": 1}), FakeBroker(Observation(ready=1, unacked=0)))
     status = PolledPool(deps, pool_body(minReplicas=20)).poll()
-    assert status["phase"] == "InvalidSpec"
+    assert ready(status) == ("False", "InvalidSpec")
     assert "spec.minReplicas=20" in condition(status, "Ready")["message"]
 
 
@@ -75,7 +80,7 @@ def test_scale_down_waits_for_the_window_then_marks_idle_pods_cheapest():
     assert kube.annotations == {"w0": "0", "w1": "1", "w2": "0", "w3": "1"}
     assert sorted(removed_by_replicaset({p["metadata"]["name"]: int(p["metadata"]["annotations"][ANNOTATION])
                                          for p in pods}, 2)) == ["w0", "w2"]
-    assert pool.body["status"]["busyWorkers"] == 2 and pool.body["status"]["phase"] == "ScalingDown"
+    assert pool.body["status"]["busyWorkers"] == 2 and ready(pool.body["status"]) == ("True", "ScalingDown")
 
 
 def test_dead_letters_page_once_resend_and_resolve():
@@ -89,7 +94,7 @@ def test_dead_letters_page_once_resend_and_resolve():
     assert [e[:2] for e in kube.posted_events] == [("Warning", "DeadLetterThreshold")]
     assert len(posts) == 1 and posts[0][0] == "http://am:9093/api/v2/alerts"
     assert posts[0][1][0]["labels"]["queue"] == "celery.dlq"
-    assert condition(status, "DeadLetterAlert")["status"] == "True" and status["phase"] == "DeadLetterAlert"
+    assert condition(status, "DeadLetterAlert")["status"] == "True" and ready(status) == ("True", "DeadLetterAlert")
     for _ in range(11):  # 55 s: no re-send, no new event
         clock.t += 5
         pool.poll()
@@ -187,7 +192,7 @@ def test_an_api_error_reading_the_scale_is_a_condition():
     status = PolledPool(deps).poll()
     cond = condition(status, "ScaleTargetFound")
     assert cond["status"] == "False" and "forbidden" in cond["message"]
-    assert status["phase"] == "ScaleTargetMissing"
+    assert ready(status) == ("False", "FailedGetScale")
 
 
 def test_a_dry_run_reads_decides_and_logs_every_write_without_making_it(caplog):
@@ -229,7 +234,7 @@ def test_a_failing_condition_posts_one_warning_event_not_one_per_poll():
     for _ in range(4):
         pool.poll()
         deps.clock.t += 5
-    assert [e[:2] for e in kube.posted_events] == [("Warning", "NotFound")]
+    assert [e[:2] for e in kube.posted_events] == [("Warning", "ScaleTargetNotFound")]
 
 
 def test_the_scheduler_logs_one_summary_line_per_round(caplog):
@@ -270,3 +275,76 @@ def test_dead_letter_queues_not_reported_yet_neither_fire_nor_resolve_a_page():
     status = pool.poll()
     assert [e[1] for e in kube.posted_events] == ["DeadLetterThreshold"]
     assert condition(status, "DeadLetterAlert")["status"] == "True"
+
+
+def test_every_rescale_posts_the_hpas_successful_rescale_event():
+    kube = FakeKube(replicas={"workers": 0})
+    deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0)))
+    PolledPool(deps).poll()
+    assert kube.posted_events == [("Normal", "SuccessfulRescale",
+                                   "New size: 5; reason: depth 23 (ready 23, unacked 0) needs 5 at 5 per worker")]
+
+
+def test_a_failed_rescale_is_a_condition_and_one_warning_event():
+    class ScaleForbidden(FakeKube):
+        async def set_scale(self, namespace, target, replicas):
+            raise PermissionError("403 deployments/scale is forbidden")
+
+    kube = ScaleForbidden(replicas={"workers": 0})
+    deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0)))
+    pool = PolledPool(deps)
+    for _ in range(3):
+        status = pool.poll()
+        deps.clock.t += 5
+    assert ready(status) == ("False", "FailedRescale") and "forbidden" in condition(status, "ScalingActive")["message"]
+    assert [e[1] for e in kube.posted_events] == ["FailedRescale"]
+    assert status["lastScaleTime"] is None
+
+
+def paused(**annotations):
+    body = pool_body(scaleDownStabilizationSeconds=0)
+    body["metadata"]["annotations"] = annotations
+    return body
+
+
+def test_paused_replicas_hold_the_target_at_n_whatever_the_queues_say():
+    pods = [running_pod(f"w{i}") for i in range(4)]
+    kube = FakeKube(replicas={"workers": 4}, pods=pods)
+    broker = FakeBroker(Observation(ready=200, unacked=0))
+    deps = make_deps(kube, broker, busy={"w0": 1, "w1": 0, "w2": 1, "w3": 0})
+    pool = PolledPool(deps, paused(**{"taskherd.io/paused-replicas": "2"}))
+    status = pool.poll()
+    assert kube.scale_calls == [2], "to exactly N, though 200 messages wait"
+    assert kube.annotations == {"w0": "1", "w1": "0", "w2": "1", "w3": "0"}, "idle pods go first"
+    assert ready(status) == ("True", "Paused")
+    assert condition(status, "ScalingActive")["reason"] == "Paused"
+    assert ("Normal", "Paused") in [e[:2] for e in kube.posted_events]
+    deps.clock.t += 5
+    pool.poll()
+    assert kube.scale_calls == [2], "held there"
+    del pool.body["metadata"]["annotations"]
+    deps.clock.t += 5
+    status = pool.poll()
+    assert kube.scale_calls == [2, 10] and ready(status) == ("True", "ScalingUp")
+    assert [e[1] for e in kube.posted_events][-2:] == ["Resumed", "SuccessfulRescale"]
+
+
+def test_paused_holds_the_current_replicas_and_a_bad_value_pauses_too():
+    kube = FakeKube(replicas={"workers": 3})
+    deps = make_deps(kube, FakeBroker(Observation(ready=0, unacked=0)))
+    status = PolledPool(deps, paused(**{"taskherd.io/paused": "true"})).poll()
+    assert kube.scale_calls == [] and status["desiredReplicas"] == 3 and ready(status) == ("True", "Paused")
+    status = PolledPool(deps, paused(**{"taskherd.io/paused-replicas": "two"})).poll()
+    assert kube.scale_calls == [] and ready(status) == ("True", "Paused")
+    cond = condition(status, "ScalingActive")
+    assert cond["reason"] == "InvalidPauseAnnotation"
+    assert "taskherd.io/paused-replicas='two' is invalid: must be a whole number of replicas 0-1000" in cond["message"]
+
+
+def test_conditions_carry_the_generation_they_were_set_for():
+    deps = make_deps(FakeKube(replicas={"workers": 1}), FakeBroker(Observation(ready=0, unacked=0)))
+    body = pool_body(minReplicas=1)
+    body["metadata"]["generation"] = 7
+    status = PolledPool(deps, body).poll()
+    assert status["observedGeneration"] == 7
+    assert {c["observedGeneration"] for c in status["conditions"]} == {7}

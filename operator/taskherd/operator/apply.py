@@ -1,8 +1,9 @@
-"""The apply step of a poll: carry a Plan out through the API and the page targets.
+"""The apply step of a poll: carry a Plan out through the API and the page targets, then report.
 
-Order matters: deletion costs before the scale-down (so the ReplicaSet removes the idle pods),
-the scale before its Event, Events before the pages. A failed write is reported in the Outcome
-(the next poll tries again); it never stops the other writes of the plan.
+`apply` writes what was decided: deletion costs before the scale-down (so the ReplicaSet removes
+the idle pods), the scale, the pages. `report` then posts the Events and writes the status, which
+depend on how that went. A failed write is reported in the Outcome (the next poll tries again);
+it never stops the other writes.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .alerts import deliver
-from .broker import redact
 from .deletion_cost import ANNOTATION
-from .plan import Outcome, Plan, Snapshot, status_changed
+from .plan import EventSpec, Outcome, Plan, Snapshot, status_changed
+from .status import redact
 
 if TYPE_CHECKING:
     from .poll import Deps
@@ -22,25 +23,31 @@ log = logging.getLogger("taskherd.operator")
 
 async def apply(snapshot: Snapshot, planned: Plan, deps: "Deps") -> Outcome:
     outcome = Outcome()
-    namespace, name, spec = snapshot.namespace, snapshot.name, snapshot.spec
+    namespace, spec = snapshot.namespace, snapshot.spec
     try:
         for pod, cost in planned.deletion_costs.items():
             await deps.kube.annotate_pod(namespace, pod, ANNOTATION, str(cost))
         if planned.scale is not None:
-            await deps.kube.set_scale(namespace, spec.deployment, planned.scale.replicas)
+            await deps.kube.set_scale(namespace, spec.target, planned.scale.replicas)
             outcome.scaled = True
     except Exception as exc:  # noqa: BLE001 - a condition; the next poll decides again
         outcome.errors.append("scale")
-        outcome.scale_error = redact(f"{type(exc).__name__}: {exc}")
-    for event in planned.events:
-        try:
-            await deps.kube.post_event(namespace, dict(snapshot.body), type=event.type, reason=event.reason,
-                                       message=event.message)
-        except Exception as exc:  # noqa: BLE001 - an Event is best effort
-            outcome.errors.append("event")
-            log.warning("%s/%s: Event %s not posted: %s", namespace, name, event.reason, exc)
+        outcome.scale_error = redact(f"{spec.target.describe(namespace)} not scaled: {type(exc).__name__}: {exc}")
     await _send_pages(snapshot, planned, deps, outcome)
     return outcome
+
+
+async def report(snapshot: Snapshot, events: list[EventSpec], status: Mapping[str, Any], deps: "Deps") -> list[str]:
+    """Posts the Events and writes the status (when it changed); returns the error kinds."""
+    errors = []
+    for event in events:
+        try:
+            await deps.kube.post_event(snapshot.namespace, dict(snapshot.body), type=event.type,
+                                       reason=event.reason, message=event.message)
+        except Exception as exc:  # noqa: BLE001 - an Event is best effort
+            errors.append("event")
+            log.warning("%s/%s: Event %s not posted: %s", snapshot.namespace, snapshot.name, event.reason, exc)
+    return errors + await _write_status(snapshot, status, deps)
 
 
 async def _send_pages(snapshot: Snapshot, planned: Plan, deps: "Deps", outcome: Outcome) -> None:
@@ -64,8 +71,7 @@ async def _send_pages(snapshot: Snapshot, planned: Plan, deps: "Deps", outcome: 
             log.warning("%s/%s: %s", snapshot.namespace, snapshot.name, outcome.undelivered[page.queue])
 
 
-async def write_status(snapshot: Snapshot, status: Mapping[str, Any], deps: "Deps") -> list[str]:
-    """Patches the status when it changed; returns the error kinds (empty when written or unchanged)."""
+async def _write_status(snapshot: Snapshot, status: Mapping[str, Any], deps: "Deps") -> list[str]:
     if not status_changed(snapshot.previous_status, status):
         return []
     try:

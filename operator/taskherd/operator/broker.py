@@ -7,7 +7,6 @@ worker thread. The observer is injectable: the observe step of a poll takes any
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
@@ -16,6 +15,7 @@ from urllib.parse import urlsplit
 from .kube import Kube, NotFound
 from .policy import BrokerSpec
 from .scaling import Observation
+from .status import redact
 
 if TYPE_CHECKING:
     from taskherd.queues import QueueStats
@@ -37,11 +37,6 @@ class ObservationError(RuntimeError):
     def __init__(self, message: str, *, reason: str = "BrokerUnreachable") -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def redact(text: str) -> str:
-    """Error texts end up in the status: never show a password from a broker URL."""
-    return re.sub(r"://[^/@\s]*@", "://***@", text)
 
 
 def aggregate(stats: Mapping[str, QueueStats], broker: BrokerSpec) -> Observation:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .broker import redact
 from .busyness import read_busyness
 from .deletion_cost import ANNOTATION
-from .kube import NotFound
-from .plan import PoolMemory, Problem, Scale, Snapshot, needs_busyness
+from .kube import NotFound, Scale, Unsupported
+from .pause import pause_from
+from .plan import PoolMemory, Problem, Snapshot, needs_busyness
 from .policy import InvalidSpec, parse_spec
+from .status import redact
 
 if TYPE_CHECKING:
     from .poll import Deps
@@ -36,33 +37,40 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
     except InvalidSpec as exc:
         return Snapshot(body=body, now=now, spec_problem=Problem("InvalidSpec", str(exc)), errors=("spec",))
     errors: list[str] = []
-    read: dict[str, Any] = {}
+    read: dict[str, Any] = {"pause": pause_from(meta.get("annotations"))}
     try:
         read["observation"] = await deps.observe(namespace, spec.broker)
     except Exception as exc:  # noqa: BLE001 - a condition, not a crash loop
         errors.append("broker")
         read["broker_problem"] = Problem(getattr(exc, "reason", "BrokerUnreachable"),
                                          redact(str(exc)) or type(exc).__name__)
+    target = spec.target.describe(namespace)
     try:
-        replicas, current, selector = await deps.kube.get_scale(namespace, spec.deployment)
-        read["scale"] = Scale(replicas, current, selector)
+        read["scale"] = await deps.kube.get_scale(namespace, spec.target)
     except NotFound:
         errors.append("scale")
-        read["scale_problem"] = Problem("NotFound", f"Deployment {namespace}/{spec.deployment} not found")
+        read["scale_problem"] = Problem("ScaleTargetNotFound", f"{target} not found")
+    except Unsupported as exc:
+        errors.append("scale")
+        read["scale_problem"] = Problem("ScaleTargetUnsupported", f"{target} cannot be scaled: {exc}")
     except Exception as exc:  # noqa: BLE001 - API errors (403, 5xx, timeouts) are conditions too
         errors.append("scale")
-        read["scale_problem"] = Problem(
-            "ReadFailed", f"scale of Deployment {namespace}/{spec.deployment} not read: {_error_text(exc)}")
+        read["scale_problem"] = Problem("FailedGetScale", f"scale of {target} not read: {_error_text(exc)}")
 
     scale: Scale | None = read.get("scale")
-    want_busyness = scale is not None and needs_busyness(spec, read.get("observation"), scale.replicas, memory, now)
-    want_terminations = scale is not None and memory.terminations_due(now)
+    want_busyness = scale is not None and needs_busyness(spec, read["pause"], read.get("observation"),
+                                                         scale.replicas, memory, now)
+    # A scale subresource without a selector (a custom resource may declare none) names no pods:
+    # listing with an empty selector would read every pod of the namespace.
+    has_pods = scale is not None and bool(scale.selector)
+    want_busyness, want_terminations = has_pods and want_busyness, has_pods and memory.terminations_due(now)
     if want_busyness or want_terminations:
         try:
             pods = await deps.kube.list_pods(namespace, scale.selector)
         except Exception as exc:  # noqa: BLE001 - busyness unknown: the plan keeps every pod
             errors.append("busyness")
             log.warning("%s/%s: worker pods not read: %s", namespace, meta["name"], _error_text(exc))
+            read["busyness_unreadable"] = want_busyness
             pods = None
         if pods is not None and want_busyness:
             read["busyness"] = tuple(await read_busyness(pods, deps.busyness))

@@ -15,7 +15,9 @@ from taskherd.queues.stats import AGE_FROM_PUBLISH_COUNTER
 
 from .alerts import rfc3339
 from .deletion_cost import PodBusyness, annotations_to_change, busy_count, deletion_costs
+from .kube import Scale
 from .paging import Page, PagingState, step
+from .pause import Pause
 from .policy import PoolSpec
 from .scaling import Decision, Observation, Recommendation, desired_replicas, prune_history
 from .status import Conditions
@@ -33,15 +35,6 @@ class Problem:
     message: str
 
 
-@dataclass(frozen=True)
-class Scale:
-    """The scale subresource of the target: replicas asked for, replicas that exist, pod selector."""
-
-    replicas: int
-    current_replicas: int
-    selector: str
-
-
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """Everything one poll read, before anything was decided."""
@@ -50,12 +43,16 @@ class Snapshot:
     now: float
     spec: PoolSpec | None = None
     spec_problem: Problem | None = None
+    #: the pause annotations, read (pause.py).
+    pause: Pause | None = None
     observation: Observation | None = None
     broker_problem: Problem | None = None
     scale: Scale | None = None
     scale_problem: Problem | None = None
     #: every worker pod's busyness; read only when a scale-down is on the table.
     busyness: tuple[PodBusyness, ...] | None = None
+    #: the busyness was needed but the pods could not be listed.
+    busyness_unreadable: bool = False
     #: pod name -> its pod-deletion-cost annotation as found.
     cost_annotations: Mapping[str, str | None] = field(default_factory=dict)
     #: worker pods and their Events, when the termination report was due and could be read.
@@ -117,6 +114,10 @@ class ScaleChange:
     def describe(self) -> str:
         return f"{self.replicas_before} -> {self.replicas}: {self.reason}"
 
+    def event(self) -> EventSpec:
+        """The HPA's Event for a rescale, so that `kubectl describe` reads the same."""
+        return EventSpec("Normal", "SuccessfulRescale", f"New size: {self.replicas}; reason: {self.reason}")
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -157,24 +158,32 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
 
 
-def needs_busyness(spec: PoolSpec, observation: Observation | None, current_replicas: int,
+def decide(spec: PoolSpec, pause: Pause | None, observation: Observation | None, current_replicas: int,
+           busy_workers: int, memory: PoolMemory, now: float) -> Decision:
+    """The replicas to ask for: the pause annotation's, or the autoscaling decision."""
+    if pause is not None:
+        held = current_replicas if pause.replicas is None else pause.replicas
+        return Decision(held, pause.message)
+    return desired_replicas(spec.scaling, observation, current_replicas, busy_workers, memory.history, now)
+
+
+def needs_busyness(spec: PoolSpec, pause: Pause | None, observation: Observation | None, current_replicas: int,
                    memory: PoolMemory, now: float) -> bool:
     """Busyness only matters for a scale-down: the observe step reads it only then."""
-    decision = desired_replicas(spec.scaling, observation, current_replicas, 0, memory.history, now)
-    return decision.replicas < current_replicas
+    return decide(spec, pause, observation, current_replicas, 0, memory, now).replicas < current_replicas
 
 
 def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
     now, spec = snapshot.now, snapshot.spec
     memory = memory.loaded(snapshot.previous_status)
-    conditions = Conditions(snapshot.previous_status.get("conditions"), now)
+    conditions = Conditions(snapshot.previous_status.get("conditions"), now,
+                            snapshot.body["metadata"].get("generation"))
     result = Plan(memory=memory, conditions=conditions,
                   status={"observedGeneration": snapshot.body["metadata"].get("generation")})
     if spec is None:
         problem = snapshot.spec_problem or Problem("InvalidSpec", "the spec could not be read")
         conditions.set("Ready", False, problem.reason, problem.message)
-        result.events += _failure_events(conditions, "Ready")
-        result.status["phase"] = "InvalidSpec"
+        result.events += _warnings(conditions, "Ready")
         return result
 
     observation = snapshot.observation
@@ -186,11 +195,11 @@ def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
         problem = snapshot.broker_problem or Problem("BrokerUnreachable", "the queues could not be observed")
         conditions.set("BrokerReachable", False, problem.reason, problem.message)
     if snapshot.scale is not None:
-        conditions.set("ScaleTargetFound", True, "Found", f"Deployment {spec.deployment}")
+        conditions.set("ScaleTargetFound", True, "Found", spec.target.describe(snapshot.namespace))
     else:
-        problem = snapshot.scale_problem or Problem("ReadFailed", "the scale could not be read")
+        problem = snapshot.scale_problem or Problem("FailedGetScale", "the scale could not be read")
         conditions.set("ScaleTargetFound", False, problem.reason, problem.message)
-    result.events += _failure_events(conditions, "BrokerReachable", "ScaleTargetFound")
+    result.events += _warnings(conditions, "BrokerReachable", "ScaleTargetFound")
 
     if snapshot.scale is not None:
         _plan_scale(result, spec, snapshot, memory)
@@ -220,16 +229,18 @@ def age_text(observation: Observation) -> str | None:
 
 
 def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMemory) -> None:
-    scale, now = snapshot.scale, snapshot.now
+    scale, now, pause = snapshot.scale, snapshot.now, snapshot.pause
     if snapshot.busyness is not None:
         busy = busy_count(snapshot.busyness)
-    elif needs_busyness(spec, snapshot.observation, scale.replicas, memory, now):
-        busy = scale.replicas  # the pods could not be read: never remove what we cannot prove idle
+    elif snapshot.busyness_unreadable:
+        busy = scale.replicas  # never remove what we cannot prove idle
     else:
-        busy = 0
-    decision = desired_replicas(spec.scaling, snapshot.observation, scale.replicas, busy, memory.history, now)
+        busy = 0  # not needed, or a target whose scale names no pods: its own controller picks
+    decision = decide(spec, pause, snapshot.observation, scale.replicas, busy, memory, now)
     result.decision = decision
-    if decision.recommendation is not None:
+    if pause is not None:  # autoscaling resumes with a fresh stabilisation window
+        result.memory = replace(result.memory, history=[])
+    elif decision.recommendation is not None:
         result.memory = replace(result.memory, history=prune_history(
             memory.history + [decision.recommendation], now, spec.scaling.scale_down_stabilization_seconds))
     if decision.replicas < scale.replicas and snapshot.busyness is not None:
@@ -261,26 +272,37 @@ def _plan_pages(result: Plan, spec: PoolSpec, observation: Observation | None, n
                                            f"({page.depth} < {dl.threshold})"))
 
 
-def _failure_events(conditions: Conditions, *types: str) -> list[EventSpec]:
+def _warnings(conditions: Conditions, *types: str) -> list[EventSpec]:
     """One Warning Event when a condition turns False (not on every poll while it stays False)."""
     return [EventSpec("Warning", conditions.get(t)["reason"], conditions.get(t)["message"])
-            for t in types if conditions.newly_failing(t)]
+            for t in types if conditions.newly(t, "False")]
 
 
-def settle(snapshot: Snapshot, planned: Plan, outcome: Outcome) -> tuple[dict[str, Any], PoolMemory]:
-    """The status to write and the memory to keep, once the plan was applied as `outcome` says."""
+def settle(snapshot: Snapshot, planned: Plan, outcome: Outcome) -> tuple[dict[str, Any], PoolMemory, list[EventSpec]]:
+    """The status to write, the memory to keep and the Events that what was applied calls for."""
     conditions, memory, status = planned.conditions, planned.memory, dict(planned.status)
     spec, now = snapshot.spec, snapshot.now
     if spec is None:
         status["conditions"] = conditions.as_list()
-        return status, memory
-    if planned.decision is not None:
+        return status, memory, []
+    events: list[EventSpec] = []
+    decision, pause = planned.decision, snapshot.pause
+    if decision is not None:
         if outcome.scale_error:
-            conditions.set("ScalingActive", False, "ScaleFailed", outcome.scale_error)
+            conditions.set("ScalingActive", False, "FailedRescale", outcome.scale_error)
+            events += _warnings(conditions, "ScalingActive")
+        elif pause is not None:
+            conditions.set("ScalingActive", False, pause.reason, pause.message)
+            if conditions.newly("ScalingActive", "False"):
+                events.append(EventSpec("Normal" if pause.reason == "Paused" else "Warning", pause.reason,
+                                        pause.message))
         else:
-            conditions.set("ScalingActive", True, "Decided", planned.decision.reason)
+            if conditions.get("ScalingActive").get("reason") in ("Paused", "InvalidPauseAnnotation"):
+                events.append(EventSpec("Normal", "Resumed", "autoscaling resumed: the pause annotation is gone"))
+            conditions.set("ScalingActive", True, "Decided", decision.reason)
     if outcome.scaled and planned.scale is not None:
         memory = replace(memory, last_scale_time=rfc3339(now), last_scale_reason=planned.scale.describe())
+        events.append(planned.scale.event())
     paging = memory.paging or PagingState()
     for queue in outcome.undelivered:
         paging = paging.unsent(queue)
@@ -295,39 +317,41 @@ def settle(snapshot: Snapshot, planned: Plan, outcome: Outcome) -> tuple[dict[st
     else:
         conditions.set("DeadLetterAlert", False, "BelowThreshold",
                        f"every dead-letter queue holds fewer than {threshold} messages")
-    ready = conditions.is_true("BrokerReachable") and conditions.is_true("ScaleTargetFound")
-    conditions.set("Ready", ready, "Polling" if ready else "Degraded",
-                   "observing and scaling" if ready else "see BrokerReachable and ScaleTargetFound")
+    _set_ready(conditions, snapshot, decision)
 
     previous = snapshot.previous_status
     new_alert = paging.to_status()
     status["deadLetterAlert"] = {**{q: None for q in previous.get("deadLetterAlert") or {} if q not in new_alert},
                                  **new_alert}
-    decision = planned.decision
-    scale = snapshot.scale
     status.setdefault("busyWorkers", previous.get("busyWorkers"))
     status.update(
         lastScaleTime=memory.last_scale_time, lastScaleReason=memory.last_scale_reason,
         lastDecisionReason=decision.reason if decision else previous.get("lastDecisionReason"),
-        recentTerminations=memory.terminations, conditions=conditions.as_list(),
-        phase=_phase(conditions, desired=decision.replicas if decision else None,
-                     current=scale.replicas if scale else None, observation=snapshot.observation))
-    return status, memory
+        recentTerminations=memory.terminations, conditions=conditions.as_list())
+    return status, memory, events
 
 
-def _phase(conditions: Conditions, *, desired: int | None, current: int | None,
-           observation: Observation | None) -> str:
-    if not conditions.is_true("ScaleTargetFound"):
-        return "ScaleTargetMissing"
-    if not conditions.is_true("BrokerReachable"):
-        return "BrokerUnreachable"
-    if conditions.is_true("DeadLetterAlert"):
-        return "DeadLetterAlert"
-    if desired is not None and current is not None and desired != current:
-        return "ScalingUp" if desired > current else "ScalingDown"
-    if desired == 0 and observation is not None and observation.depth == 0:
-        return "Idle"
-    return "Active"
+def _set_ready(conditions: Conditions, snapshot: Snapshot, decision: Decision | None) -> None:
+    """Ready says whether the operator can act on the pool; its reason is the one word of the
+    Status column (kubectl get wp), its message the sentence behind it."""
+    for blocking in ("BrokerReachable", "ScaleTargetFound", "ScalingActive"):
+        condition = conditions.get(blocking)
+        if condition.get("status") == "False" and condition.get("reason") not in ("Paused", "InvalidPauseAnnotation"):
+            conditions.set("Ready", False, condition["reason"], condition["message"])
+            return
+    scale, observation = snapshot.scale, snapshot.observation
+    if snapshot.pause is not None:
+        reason, message = "Paused", snapshot.pause.message
+    elif conditions.is_true("DeadLetterAlert"):
+        reason, message = "DeadLetterAlert", conditions.get("DeadLetterAlert")["message"]
+    elif decision is not None and decision.replicas != scale.replicas:
+        reason = "ScalingUp" if decision.replicas > scale.replicas else "ScalingDown"
+        message = f"{scale.replicas} -> {decision.replicas}: {decision.reason}"
+    elif decision is not None and decision.replicas == 0 and observation is not None and observation.depth == 0:
+        reason, message = "Idle", "no message waits and no worker runs"
+    else:
+        reason, message = "Active", decision.reason if decision else "observing"
+    conditions.set("Ready", True, reason, message)
 
 
 def status_changed(previous: Mapping[str, Any], status: Mapping[str, Any]) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .alerts import Poster
-from .apply import apply, write_status
+from .apply import apply, report
 from .broker import ObserveFn
 from .busyness import BusynessReader
 from .kube import Kube
@@ -57,8 +57,8 @@ async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> Pol
     snapshot = await observe(body, memory, deps)
     planned = plan(snapshot, memory)
     outcome = await apply(snapshot, planned, deps)
-    status, kept = settle(snapshot, planned, outcome)
-    errors = list(snapshot.errors) + outcome.errors + await write_status(snapshot, status, deps)
+    status, kept, events = settle(snapshot, planned, outcome)
+    errors = list(snapshot.errors) + outcome.errors + await report(snapshot, planned.events + events, status, deps)
 
     for kind in errors:
         deps.metrics.errors.labels(kind).inc()
