@@ -348,3 +348,21 @@ def test_conditions_carry_the_generation_they_were_set_for():
     status = PolledPool(deps, body).poll()
     assert status["observedGeneration"] == 7
     assert {c["observedGeneration"] for c in status["conditions"]} == {7}
+
+
+def test_a_new_pause_annotation_is_acted_on_at_once_not_at_the_next_interval():
+    async def scenario():
+        kube = FakeKube(replicas={"workers": 3})
+        deps = make_deps(kube, FakeBroker(Observation(ready=30, unacked=0)))
+        t = [0.0]
+        scheduler = PoolScheduler(deps=deps, monotonic=lambda: t[0])
+        body = pool_body(pollIntervalSeconds=60)
+        scheduler.upsert(body)
+        await asyncio.gather(*scheduler.start_due())
+        t[0] = 1.0
+        body = {**body, "metadata": {**body["metadata"], "annotations": {"taskherd.io/paused-replicas": "1"}}}
+        scheduler.upsert(body)
+        await asyncio.gather(*scheduler.start_due())
+        return kube.scale_calls
+
+    assert asyncio.run(scenario()) == [6, 1]

@@ -51,6 +51,11 @@ def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str
     return result
 
 
+def _intent(body: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What the user asks of a pool: its spec and its annotations (the pause)."""
+    return body.get("spec"), (body.get("metadata") or {}).get("annotations")
+
+
 @dataclass
 class PoolEntry:
     body: dict[str, Any]
@@ -81,9 +86,9 @@ class PoolScheduler:
         if entry is None:
             self.pools[key] = PoolEntry(body, next_due=self._monotonic())  # first poll right away
             return
-        old_spec = entry.body.get("spec")
+        before = _intent(entry.body)
         entry.body = body
-        if body.get("spec") != old_spec:  # a spec change applies now
+        if _intent(body) != before:  # a changed spec or pause annotation applies now
             entry.next_due = min(entry.next_due, self._monotonic())
             entry.changed = entry.task is not None and not entry.task.done()
 
