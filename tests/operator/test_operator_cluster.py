@@ -68,6 +68,15 @@ def workerpool(name: str, queue: str, **spec) -> str:
                        "spec": body})
 
 
+def pool_on_redis(cluster, ns: str, pod_image: tuple[str, str], redis_url: str, queue: str, *, name: str = "pool",
+                  kind: str = "Deployment", **spec) -> None:
+    """Stand-in workers (a Deployment or StatefulSet named workers), the broker Secret and a WorkerPool."""
+    image, pull = pod_image
+    cluster.apply(deployment("workers", image, pull, kind=kind), ns)
+    cluster.apply(broker_secret(redis_url), ns)
+    cluster.apply(workerpool(name, queue, **spec), ns)
+
+
 def push(url: str, queue: str, count: int) -> None:
     client = redis.Redis.from_url(url)
     now = time.time()
@@ -113,11 +122,8 @@ def set_in_flight(cluster, ns: str, pod: str, n: int) -> None:
 
 def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
         cluster, namespace, pod_image, redis_url, unique_name, operator_factory):
-    image, pull = pod_image
     ns, queue = namespace, unique_name
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("pool", queue), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
     op = operator_factory(ns)
     wait_for("the first poll", lambda: pool_status(cluster, ns).get("conditions"), timeout=60, interval=0.5)
     assert replicas(cluster, ns) == 0
@@ -174,12 +180,9 @@ def test_dead_letters_page_alertmanager_once_and_resolve(cluster, namespace, pod
     base = os.environ.get("TASKHERD_ALERTMANAGER_URL")
     if not base:
         pytest.fail("TASKHERD_ALERTMANAGER_URL is not set: run through `make test`")
-    image, pull = pod_image
     ns, queue, pool = namespace, unique_name, f"pool-{unique_name[-8:]}"
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool(pool, queue, deadLetter={"threshold": 3, "alertmanagerUrl": base,
-                                                      "severity": "critical"}), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue, name=pool,
+                  deadLetter={"threshold": 3, "alertmanagerUrl": base, "severity": "critical"})
     operator_factory(ns)
     wait_for("the first poll", lambda: pool_status(cluster, ns, pool).get("conditions"), timeout=60, interval=0.5)
 
@@ -215,11 +218,8 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
         cluster, namespace, pod_image, redis_url, unique_name, operator_factory, problem):
     """A WorkerPool that passes the schema but points at nothing usable: the operator says so on
     that pool and keeps serving the healthy pool next to it."""
-    image, pull = pod_image
     ns = namespace
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("healthy", unique_name), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, unique_name, name="healthy")
     broken = {"deployment-missing": {"scaleTargetRef": {"name": "missing"}},
               "secret-missing": {"broker": {"type": "redis", "secretRef": {"name": "no-such-secret"},
                                             "queues": [unique_name]}},
@@ -250,11 +250,8 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
 
 def test_the_pause_annotation_holds_the_target_as_keda_does(cluster, namespace, pod_image, redis_url, unique_name,
                                                             operator_factory):
-    image, pull = pod_image
     ns, queue = namespace, unique_name
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("pool", queue), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
     cluster.kubectl("-n", ns, "annotate", "wp", "pool", "taskherd.io/paused-replicas=1")
     operator_factory(ns)
     push(redis_url, queue, 18)  # would need 4 workers
@@ -271,12 +268,9 @@ def test_the_pause_annotation_holds_the_target_as_keda_does(cluster, namespace, 
 
 def test_a_statefulset_is_scaled_through_its_scale_subresource(cluster, namespace, pod_image, redis_url, unique_name,
                                                                operator_factory):
-    image, pull = pod_image
     ns, queue = namespace, unique_name
-    cluster.apply(deployment("workers", image, pull, kind="StatefulSet"), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("pool", queue, scaleTargetRef={"apiVersion": "apps/v1", "kind": "StatefulSet",
-                                                            "name": "workers"}), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue, kind="StatefulSet",
+                  scaleTargetRef={"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "workers"})
     operator_factory(ns)
     push(redis_url, queue, 7)
     wait_for("the StatefulSet scaled to 2", lambda: replicas(cluster, ns, "statefulset") == 2, timeout=30,
@@ -333,11 +327,8 @@ def test_a_custom_resource_with_a_scale_subresource_is_scaled(cluster, namespace
 
 def test_a_dry_run_operator_logs_what_it_would_do_and_changes_nothing(cluster, namespace, pod_image, redis_url,
                                                                       unique_name, operator_factory):
-    image, pull = pod_image
     ns, queue = namespace, unique_name
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("pool", queue), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
     push(redis_url, queue, 18)
     op = operator_factory(ns, dry_run=True)
     wait_for("the would-be scale in the log", lambda: f"**DRY-RUN**: would scale Deployment {ns}/workers to 4 "
@@ -350,11 +341,8 @@ def test_a_dry_run_operator_logs_what_it_would_do_and_changes_nothing(cluster, n
 
 def test_two_replicas_elect_one_leader_and_hand_over(cluster, namespace, pod_image, redis_url, unique_name,
                                                      operator_factory):
-    image, pull = pod_image
     ns, queue = namespace, unique_name
-    cluster.apply(deployment("workers", image, pull), ns)
-    cluster.apply(broker_secret(redis_url), ns)
-    cluster.apply(workerpool("pool", queue), ns)
+    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
     first, second = operator_factory(ns), operator_factory(ns)
     lease = wait_for("a leader", lambda: cluster.kubectl_json("-n", ns, "get", "lease", "taskherd-operator"),
                      timeout=60, interval=0.5)
