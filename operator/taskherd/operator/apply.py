@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .alerts import deliver
 from .deletion_cost import ANNOTATION
-from .plan import EventSpec, Outcome, Plan, Snapshot, status_changed
+from .plan import EventSpec, Outcome, Plan, Snapshot
+from .settle import status_changed
 from .status import redact
 
 if TYPE_CHECKING:

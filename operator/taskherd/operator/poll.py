@@ -1,11 +1,11 @@
 """One poll of one WorkerPool: observe -> plan -> apply, then the status.
 
-The thin imperative shell around the pure modules: `observe` only reads, `plan` and `settle`
-only decide (plan.py), `apply` only writes. Every side effect goes through an injected dependency,
-so the whole cycle runs in tests against in-memory fakes, and a dry-run `Kube` makes the operator
-log what it would do instead of doing it. Failures never escape as exceptions: an unreachable
-broker, a missing Deployment or a failed page becomes a status condition, and the next poll tries
-again.
+The thin imperative shell around the pure modules: `observe` only reads, `plan` (plan.py) and
+`settle` (settle.py) only decide, `apply` and `report` only write. Every side effect goes through
+an injected dependency, so the whole cycle runs in tests against in-memory fakes, and a dry-run
+`Kube` makes the operator log what it would do instead of doing it. Failures never escape as
+exceptions: an unreachable broker, a missing target or a failed page becomes a status condition,
+and the next poll tries again.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from .busyness import BusynessReader
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import observe
-from .plan import PoolMemory, plan, settle
+from .plan import PoolMemory, plan
+from .settle import settle
 
 log = logging.getLogger("taskherd.operator")
 
