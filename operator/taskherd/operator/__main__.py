@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if not args.verbose:  # kopf logs every watch event and every health probe at INFO
-        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
+        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
     import kopf
