@@ -62,7 +62,7 @@ class PoolEntry:
     memory: PoolMemory = field(default_factory=PoolMemory)
     next_due: float = 0.0
     task: asyncio.Task | None = None
-    #: the spec changed while a poll was running: poll again as soon as it ends.
+    #: the spec or a pause annotation changed while a poll was running: poll again when it ends.
     changed: bool = False
 
 
