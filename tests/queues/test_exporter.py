@@ -107,3 +107,20 @@ def test_exporter_refuses_missing_settings():
                             env={k: v for k, v in os.environ.items() if k != "TASKHERD_BROKER_URL"},
                             capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "-b/--broker is required" in result.stderr
+
+
+def test_a_lower_bound_age_says_so_and_a_queue_the_broker_has_not_reported_exports_nothing():
+    from taskherd.queues.stats import AGE_LOWER_BOUND
+
+    stats = {"q": QueueStats("q", ready=5, unacked=0, consumers=0, oldest_age_seconds=600.0,
+                             oldest_unacked_age_seconds=None, oldest_age_method=AGE_LOWER_BOUND),
+             "q.dlq": QueueStats("q.dlq", ready=0, unacked=0, consumers=0, oldest_age_seconds=None,
+                                 oldest_unacked_age_seconds=None, pending=True),
+             "r": QueueStats("r", ready=0, unacked=0, consumers=0, oldest_age_seconds=None,
+                             oldest_unacked_age_seconds=None, pending=True)}
+    families = {m.name: m.samples for m in metric_families(Snapshot(stats, True, 1.0, 0.1),
+                                                           {"q": "q.dlq", "r": "r.dlq"})}
+    assert [(s.labels["queue"], s.value) for s in families["taskherd_queue_oldest_message_age_is_lower_bound"]] == \
+        [("q", 1.0)]
+    assert {s.labels["queue"] for s in families["taskherd_queue_messages"]} == {"q"}, "pending queues: no zeros"
+    assert families["taskherd_dlq_messages"] == []
