@@ -150,7 +150,7 @@ class RedisStore:
             return
 
         lease_id = self._renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
-                               self.lease_seconds / 3)
+                                     self.lease_seconds / 3)
         claim = RedisClaim(key, done=False)
         try:
             yield claim
