@@ -143,6 +143,7 @@ ENVIRONMENT: dict[str, str] = {
     "TASKHERD_QUEUES": "queues",
     "TASKHERD_DEAD_LETTER_QUEUES": "dead_letter_queues",
     "TASKHERD_DELIVERY_COUNTER_URL": "delivery_counter_url",
+    "TASKHERD_RABBITMQ_CONSUMER_TIMEOUT": "rabbitmq_consumer_timeout",
 }
 BROKER_URL_VARIABLE = "TASKHERD_BROKER_URL"
 BROKER_TYPE_VARIABLE = "TASKHERD_BROKER_TYPE"
