@@ -62,7 +62,7 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
                               "queues": ["celery"], "deadLetterQueues": ["celery.dlq"]}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
-    assert spec["deadLetter"] == {"threshold": 1}
+    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning"}
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
@@ -97,8 +97,8 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
 
 def test_grace_period_is_derived_from_the_same_limits_the_worker_gets():
     values = {**BROKER, "workerPools": [
-        {"name": "short", "app": "a", "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
-        {"name": "long", "app": "a", "timeLimits": {"softSeconds": 3000, "hardSeconds": 3300},
+        {"name": "short", "app": "a", "queues": ["short"], "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
+        {"name": "long", "app": "a", "queues": ["long"], "timeLimits": {"softSeconds": 3000, "hardSeconds": 3300},
          "drainMarginSeconds": 40, "shutdownSeconds": 15},
     ]}
     values["broker"] = {**values["broker"], "visibilityTimeoutSeconds": 7200}
@@ -161,7 +161,8 @@ def test_rabbitmq_multipool_scenario():
                                            "managementUrlKey": "management-url"}
     assert spec["broker"]["deadLetterQueues"] == ["orders.dlq", "emails.dlq"]
     assert spec["minReplicas"] == 0
-    assert spec["deadLetter"] == {"threshold": 5, "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
+    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning",
+                                  "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
     policies = by_kind(objects, "NetworkPolicy")
     worker_egress = policies["th-taskherd-worker"]["spec"]["egress"]
     broker_rule = next(r for r in worker_egress if {"port": 5672, "protocol": "TCP"} in r.get("ports", []))
@@ -324,7 +325,8 @@ def test_rendered_workerpools_use_only_fields_the_crd_declares(values):
 
 def test_an_image_digest_pins_the_image():
     digest = "sha256:" + "a" * 64
-    values = {**BROKER, "workerPoolDefaults": {"image": {"repository": "registry.example/app", "digest": digest}},
+    values = {**BROKER, "workerPoolDefaults": {"image": {"registry": "registry.example", "repository": "app",
+                                                         "digest": digest}},
               "operator": {"image": {"digest": digest}}}
     deployments = by_kind(render(values=values), "Deployment")
     assert container(deployments["th-taskherd-default"], WORKER)["image"] == f"registry.example/app@{digest}"
