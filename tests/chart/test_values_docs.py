@@ -75,9 +75,9 @@ def test_schema_declares_every_value_and_refuses_unknown_keys():
             closed(sub, f"{where}.{key}")
 
     closed(schema, "values")
-    closed(schema["$defs"]["pool"], "workerPools[]")
+    closed(schema["definitions"]["pool"], "workerPools[]")
     # A pool entry accepts exactly the keys of workerPoolDefaults, plus its name.
-    pool_keys = set(schema["$defs"]["pool"]["properties"])
+    pool_keys = set(schema["definitions"]["pool"]["properties"])
     assert pool_keys == set(values["workerPoolDefaults"]) | {"name"}
 
 
