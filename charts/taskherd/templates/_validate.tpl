@@ -8,7 +8,7 @@ schema's job (values.schema.json), which Helm checks first.
 {{- define "taskherd.validateValues" -}}
 {{- $ctx := dict "root" . "f" (fromYaml (include "taskherd.formats" .)) "pools" (fromYaml (include "taskherd.pools" .)).pools }}
 {{- $errors := list }}
-{{- range $rule := list "broker" "names" "images" "pools" "poolsTogether" "network" "operator" "monitoring" "beat" "metadata" "security" "extraDeploy" }}
+{{- range $rule := list "broker" "names" "images" "pools" "poolsTogether" "network" "operator" "monitoring" "beat" "tests" "metadata" "security" "extraDeploy" }}
 {{- range splitList "\n" (include (printf "taskherd.validate.%s" $rule) $ctx) }}
 {{- if trim . }}{{ $errors = append $errors (trim .) }}{{ end }}
 {{- end }}
@@ -457,7 +457,7 @@ TASKHERD_BROKER_URL TASKHERD_BROKER_TYPE TASKHERD_QUEUES TASKHERD_DEAD_LETTER_QU
 {{- end }}
 {{- /* app and command */}}
 {{- if and (empty $pool.command) (not $pool.app) }}
-{{ $k.app }} is empty (pool {{ toJson $pool.name }}); set the Celery application (celery -A <app>) or a full command
+workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is workerPoolDefaults.app; set the Celery application (celery -A <app>) in either, or a full command
 {{- else if and (empty $pool.command) (not (regexMatch $f.celeryApp.re (toString $pool.app))) }}
 {{ $k.app }}={{ toJson $pool.app }} is invalid; valid: {{ $f.celeryApp.valid }}
 {{- end }}
@@ -730,6 +730,17 @@ beat.extraArgs[{{ $j }}]={{ toJson $arg }} would override what the chart sets ({
 {{- end }}
 {{- end }}
 {{- include "taskherd.check.resources" (dict "f" .f "key" "beat.resources" "resources" $beat.resources) }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.tests" -}}
+{{- $tests := .root.Values.tests }}
+{{- if and $tests.enabled $tests.pool }}
+{{- $names := list }}
+{{- range .pools }}{{ $names = append $names (toString .name) }}{{ end }}
+{{- if not (has $tests.pool $names) }}
+tests.pool={{ toJson $tests.pool }} is not a pool; valid: one of {{ toJson $names }} (or empty for the first)
+{{- end }}
 {{- end }}
 {{- end }}
 

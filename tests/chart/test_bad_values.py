@@ -1,0 +1,83 @@
+"""The corpus of bad values (corpus/bad-values.yaml): each document is refused before anything renders,
+with a message naming the key as the user wrote it."""
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chart_support import helm, template_args
+
+CORPUS_DIR = Path(__file__).parent / "corpus"
+BASE = CORPUS_DIR / "base-values.yaml"
+CORPUS = yaml.safe_load((CORPUS_DIR / "bad-values.yaml").read_text())
+SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
+RULES_REFUSAL = "problem(s) in the values"
+#: What a template crash or a broken rendering looks like: never an acceptable way to refuse.
+CRASHES = ("nil pointer", "error converting YAML", "error calling", "wrong type for value", "index out of range",
+           "cannot unmarshal", "mapping key", "incompatible types")
+
+
+def names_key(message: str, key: str) -> bool:
+    """The message names `key`: as written (dotted, with [i]), or as the schema's JSON pointer, or as
+    the schema's `missing property` of its parent."""
+    if key in message:
+        return True
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", key) if p]
+    pointer = "/" + "/".join(parts)
+    if f"'{pointer}'" in message:
+        return True
+    parent = "/" + "/".join(parts[:-1]) if len(parts) > 1 else ""
+    return f"at '{parent}': missing property '{parts[-1]}'" in message
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, str]:
+    """Every document rendered once (two at a time: helm is CPU-bound and the machine has two cores)."""
+    tmp = tmp_path_factory.mktemp("bad-values")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        messages = pool.map(lambda case: _stderr(case, tmp), CORPUS)
+        return dict(zip((c["name"] for c in CORPUS), messages))
+
+
+def _stderr(case: dict, tmp: Path) -> str | None:
+    values = tmp / f"{CORPUS.index(case)}.yaml"
+    values.write_text(case["values"])
+    result = helm(*template_args([BASE, values]), check=False)
+    return None if result.returncode == 0 else result.stderr
+
+
+def test_the_corpus_is_large_and_every_case_is_distinct():
+    names = [c["name"] for c in CORPUS]
+    assert len(names) >= 100
+    assert len(set(names)) == len(names)
+    assert len({c["values"] for c in CORPUS}) == len(CORPUS)
+
+
+def test_the_base_values_render():
+    result = helm(*template_args([BASE]), check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["name"] for c in CORPUS])
+def test_bad_values_are_refused_naming_the_key(case, refusals):
+    message = refusals[case["name"]]
+    assert message is not None, f"accepted:\n{case['values']}"
+    assert SCHEMA_REFUSAL in message or RULES_REFUSAL in message, message
+    assert not any(crash in message for crash in CRASHES), message
+    assert names_key(message, case["key"]), f"the message does not name {case['key']}:\n{message}"
+    if "says" in case:
+        assert case["says"] in message, message
+
+
+def test_a_value_from_the_defaults_is_reported_where_it_was_written(refusals):
+    """The same mistake written in workerPoolDefaults and in a pool is reported at each place."""
+    in_defaults = refusals["soft limit above the hard limit, both in the defaults"]
+    assert "workerPoolDefaults.timeLimits.softSeconds=250" in in_defaults
+    assert "workerPools[0]" not in in_defaults
+    in_pool = refusals["soft limit equal to the hard limit"]
+    assert "workerPools[0].timeLimits.softSeconds=300" in in_pool
+    assert "workerPoolDefaults.timeLimits.hardSeconds=300" in in_pool
