@@ -81,3 +81,27 @@ def test_a_value_from_the_defaults_is_reported_where_it_was_written(refusals):
     in_pool = refusals["soft limit equal to the hard limit"]
     assert "workerPools[0].timeLimits.softSeconds=300" in in_pool
     assert "workerPoolDefaults.timeLimits.hardSeconds=300" in in_pool
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "broker": {"existingSecret": {"name": ""}, "visibilityTimeoutSeconds": 100},
+        "workerPools": [
+            {"name": "p", "app": "tasks", "timeLimits": {"softSeconds": 200, "hardSeconds": 150},
+             "terminationGracePeriodSeconds": 60, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+            {"name": "q", "app": "tasks", "queues": []},
+        ]}))
+    message = helm(*template_args([BASE, values]), check=False).stderr
+    expected = [
+        "broker.existingSecret.name is empty",
+        "workerPools[0].timeLimits.softSeconds=200 must be less than workerPools[0].timeLimits.hardSeconds=150",
+        "workerPools[0].terminationGracePeriodSeconds=60 is too short",
+        "broker.visibilityTimeoutSeconds=100 must be greater than workerPools[0].timeLimits.hardSeconds=150",
+        "workerPools[0].autoscaling.minReplicas=5 must not exceed workerPools[0].autoscaling.maxReplicas=2",
+        "broker.visibilityTimeoutSeconds=100 must be greater than workerPoolDefaults.timeLimits.hardSeconds=300",
+        "workerPools[1].queues is empty",
+    ]
+    for line in expected:
+        assert line in message
+    assert f"{len(expected)} problem(s)" in message

@@ -346,3 +346,58 @@ def test_the_exporter_watches_every_pools_queues_with_the_broker_from_the_secret
     policy = by_kind(objects, "NetworkPolicy")["th-taskherd-exporter"]["spec"]
     assert policy["ingress"] == []
     assert sorted({p["port"] for r in policy["egress"] for p in r["ports"]}) == [53, 5672, 15672]
+
+
+def test_valid_values_render_exactly_as_written(tmp_path):
+    """Helm reads numbers as float64: a million must not become 1.048576e+06, a quoted tag "1.10" must
+    not become 1.1, and an empty tag is the chart's appVersion (as in `helm create` charts)."""
+    values = tmp_path / "values.yaml"
+    values.write_text("""
+broker: {existingSecret: {name: celery-broker}, visibilityTimeoutSeconds: 2592000}
+workerPoolDefaults:
+  image: {tag: "1.10"}
+  resources: {requests: {cpu: 100m, memory: 2Gi}, limits: {memory: 4Gi}}
+operator: {image: {tag: ""}}
+workerPools:
+  - name: p
+    app: tasks
+    maxMemoryPerChildKb: 1048576
+    maxTasksPerChild: 1000000000
+    timeLimits: {softSeconds: 500000, hardSeconds: 600000}
+    heartbeatIntervalSeconds: 2.5
+""")
+    objects = render([values])
+    worker = by_kind(objects, "Deployment")["th-taskherd-p"]
+    c = container(worker, WORKER)
+    assert c["image"] == "taskherd.local/worker:1.10"
+    assert "--max-memory-per-child=1048576" in c["command"]
+    assert "--max-tasks-per-child=1000000000" in c["command"]
+    assert "--time-limit=600000" in c["command"] and "--soft-time-limit=500000" in c["command"]
+    env = env_of(c)
+    assert env["TASKHERD_MAX_MEMORY_PER_CHILD_KB"] == "1048576"
+    assert env["TASKHERD_VISIBILITY_TIMEOUT"] == "2592000"
+    assert env["TASKHERD_HEARTBEAT_INTERVAL"] == "2.5"
+    assert env["TASKHERD_DRAIN_DEADLINE"] == "600020"
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600030
+    assert worker["metadata"]["annotations"]["taskherd.io/grace-period"] == (
+        "600030s = hard 600000s + drain margin 20s + shutdown 10s")
+    operator = by_kind(objects, "Deployment")["th-taskherd-operator"]
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container(operator, "taskherd-operator")["image"] == f"taskherd.local/operator:{app_version}"
+
+
+def test_visibility_timeout_is_not_checked_on_rabbitmq():
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "a",
+                                         "timeLimits": {"softSeconds": 5000, "hardSeconds": 7200}}]}
+    values["broker"] = {**values["broker"], "type": "rabbitmq"}
+    objects = render(values=values)
+    # The broker ports follow the broker type when not given: AMQP and the management API.
+    egress = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["egress"]
+    assert [p["port"] for r in egress for p in r["ports"] if p["port"] != 53] == [5672, 15672]
+
+
+def test_a_global_registry_replaces_every_image_registry():
+    values = {**BROKER, "global": {"imageRegistry": "mirror.example:5000"}}
+    images = {c["image"] for d in by_kind(render(values=values), "Deployment").values()
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"mirror.example:5000/worker:dev", "mirror.example:5000/operator:dev"}
