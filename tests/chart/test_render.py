@@ -228,9 +228,12 @@ def test_operator_runs_two_replicas_with_a_leader_lease_and_a_namespaced_role_wi
 
 def test_minimal_scenario_has_no_operator_objects():
     objects = render([CHART / "ci" / "minimal-values.yaml"])
-    assert {o["kind"] for o in objects} == {"Deployment"}
-    (d,) = objects
+    # One Deployment, and the `helm test` pod (a hook: created only by `helm test`).
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "Pod"]
+    (d,) = by_kind(objects, "Deployment").values()
     assert d["spec"]["replicas"] == 3
+    (test,) = by_kind(objects, "Pod").values()
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
 
 
 def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():

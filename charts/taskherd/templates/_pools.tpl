@@ -82,3 +82,62 @@ Call with (dict "root" $ "index" <i> "path" "timeLimits.hardSeconds").
 {{- end }}
 {{- if $found }}workerPools[{{ .index }}].{{ .path }}{{ else }}workerPoolDefaults.{{ .path }}{{ end }}
 {{- end }}
+
+{{/*
+The pool's profile as the contract's environment variables (taskherd.contract): what
+taskherd.worker.configure() reads in every process of the pool's app, the worker and the processes
+that publish as the pool's producers (beat, the `helm test` pod), so they declare its queues alike.
+Call with (dict "root" $ "pool" $pool).
+*/}}
+{{- define "taskherd.pool.profileEnv" -}}
+{{- $pool := .pool }}
+- name: TASKHERD_BROKER_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .root.Values.broker.existingSecret.name }}
+      key: {{ .root.Values.broker.existingSecret.key }}
+- name: TASKHERD_BROKER_TYPE
+  value: {{ .root.Values.broker.type | quote }}
+- name: TASKHERD_QUEUES
+  value: {{ join "," $pool.queues | quote }}
+- name: TASKHERD_DEAD_LETTER_QUEUES
+  value: {{ join "," $pool.deadLetterQueues | quote }}
+- name: TASKHERD_SOFT_TIME_LIMIT
+  value: {{ $pool.timeLimits.softSeconds | toJson | quote }}
+- name: TASKHERD_TIME_LIMIT
+  value: {{ $pool.timeLimits.hardSeconds | toJson | quote }}
+- name: TASKHERD_VISIBILITY_TIMEOUT
+  value: {{ .root.Values.broker.visibilityTimeoutSeconds | toJson | quote }}
+- name: TASKHERD_MAX_TASKS_PER_CHILD
+  value: {{ $pool.maxTasksPerChild | toJson | quote }}
+- name: TASKHERD_MAX_MEMORY_PER_CHILD_KB
+  value: {{ $pool.maxMemoryPerChildKb | toJson | quote }}
+{{- end }}
+
+{{/* Environment every pod running the app gets: its name, and Python on a read-only root filesystem. */}}
+{{- define "taskherd.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+# The root filesystem is read-only: no .pyc files, and HOME on the writable /tmp.
+- name: PYTHONDONTWRITEBYTECODE
+  value: "1"
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: HOME
+  value: /tmp
+{{- end }}
+
+{{/* The pool chosen by name (beat.pool, tests.pool), else the first. Returns YAML; use fromYaml. */}}
+{{- define "taskherd.pool.named" -}}
+{{- $pools := (fromYaml (include "taskherd.pools" .root)).pools }}
+{{- $chosen := dict }}
+{{- if $pools }}{{ $chosen = index $pools 0 }}{{ end }}
+{{- range $pools }}{{ if and $.name (eq (toString .name) (toString $.name)) }}{{ $chosen = . }}{{ end }}{{ end }}
+{{- toYaml $chosen }}
+{{- end }}

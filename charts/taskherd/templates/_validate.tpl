@@ -527,12 +527,13 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{ $k.envFrom }}[{{ $j }}]={{ toJson $from }} is invalid; valid: {configMapRef: {name: …}} or {secretRef: {name: …}}, with an optional prefix
 {{- end }}
 {{- end }}
-{{- $volumes := list "tmp" "heartbeat" "prometheus" }}
+{{- $reservedVolumes := list "tmp" "heartbeat" "prometheus" "beat-schedule" }}
+{{- $volumes := list }}
 {{- range $j, $vol := $pool.extraVolumes }}
 {{- if not (and (kindIs "map" $vol) (kindIs "string" $vol.name) (regexMatch $f.dnsLabel.re (toString $vol.name))) }}
 {{ $k.extraVolumes }}[{{ $j }}].name={{ toJson (and (kindIs "map" $vol) $vol.name) }} is missing or invalid; valid: {{ $f.dnsLabel.valid }}
-{{- else if has $vol.name $volumes }}
-{{ $k.extraVolumes }}[{{ $j }}].name={{ toJson $vol.name }} is already a volume of the pod (the chart's tmp, heartbeat and prometheus, or an earlier entry); choose another name
+{{- else if or (has $vol.name $volumes) (has $vol.name $reservedVolumes) }}
+{{ $k.extraVolumes }}[{{ $j }}].name={{ toJson $vol.name }} is already a volume of the pod (the chart's {{ join ", " $reservedVolumes }}, or an earlier entry); choose another name
 {{- else }}
 {{- $volumes = append $volumes $vol.name }}
 {{- end }}
@@ -542,11 +543,11 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{ $k.extraVolumeMounts }}[{{ $j }}]={{ toJson $m }} is not a volume mount; valid: {name, mountPath}
 {{- else }}
 {{- if not (has $m.name $volumes) }}
-{{ $k.extraVolumeMounts }}[{{ $j }}].name={{ toJson $m.name }} is not a volume of the pod; valid: one of {{ toJson $volumes }} (add it to {{ $k.extraVolumes }})
+{{ $k.extraVolumeMounts }}[{{ $j }}].name={{ toJson $m.name }} is not one of the pool's extraVolumes {{ toJson $volumes }}; add it to {{ $k.extraVolumes }} (the pool's pods, beat and the test pod mount the same volumes)
 {{- end }}
 {{- if not (and (kindIs "string" $m.mountPath) (hasPrefix "/" (toString $m.mountPath))) }}
 {{ $k.extraVolumeMounts }}[{{ $j }}].mountPath={{ toJson $m.mountPath }} is invalid; valid: an absolute path
-{{- else if has (trimSuffix "/" $m.mountPath) (list "/tmp" "/run/taskherd/heartbeat" "/run/taskherd/prometheus") }}
+{{- else if has (trimSuffix "/" $m.mountPath) (list "/tmp" "/run/taskherd/heartbeat" "/run/taskherd/prometheus" "/run/taskherd/beat") }}
 {{ $k.extraVolumeMounts }}[{{ $j }}].mountPath={{ toJson $m.mountPath }} is where the chart mounts its own volume; choose another path
 {{- end }}
 {{- end }}
