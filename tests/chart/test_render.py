@@ -404,3 +404,61 @@ def test_a_global_registry_replaces_every_image_registry():
     images = {c["image"] for d in by_kind(render(values=values), "Deployment").values()
               for c in d["spec"]["template"]["spec"]["containers"]}
     assert images == {"mirror.example:5000/worker:dev", "mirror.example:5000/operator:dev"}
+
+
+def test_first_class_chart_habits_render_as_users_expect():
+    """ci/features-values.yaml: registry mirror, common annotations, a pool ServiceAccount with a cloud
+    identity, an init container and a sidecar, beat, the helm test pod, an extra object."""
+    objects = render([CHART / "ci" / "features-values.yaml"])
+    # extraDeploy objects are deployed as written (tpl rendered); the chart's own get commonAnnotations.
+    (settings,) = by_kind(objects, "ConfigMap").values()
+    assert settings == {"apiVersion": "v1", "kind": "ConfigMap", "data": {"REPORTS_BUCKET": "reports"},
+                        "metadata": {"name": "th-task-settings", "namespace": "jobs"}}
+    for o in objects:
+        if o is not settings:
+            assert o["metadata"].get("annotations", {}).get("team.example/owner") == "payments", o["metadata"]["name"]
+    sa = by_kind(objects, "ServiceAccount")["th-taskherd-default"]
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(":role/tasks")
+    assert sa["automountServiceAccountToken"] is False
+    worker = by_kind(objects, "Deployment")["th-taskherd-default"]
+    pod = worker["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "th-taskherd-default"
+    assert pod["automountServiceAccountToken"] is False
+    (init,) = pod["initContainers"]
+    assert init["name"] == "wait-for-schema"
+    # Extra containers inherit the restricted security context.
+    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                       "capabilities": {"drop": ["ALL"]}}
+    assert [c["name"] for c in pod["containers"]] == [WORKER, "sidecar-log-shipper"]
+    assert container(worker, WORKER)["image"] == "mirror.example:5000/worker:dev"
+
+
+def test_beat_is_one_replica_recreated_with_liveness_on_its_loop():
+    objects = render([CHART / "ci" / "rabbitmq-multipool-values.yaml"])
+    beat = by_kind(objects, "Deployment")["th-taskherd-beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    c = container(beat, "taskherd-beat")
+    assert c["command"] == ["celery", "--app=shop.tasks", "beat", "--loglevel=INFO",
+                            "--schedule=/run/taskherd/beat/celerybeat-schedule", "--max-interval=30"]
+    # 3 x max interval + 30 s: the loop ticks at least every max interval.
+    assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness", "--max-age", "120"]
+    env = env_of(c)
+    assert env["TASKHERD_QUEUES"] == "orders,emails"  # the fast pool's: beat publishes as its producers do
+    assert env["TASKHERD_HEARTBEAT_DIR"] == "/run/taskherd/heartbeat"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/tmp", "/run/taskherd/heartbeat", "/run/taskherd/beat"} <= mounts
+    # Beat, like the workers and the test pod, is under the app pods' NetworkPolicy.
+    policy = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["podSelector"]
+    assert policy["matchExpressions"] == [{"key": "app.kubernetes.io/component", "operator": "In",
+                                           "values": ["worker", "beat", "test"]}]
+
+
+def test_helm_test_pod_pings_the_first_pool_through_its_app():
+    objects = render(values=BROKER)
+    (test,) = by_kind(objects, "Pod").values()
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test["spec"]["restartPolicy"] == "Never"
+    (c,) = test["spec"]["containers"]
+    assert c["command"] == ["taskherd", "ping", "--app=tasks", "--queues=celery", "--timeout=120"]
+    assert env_of(c)["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
