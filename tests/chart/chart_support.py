@@ -76,3 +76,22 @@ def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
 
 
 BROKER = {"broker": {"existingSecret": {"name": "celery-broker"}}}
+
+
+def exported_metric_names() -> set[str]:
+    """Every metric name the project's programs export, read from the code that defines them (the
+    worker's metrics, the exporter's families, the operator's metrics), with the sample suffixes
+    Prometheus adds by type (counter `_total`, histogram `_bucket`/`_count`/`_sum`)."""
+    from prometheus_client import CollectorRegistry
+
+    from taskherd.commands.exporter import Snapshot, metric_families
+    from taskherd.operator.metrics import OperatorMetrics
+    from taskherd.worker.components.metrics import TaskMetrics, build_info, heartbeat_timestamp
+
+    registry = CollectorRegistry()
+    TaskMetrics(registry=registry)
+    OperatorMetrics(registry=registry)
+    families = [*registry.collect(), *metric_families(Snapshot(), {}), heartbeat_timestamp(None), build_info()]
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",),
+                "info": ("_info",), "summary": ("_count", "_sum"), "unknown": ("",)}
+    return {family.name + suffix for family in families for suffix in suffixes[family.type]}
