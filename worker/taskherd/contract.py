@@ -72,7 +72,7 @@ def dead_letter_queues(queues, explicit=None, pattern=DEFAULT_DEAD_LETTER_PATTER
         mapping = dict(zip(queues, explicit))
     else:
         if "{queue}" not in pattern:
-            raise ContractError([f"{source} pattern {pattern!r} must contain '{{queue}}' (e.g. "
+            raise ContractError([f"{source}={pattern!r} must contain '{{queue}}' (e.g. "
                                  f"'{DEFAULT_DEAD_LETTER_PATTERN}') so that each work queue gets its own DLQ"])
         mapping = {queue: pattern.format(queue=queue) for queue in queues}
     for queue, dlq in mapping.items():

@@ -59,15 +59,9 @@ def _parse(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(USAGE)
-        return 0
-    try:
-        options = _parse(argv)
-    except ValueError as exc:
-        print(f"taskherd drain: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
+    options, status = flags.command_line("drain", USAGE, _parse, sys.argv[1:] if argv is None else argv)
+    if status is not None:
+        return status
     started = time.time()
     path = shared_files.heartbeat_path(options["dir"])
     try:

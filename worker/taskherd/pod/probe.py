@@ -131,15 +131,10 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(USAGE)
-        return 0
-    try:
-        kind, options = _parse(argv)
-    except ValueError as exc:
-        print(f"taskherd probe: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
+    parsed, status = flags.command_line("probe", USAGE, _parse, sys.argv[1:] if argv is None else argv)
+    if status is not None:
+        return status
+    kind, options = parsed
     path = shared_files.heartbeat_path(options["dir"])
     try:
         record = shared_files.read_json(path)
