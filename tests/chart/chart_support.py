@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -95,3 +96,23 @@ def exported_metric_names() -> set[str]:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",),
                 "info": ("_info",), "summary": ("_count", "_sum"), "unknown": ("",)}
     return {family.name + suffix for family in families for suffix in suffixes[family.type]}
+
+
+SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
+RULES_REFUSAL = "problem(s) in the values"
+#: What a template crash or a broken rendering looks like: never an acceptable way to refuse.
+CRASHES = ("nil pointer", "error converting YAML", "error calling", "wrong type for value", "index out of range",
+           "cannot unmarshal", "mapping key", "incompatible types")
+
+
+def names_key(message: str, key: str) -> bool:
+    """The message names `key`: as written (dotted, with [i]), or as the schema's JSON pointer, or as
+    the schema's `missing property` of its parent."""
+    if key in message:
+        return True
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", key) if p]
+    pointer = "/" + "/".join(parts)
+    if f"'{pointer}'" in message:
+        return True
+    parent = "/" + "/".join(parts[:-1]) if len(parts) > 1 else ""
+    return f"at '{parent}': missing property '{parts[-1]}'" in message

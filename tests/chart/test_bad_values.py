@@ -2,36 +2,17 @@
 with a message naming the key as the user wrote it."""
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
-from chart_support import helm, template_args
+from chart_support import CRASHES, RULES_REFUSAL, SCHEMA_REFUSAL, helm, names_key, template_args
 
 CORPUS_DIR = Path(__file__).parent / "corpus"
 BASE = CORPUS_DIR / "base-values.yaml"
 CORPUS = yaml.safe_load((CORPUS_DIR / "bad-values.yaml").read_text())
-SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
-RULES_REFUSAL = "problem(s) in the values"
-#: What a template crash or a broken rendering looks like: never an acceptable way to refuse.
-CRASHES = ("nil pointer", "error converting YAML", "error calling", "wrong type for value", "index out of range",
-           "cannot unmarshal", "mapping key", "incompatible types")
-
-
-def names_key(message: str, key: str) -> bool:
-    """The message names `key`: as written (dotted, with [i]), or as the schema's JSON pointer, or as
-    the schema's `missing property` of its parent."""
-    if key in message:
-        return True
-    parts = [p for p in re.split(r"\.|\[(\d+)\]", key) if p]
-    pointer = "/" + "/".join(parts)
-    if f"'{pointer}'" in message:
-        return True
-    parent = "/" + "/".join(parts[:-1]) if len(parts) > 1 else ""
-    return f"at '{parent}': missing property '{parts[-1]}'" in message
 
 
 @pytest.fixture(scope="module")
