@@ -168,7 +168,7 @@ class Variable:
         self.default = default
         #: the programs that read it (taskherd.worker.configure, taskherd probe, …)
         self.readers = readers
-        #: the chart's containers that set it ("worker", "exporter", "operator"); () = users may set it
+        #: the chart's containers that set it ("worker", "exporter", "operator", "beat", "test"); () = users may set it
         self.chart = chart
         self.doc = doc
 
@@ -307,5 +307,6 @@ def is_set(name, environ=None):
 
 
 def set_by_chart(container):
-    """The names of the variables the chart sets on ``container`` ("worker", "exporter", "operator")."""
+    """The names of the variables the chart sets on ``container`` ("worker", "exporter", "operator", "beat",
+    "test": the `helm test` pod)."""
     return {variable.name for variable in VARIABLES if container in variable.chart}
