@@ -49,12 +49,12 @@ percent:
 {{- end }}
 
 {{/*
-A Kubernetes quantity as a plain number (float64), or the string "invalid".
+A Kubernetes quantity as a plain number (float64), or the string "invalid" (also for a negative one).
 Call with the value (a string such as "256Mi", or a number).
 */}}
 {{- define "taskherd.quantityValue" -}}
 {{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) }}
-{{- toJson . }}
+{{- if lt (float64 .) 0.0 }}{{ print "invalid" }}{{ else }}{{ toJson . }}{{ end }}
 {{- else if not (regexMatch (fromYaml (include "taskherd.formats" dict)).quantity.re (toString .)) }}
 {{- print "invalid" }}
 {{- else }}
