@@ -465,3 +465,18 @@ def test_helm_test_pod_pings_the_first_pool_through_its_app():
     (c,) = test["spec"]["containers"]
     assert c["command"] == ["taskherd", "ping", "--app=tasks", "--queues=celery", "--timeout=120"]
     assert env_of(c)["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
+
+
+def test_long_names_keep_their_suffix_and_stay_distinct():
+    """Names are cut to 63 characters from the prefix, never the suffix: two pools whose names differ
+    only at the end keep two Deployments, WorkerPools and PDBs (truncating the whole name made them one)."""
+    values = {**BROKER, "fullnameOverride": "a-release-name-that-is-long-enough-to-fill-most-of-the-63-chars",
+              "workerPools": [{"name": "reports-nightly-a", "app": "a", "queues": ["a"]},
+                              {"name": "reports-nightly-b", "app": "a", "queues": ["b"]}]}
+    objects = render(values=values)
+    for kind in ("Deployment", "WorkerPool", "PodDisruptionBudget"):
+        names = [n for n in by_kind(objects, kind) if "reports" in n]
+        assert len(names) == 2 and all(len(n) <= 63 for n in names), names
+        assert {n[-17:] for n in names} == {"reports-nightly-a", "reports-nightly-b"}
+    operator = [n for n in by_kind(objects, "Deployment") if n.endswith("-operator")]
+    assert len(operator) == 1 and len(operator[0]) <= 63
