@@ -731,6 +731,11 @@ beat.extraArgs[{{ $j }}]={{ toJson $arg }} would override what the chart sets ({
 {{- end }}
 {{- end }}
 {{- include "taskherd.check.resources" (dict "f" .f "key" "beat.resources" "resources" $beat.resources) }}
+{{- include "taskherd.check.annotations" (dict "f" .f "key" "beat.podAnnotations" "annotations" $beat.podAnnotations) }}
+{{- include "taskherd.check.labels" (dict "f" .f "key" "beat.nodeSelector" "labels" $beat.nodeSelector) }}
+{{- if $beat.priorityClassName }}
+{{- include "taskherd.check.format" (dict "f" .f "format" "dnsSubdomain" "key" "beat.priorityClassName" "value" $beat.priorityClassName "max" 253) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
