@@ -29,18 +29,15 @@ from pathlib import Path
 import redis
 from prometheus_client import CollectorRegistry
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.services import leased_redis_db  # noqa: E402
-
-from taskherd.operator.metrics import OperatorMetrics  # noqa: E402
-from taskherd.operator.broker import BrokerObserver  # noqa: E402
-from taskherd.operator.kube import Scale  # noqa: E402
-from taskherd.operator.plan import PoolMemory  # noqa: E402
-from taskherd.operator.policy import parse_spec  # noqa: E402
-from taskherd.operator.poll import Deps, poll_once  # noqa: E402
-from taskherd.operator.scaling import Observation, desired_replicas  # noqa: E402
+import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
+from e2e.lib.services import leased_redis_db
+from taskherd.operator.broker import BrokerObserver
+from taskherd.operator.kube import Scale
+from taskherd.operator.metrics import OperatorMetrics
+from taskherd.operator.plan import PoolMemory
+from taskherd.operator.policy import parse_spec
+from taskherd.operator.poll import Deps, poll_once
+from taskherd.operator.scaling import Observation, desired_replicas
 
 
 class MemoryKube:

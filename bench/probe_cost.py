@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,14 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo_paths import ROOT  # first: the shared helpers below live in the repository
+from support.private_redis import PrivateRedis
+from support.worker_process import WorkerProcess
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(command: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
@@ -52,26 +47,15 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "worker" / "taskherd"),
                     str(ROOT / "tests" / "apps")], check=True)
     workdir = Path(tempfile.mkdtemp(prefix="taskherd-probe-bench-"))
-    port = free_port()
-    redis_process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(workdir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    broker = PrivateRedis(workdir)
     hostname = f"bench-{os.getpid()}@localhost"
-    heartbeat_dir = workdir / "heartbeat"
-    env = {**os.environ, "TEST_BROKER_URL": f"redis://127.0.0.1:{port}/1", "TEST_LEDGER_URL": f"redis://127.0.0.1:{port}/2",
-           "TEST_QUEUE": "bench", "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))}
-    log = open(workdir / "worker.log", "wb")
-    worker = subprocess.Popen([str(BIN / "celery"), "-A", "apps.runtime_app", "worker", "--pool", "prefork",
-                               "--concurrency", "2", "--hostname", hostname, "--without-mingle", "--without-gossip",
-                               "--loglevel", "INFO"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True, cwd=ROOT / "tests")
+    worker = WorkerProcess("apps.runtime_app", log_dir=workdir, concurrency=2, hostname=hostname,
+                           env={"TEST_BROKER_URL": f"{broker.url}/1", "TEST_LEDGER_URL": f"{broker.url}/2",
+                                "TEST_QUEUE": "bench", "TASKHERD_HEARTBEAT_DIR": str(workdir / "heartbeat")})
+    env = worker.env  # the probe and `celery inspect` see the worker's settings (and import its app)
     try:
-        deadline = time.monotonic() + 60
-        while b"ready." not in (workdir / "worker.log").read_bytes():
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise SystemExit(f"worker did not start:\n{(workdir / 'worker.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+        broker.start()
+        worker.start()
         probe = [str(BIN / "taskherd"), "probe", "liveness"]
         ping = [str(BIN / "celery"), "-A", "apps.runtime_app", "inspect", "ping", "-d", hostname, "--timeout", "5"]
         for name, command in (("probe", probe), ("ping", ping)):  # warm the page cache, check both pass
@@ -85,13 +69,8 @@ def main() -> int:
             results["ping"].append(measure(ping, env))
             results["floor"].append(measure(floor, env))
     finally:
-        for process in (worker, redis_process):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=10)
-        log.close()
+        worker.kill()
+        broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
     def median(name: str, index: int) -> float:

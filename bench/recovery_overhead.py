@@ -21,11 +21,10 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.services import leased_redis_db  # noqa: E402
-from support.worker_process import WorkerProcess  # noqa: E402
+import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
+from e2e.lib.services import leased_redis_db
+from e2e.lib.waiting import wait_for
+from support.worker_process import WorkerProcess
 
 
 def one_run(*, tracking: bool, tasks: int) -> float:
@@ -45,10 +44,7 @@ def one_run(*, tracking: bool, tasks: int) -> float:
         try:
             worker.start()
             started = time.monotonic()
-            while int(client.get(f"count:{token}") or 0) < tasks:
-                if time.monotonic() - started > 600:
-                    raise RuntimeError(f"only {client.get(f'count:{token}')} of {tasks} tasks ran in 600 s")
-                time.sleep(0.02)
+            wait_for("tasks run", lambda: int(client.get(f"count:{token}") or 0), 600, 0.02, equals=tasks)
             return tasks / (time.monotonic() - started)
         finally:
             worker.kill()

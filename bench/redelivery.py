@@ -34,11 +34,10 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.services import fresh_vhost, leased_redis_db  # noqa: E402
-from support.worker_process import WorkerProcess  # noqa: E402
+import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
+from e2e.lib.services import fresh_vhost, leased_redis_db
+from e2e.lib.waiting import wait_for
+from support.worker_process import WorkerProcess
 
 #: kombu 5.6–5.7: restore_visible scans every unacked_restore_interval (10 s) x throttle (10).
 KOMBU_SWEEP_SECONDS = 100
@@ -56,16 +55,16 @@ def one_run(*, broker_url: str, ledger: redis.Redis, ledger_url: str, queue: str
     producer = Celery(broker=broker_url)
     producer.send_task("recovery.hold", args=(token, 600), kwargs={"redelivered_seconds": 0.2}, queue=queue)
     producer.close()
-    starts = _wait(lambda: _starts(ledger, token), 60, "the task to start")
+    starts = wait_for("the task to start", lambda: _starts(ledger, token), 60, 0.05)
     victim = next(w for w in workers if starts[0]["host"].startswith(w.hostname.split("@")[0]))
     time.sleep(KILL_AFTER_START)
     killed_at = time.time()
     victim.kill()
-    restarted = _wait(lambda: _starts(ledger, token)[1:], wait_limit, "the task to start again")[0]
+    restarted = wait_for("the task to start again", lambda: _starts(ledger, token)[1:], wait_limit, 0.05)[0]
     workers.remove(victim)
     replacement = WorkerProcess("apps.recovery_app", log_dir=log_dir, queues=[queue], env=env, concurrency=1)
     workers.append(replacement.start())
-    _wait(lambda: _ends(ledger, token), 60, "the restarted task to finish")
+    wait_for("the restarted task to finish", lambda: _ends(ledger, token), 60, 0.05)
     return restarted["at"] - killed_at
 
 
@@ -75,16 +74,6 @@ def _starts(ledger, token):
 
 def _ends(ledger, token):
     return [r for r in map(json.loads, ledger.lrange(f"runs:{token}", 0, -1)) if r["event"] == "end"]
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 #: The period of the timer that decides each mode's latency (see the module docstring).

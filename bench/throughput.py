@@ -23,12 +23,12 @@ import uuid
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from celery import Celery
 
-from celery import Celery  # noqa: E402
-
-from support import services  # noqa: E402
+from repo_paths import ROOT  # first: the shared helpers below live in the repository
+from e2e.lib import services
+from e2e.lib.waiting import wait_for
+from support.worker_process import python_env
 
 VARIANTS = ("vanilla", "taskherd")
 
@@ -83,14 +83,11 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
         for _ in range(tasks):
             app.send_task("bench.noop", queue=queue, producer=prod)
     depth = depth_reader(broker_url, queue)
-    deadline = time.monotonic() + 30
-    while depth() != tasks:  # AMQP publishes are asynchronous: wait until the broker has them all
-        assert time.monotonic() < deadline, f"published {tasks}, queue holds {depth()}"
-        time.sleep(0.05)
+    # AMQP publishes are asynchronous: wait until the broker has them all
+    wait_for(f"the {tasks} published messages in {queue}", depth, 30, 0.05, equals=tasks)
 
-    env = {**os.environ, "BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
-           "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
+    env = python_env({"BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
+                      "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms)}, path=[ROOT / "bench"])
     log = open(log_dir / f"{queue}.log", "wb")
     pool = ["--pool", "prefork", "--concurrency", "2"]
     prefix = [sys.executable, "-m"]
@@ -102,15 +99,16 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
         [*prefix, "celery", "-A", "throughput_app", "worker", *pool,
          "--loglevel", "WARNING", "--without-mingle", "--without-gossip", "--without-heartbeat", "--queues", queue],
         env=env, cwd=ROOT / "bench", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    def depth_while_alive() -> int:
+        assert worker.poll() is None, f"the worker exited ({worker.returncode}): see {log.name}"
+        return depth()
+
     try:
-        deadline = time.monotonic() + 120
-        while (remaining := depth()) >= tasks:
-            assert worker.poll() is None and time.monotonic() < deadline, f"worker did not start: see {log.name}"
-            time.sleep(0.005)
-        started, at_start, cpu_at_start = time.monotonic(), remaining, cpu_seconds(worker.pid)
-        while (remaining := depth()) > 0:
-            assert worker.poll() is None and time.monotonic() < deadline + 600, f"worker died: see {log.name}"
-            time.sleep(0.005)
+        # Polled every 5 ms: the clock starts when the worker takes its first message.
+        at_start = wait_for("the worker to take its first message (messages left)", depth_while_alive, 120, 0.005,
+                            until=lambda remaining: remaining < tasks)
+        started, cpu_at_start = time.monotonic(), cpu_seconds(worker.pid)
+        wait_for("the queue drained (messages left)", depth_while_alive, 600, 0.005, equals=0)
         elapsed = time.monotonic() - started
         cpu = cpu_seconds(worker.pid) - cpu_at_start
     finally:

@@ -1,4 +1,5 @@
 """Fixtures every test shares: the real services started by `scripts/services.sh up`.
+(The cluster's fixtures come from the plugin e2e/lib/pytest_plugin.py.)
 
 A service that is not reachable is a failure with the reason, never a skip: `make test` starts
 them, so an unreachable one means setup is broken.
@@ -9,15 +10,11 @@ fresh database.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/support and tests/apps are importable
-
-from support import services  # noqa: E402
+from e2e.lib import services
 
 
 def _required_env(name: str) -> str:

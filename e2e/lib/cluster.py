@@ -14,8 +14,7 @@ kubectl and helm are the ones built by ``make cluster-binaries`` (pinned in
 e2e/cluster/versions.env), never whatever else is on PATH, unless ``TASKHERD_KUBECTL`` /
 ``TASKHERD_HELM`` say otherwise.
 
-Only the standard library is used. Waits are bounded, log their progress and raise
-:class:`WaitTimeout` with the last thing they saw.
+Only the standard library is used. Waits are the bounded, logged ones of e2e/lib/waiting.py.
 """
 from __future__ import annotations
 
@@ -24,17 +23,18 @@ import logging
 import os
 import shutil
 import subprocess
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
+
+from .waiting import WaitTimeout, wait_for
 
 log = logging.getLogger("taskherd.e2e.cluster")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "e2e" / "cluster" / "versions.env"
 KIND_CLUSTER_NAME = "taskherd"
+T = TypeVar("T")
 
 
 class ClusterUnavailable(RuntimeError):
@@ -49,8 +49,8 @@ class CommandFailed(RuntimeError):
         self.result = result
 
 
-class WaitTimeout(TimeoutError):
-    """A bounded wait ran out; the message says what was awaited and what was last seen."""
+class ImagesMissing(RuntimeError):
+    """Images a test needs are not in the cluster's container runtime; the message names them per node."""
 
 
 def versions() -> dict[str, str]:
@@ -82,6 +82,15 @@ def helm_path() -> str:
     if os.environ.get("TASKHERD_HELM"):
         return os.environ["TASKHERD_HELM"]
     return str(taskherd_home() / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm")
+
+
+def crictl_path() -> str:
+    return str(taskherd_home() / "bin" / f"crictl-{versions()['CRICTL_VERSION']}" / "crictl")
+
+
+def local_containerd_socket() -> Path:
+    """The containerd of `make cluster` (e2e/cluster/lib.sh: CONTAINERD_SOCK)."""
+    return taskherd_home() / "cluster" / "containerd" / "containerd.sock"
 
 
 def kind_path() -> str | None:
@@ -151,20 +160,54 @@ class Cluster:
             return os.environ["TASKHERD_TEST_IMAGE"], "IfNotPresent"
         return versions()["BASE_IMAGE"], "Never" if self.is_local else "IfNotPresent"
 
-    def create_test_namespace(self, prefix: str, test_name: str, labels: dict[str, str]) -> str:
-        """A fresh namespace named after the test and labelled for cleanup, returned once its
-        default ServiceAccount exists (the API creates it asynchronously and pods need it)."""
-        base = "".join(ch if ch.isalnum() else "-" for ch in test_name.lower())[:30].strip("-")
-        name = f"{prefix}-{base}-{uuid.uuid4().hex[:6]}"
-        label_lines = "".join(f"\n    {key}: {value}" for key, value in labels.items())
-        self.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:{label_lines}\n")
-        wait_for(f"default ServiceAccount in {name}",
-                 lambda: self.kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
-                 timeout=60, interval=0.5)
+    def wait(self, what: str, observe: Callable[[], T], timeout: float, interval: float = 1.0, **kw: Any) -> T:
+        """wait_for on the cluster's state: a kubectl call that fails (the object is not created yet,
+        the API server is busy) counts as "not yet", and is what the timeout reports if it was last."""
+        return wait_for(what, observe, timeout, interval, ignoring=(CommandFailed,), **kw)
+
+    def create_namespace(self, name: str, labels: dict[str, str], annotations: dict[str, str]) -> str:
+        """Creates the namespace and returns its name once its default ServiceAccount exists (the
+        API creates it asynchronously, and no pod is admitted before it does)."""
+        self.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": name, "labels": labels, "annotations": annotations}}))
+        self.wait(f"the default ServiceAccount in namespace {name}",
+                  lambda: self.kubectl_json("-n", name, "get", "sa", "default")["metadata"]["name"], 60, 0.5)
         return name
 
-    def check_reachable(self) -> None:
-        """Raise ClusterUnavailable with the exact error when the API server is not ready."""
+    def delete_namespace(self, name: str) -> None:
+        self.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+    def describe_namespace(self, namespace: str, *, log_lines: int = 80) -> str:
+        """What a reader of a failed test needs from a namespace: its pods, its events in order and
+        each container's last log lines (and the previous run's, for a restarted container)."""
+        parts = []
+        for args in (("get", "pods", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
+            r = self.kubectl("-n", namespace, *args, check=False)
+            parts.append(f"$ kubectl -n {namespace} {' '.join(args)}\n{(r.stdout + r.stderr).rstrip()}")
+        r = self.kubectl("-n", namespace, "get", "pods", "-o", "json", check=False)
+        pods = json.loads(r.stdout)["items"] if r.returncode == 0 else []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            for status in pod["status"].get("containerStatuses", []):
+                runs = [("--previous",)] if status.get("restartCount") else []
+                for extra in runs + [()]:
+                    logs = self.kubectl("-n", namespace, "logs", name, "-c", status["name"], f"--tail={log_lines}",
+                                        *extra, check=False)
+                    label = f"$ kubectl -n {namespace} logs {name} -c {status['name']} {' '.join(extra)}".rstrip()
+                    parts.append(f"{label}\n{(logs.stdout or logs.stderr).rstrip()}")
+        return "\n\n".join(parts)
+
+    def node_names(self) -> list[str]:
+        return [n["metadata"]["name"] for n in self.kubectl_json("get", "nodes")["items"]]
+
+    def ready_nodes(self) -> list[str]:
+        nodes = self.kubectl_json("get", "nodes")["items"]
+        return [n["metadata"]["name"] for n in nodes
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))]
+
+    def check_reachable(self, timeout: float = 0) -> None:
+        """Returns once the API server answers /readyz with ok and a node is Ready, waiting up to
+        `timeout` seconds; else raises ClusterUnavailable with the exact error."""
         if not Path(self.kubectl_bin).is_file():
             raise ClusterUnavailable(
                 f"kubectl not found at {self.kubectl_bin}: run `make cluster-binaries` (or `make cluster`)"
@@ -172,12 +215,72 @@ class Cluster:
         if not Path(self.kubeconfig).is_file():
             raise ClusterUnavailable(f"kubeconfig {self.kubeconfig} ({self.source} cluster) does not exist"
                                      + _make_cluster_hint(self))
-        r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=30)
-        if r.returncode != 0 or r.stdout.strip() != "ok":
-            raise ClusterUnavailable(
-                f"{self.source} cluster ({self.kubeconfig}) is not ready: "
-                f"{(r.stderr or r.stdout).strip()}" + _make_cluster_hint(self)
-            )
+
+        def readyz() -> str:
+            r = self.kubectl("get", "--raw", "/readyz", check=False, timeout=30)
+            return (r.stdout if r.returncode == 0 else r.stderr or r.stdout).strip()
+
+        try:
+            wait_for("the API server to answer /readyz with ok", readyz, timeout, 1, equals="ok")
+            self.wait("a Ready node", self.ready_nodes, timeout, 1)
+        except WaitTimeout as e:
+            raise ClusterUnavailable(f"{self.source} cluster ({self.kubeconfig}) is not ready: {e}"
+                                     + _make_cluster_hint(self)) from None
+
+    # --- images, as the container runtime sees them -------------------------------------------
+
+    def runtime_images(self) -> dict[str, set[str]]:
+        """The image names each node's container runtime holds, asked through the CRI (`crictl
+        images`): the kubelet's own view, current at once. The nodes' `status.images` lag behind it
+        (the kubelet reports them on its next status update) and list at most 50 images."""
+        if self.source == "local":
+            # one node, on this host: its containerd is the one of e2e/cluster/lib.sh
+            command = [crictl_path(), "--runtime-endpoint", f"unix://{local_containerd_socket()}"]
+            return {node: _crictl_image_names(command) for node in self.node_names()}
+        if self.source == "kind":
+            # kind's node containers are named after their nodes and ship crictl
+            return {node: _crictl_image_names(["docker", "exec", node, "crictl"]) for node in self.node_names()}
+        raise ClusterUnavailable(f"the runtime of the {self.source} cluster cannot be asked from here")
+
+    def require_images(self, images: Sequence[str], timeout: float = 120) -> None:
+        """Raises ImagesMissing unless every node holds every one of `images`. Asks the CRI where it
+        can (local and kind clusters), at once; on an explicit cluster, where only the API is
+        reachable, waits up to `timeout` seconds for the nodes' `status.images` to list them."""
+        if self.source in ("local", "kind"):
+            missing = missing_images(images, self.runtime_images())
+            if missing:
+                listed = "; ".join(f"{node}: {names}" for node, names in sorted(missing.items()))
+                raise ImagesMissing(f"not in the container runtime (crictl images) of the {self.source} cluster: "
+                                    f"{listed}: run `make images`")
+            return
+        try:
+            self.wait(f"images {list(images)} in the nodes' status.images",
+                      lambda: missing_images(images, self._node_status_images()), timeout, 2, equals={})
+        except WaitTimeout as e:
+            raise ImagesMissing(f"{e}: load them into the cluster's nodes") from None
+
+    def _node_status_images(self) -> dict[str, set[str]]:
+        return {n["metadata"]["name"]: {name for image in n["status"].get("images") or []
+                                        for name in image.get("names") or []}
+                for n in self.kubectl_json("get", "nodes")["items"]}
+
+
+def _crictl_image_names(command: list[str]) -> set[str]:
+    r = subprocess.run([*command, "images", "-o", "json"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise ClusterUnavailable(f"`{' '.join(command)} images` exited {r.returncode}: "
+                                 f"{(r.stderr or r.stdout).strip()}")
+    return {tag for image in json.loads(r.stdout).get("images") or [] for tag in image.get("repoTags") or []}
+
+
+def missing_images(wanted: Sequence[str], held: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Per node, the `wanted` images it does not hold; a short name matches its registry-qualified
+    form (`worker:dev` is `docker.io/library/worker:dev`)."""
+    def has(names: set[str], image: str) -> bool:
+        return image in names or any(name.endswith("/" + image) for name in names)
+
+    missing = {node: [i for i in wanted if not has(names, i)] for node, names in held.items()}
+    return {node: images for node, images in missing.items() if images} if held else {"(no node)": list(wanted)}
 
 
 def _make_cluster_hint(c: Cluster) -> str:
@@ -249,26 +352,3 @@ def resolve() -> Cluster:
         return Cluster("kind", _ensure_kind(kind, image), kubectl, helm)
     log.info("cluster: local (%s)", local_kubeconfig())
     return Cluster("local", str(local_kubeconfig()), kubectl, helm)
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0,
-             progress_every: float = 10.0) -> Any:
-    """Call probe() until it returns something truthy; return that. Log progress; raise
-    WaitTimeout naming `what` and the last value or exception seen."""
-    start = time.monotonic()
-    next_log = start + progress_every
-    last: Any = None
-    while True:
-        try:
-            last = probe()
-            if last:
-                return last
-        except Exception as e:  # noqa: BLE001 - reported in the timeout message
-            last = e
-        now = time.monotonic()
-        if now - start >= timeout:
-            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
-        if now >= next_log:
-            log.info("still waiting for %s (%.0fs): %r", what, now - start, last)
-            next_log = now + progress_every
-        time.sleep(interval)

@@ -1,7 +1,6 @@
 """Rendering the chart with the project's pinned helm (built by `make helm-binary`)."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -10,23 +9,13 @@ from typing import Any, Iterable
 import pytest
 import yaml
 
+from e2e.lib import cluster as clusterlib
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "taskherd"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-TASKHERD_HOME = Path(os.environ.get("TASKHERD_HOME", Path.home() / ".cache" / "taskherd"))
-
-
-def pinned_versions() -> dict[str, str]:
-    out = {}
-    for line in (REPO / "e2e" / "cluster" / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            out[key.strip()] = value.strip()
-    return out
-
-
-VERSIONS = pinned_versions()
-HELM = TASKHERD_HOME / "bin" / f"helm-{VERSIONS['HELM_VERSION']}" / "helm"
+VERSIONS = clusterlib.versions()
+HELM = Path(clusterlib.helm_path())
 # Render for the cluster's Kubernetes: helm built from the module proxy defaults to v1.20
 # capabilities, which the chart's kubeVersion (>= 1.29) rightly refuses.
 KUBE_VERSION = VERSIONS["KUBERNETES_VERSION"]

@@ -3,8 +3,9 @@ during a long task and on a wedged worker, `helm upgrade` under load with no tas
 beats at once, `helm uninstall` leaving only the CRD, a bad values file leaving nothing.
 
 One release for the whole module (installing takes a while); the tests run in file order and each
-states what it leaves for the next. The namespace enforces the `restricted` Pod Security Standard,
-so a pod the chart renders outside it would be refused by the API server.
+states what it leaves for the next. The namespace (e2e/lib/pytest_plugin.py's, for the module)
+enforces the `restricted` Pod Security Standard, so a pod the chart renders outside it would be
+refused by the API server; a failing test's report carries its pods, events and logs.
 
 The broker is the loopback Redis of `scripts/services.sh` (a leased database), reached from the
 pods through a small TCP forwarder this module runs on the pods' gateway address: the local
@@ -17,7 +18,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,12 +27,11 @@ import pytest
 import redis
 import yaml
 
-from chart_support import CHART, CI_VALUES, KUBE_VERSION, REPO, excluded_from_dry_run
-
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-from e2e.lib import cluster as clusterlib  # noqa: E402
-from support import services  # noqa: E402
+from chart_support import CHART, CI_VALUES, excluded_from_dry_run, render
+from e2e.lib import cluster as clusterlib
+from e2e.lib import services
+from e2e.lib.pytest_plugin import create_test_namespace
+from e2e.lib.waiting import wait_for
 
 # Installing (images, operator scaling) and the rollout under load take minutes, not seconds.
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -85,15 +84,6 @@ class Forwarder:
             s.close()
 
 
-def helm(k8s: clusterlib.Cluster, *args: str, check: bool = True, timeout: float = 420) -> subprocess.CompletedProcess:
-    """The pinned helm against the cluster (Cluster.helm lacks `input=` for its runner)."""
-    result = subprocess.run([k8s.helm_bin, "--kubeconfig", k8s.kubeconfig, *args], env=k8s.env(),
-                            capture_output=True, text=True, timeout=timeout)
-    if check and result.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args[:2])} exited {result.returncode}: {result.stderr.strip()}")
-    return result
-
-
 def pod_gateway_address() -> str:
     """The host's address on the local cluster's pod bridge (pods reach the host there)."""
     out = subprocess.run(["ip", "-4", "-o", "addr", "show", "taskherd0"], capture_output=True, text=True).stdout
@@ -137,15 +127,6 @@ class Release:
     def done(self) -> set[str]:
         return {k.decode() for k in self.ledger.smembers("done")}
 
-    def diagnostics(self) -> str:
-        parts = []
-        for args in (("get", "all,workerpools,events", "-o", "wide"),
-                     ("logs", "-l", "app.kubernetes.io/component=operator", "--tail=40", "--all-containers"),
-                     ("logs", "-l", f"taskherd.io/pool={POOL}", "--tail=40")):
-            r = self.kubectl(*args, check=False)
-            parts.append(f"$ kubectl {' '.join(args)}\n{r.stdout}{r.stderr}")
-        return "\n".join(parts)
-
 
 def restart_count(pod: dict) -> int:
     return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
@@ -176,50 +157,33 @@ def image_values(reference: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def release(tmp_path_factory):
-    k8s = clusterlib.resolve()
-    try:
-        k8s.check_reachable()
-    except clusterlib.ClusterUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    if not k8s.is_local:
+def release(cluster, request, tmp_path_factory):
+    if not cluster.is_local:
         pytest.fail("the chart's cluster tests run on the local cluster (`make cluster`): its pods reach the "
                     "host's loopback Redis through the taskherd0 bridge", pytrace=False)
     versions = clusterlib.versions()
-    node_images = {n for node in k8s.kubectl_json("get", "nodes")["items"]
-                   for img in node["status"].get("images") or [] for n in img.get("names") or []}
     # TASKHERD_WORKER_IMAGE: test another build of the worker image than the pinned one.
     worker_image = os.environ.get("TASKHERD_WORKER_IMAGE") or versions["WORKER_IMAGE"]
-    missing = [i for i in (worker_image, versions["OPERATOR_IMAGE"])
-               if not any(n.endswith(i) for n in node_images)]
-    if missing:
-        pytest.fail(f"images {missing} are not in the cluster: run `make images`", pytrace=False)
+    try:
+        cluster.require_images([worker_image, versions["OPERATOR_IMAGE"]])
+    except clusterlib.ImagesMissing as e:
+        pytest.fail(str(e), pytrace=False)
     host_redis = os.environ.get("TASKHERD_REDIS_URL")
     if not host_redis:
         pytest.fail("TASKHERD_REDIS_URL is not set: run through `make test` (source scripts/services.sh env)")
 
     name = "th" + uuid.uuid4().hex[:5]
-    namespace = f"chart-{name}"
     with services.leased_redis_db(host_redis) as host_url:
         db = host_url.rsplit("/", 1)[1]
         gateway = pod_gateway_address()
         redis_port = int(host_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
         forwarder = Forwarder(listen_host=gateway, target=("127.0.0.1", redis_port))
         pod_url = f"redis://{gateway}:{forwarder.port}/{db}"
-        k8s.apply(f"""
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: {namespace}
-  labels:
-    taskherd.io/test: chart
-    pod-security.kubernetes.io/enforce: restricted
-""")
         try:
-            clusterlib.wait_for("default ServiceAccount", lambda: k8s.kubectl(
-                "-n", namespace, "get", "sa", "default", check=False).returncode == 0, timeout=60, interval=0.5)
-            k8s.kubectl("-n", namespace, "create", "secret", "generic", "broker", f"--from-literal=url={pod_url}")
-            k8s.kubectl("-n", namespace, "create", "configmap", "chart-app", f"--from-file=chart_app.py={APP}")
+            namespace = create_test_namespace(cluster, request,
+                                              labels={"pod-security.kubernetes.io/enforce": "restricted"})
+            cluster.kubectl("-n", namespace, "create", "secret", "generic", "broker", f"--from-literal=url={pod_url}")
+            cluster.kubectl("-n", namespace, "create", "configmap", "chart-app", f"--from-file=chart_app.py={APP}")
             values = {
                 "broker": {"existingSecret": {"name": "broker"}, "ports": [forwarder.port]},
                 "workerPoolDefaults": {"image": {**image_values(worker_image), "pullPolicy": "Never"}},
@@ -248,25 +212,21 @@ metadata:
             }
             values_file = tmp_path_factory.mktemp("values") / "values.yaml"
             values_file.write_text(yaml.safe_dump(values))
-            rel = Release(k8s, namespace, name, values_file, host_url)
-            result = helm(k8s, "install", name, str(CHART), "-n", namespace, "-f", str(values_file),
-                          "--wait", "--timeout", "6m", check=False)
+            rel = Release(cluster, namespace, name, values_file, host_url)
+            result = cluster.helm("install", name, str(CHART), "-n", namespace, "-f", str(values_file),
+                                  "--wait", "--timeout", "6m", check=False, timeout=420)
             if result.returncode != 0:
-                pytest.fail(f"helm install failed: {result.stderr}\n{rel.diagnostics()}", pytrace=False)
+                pytest.fail(f"helm install failed: {result.stderr}", pytrace=False)
             yield rel
+            cluster.helm("uninstall", name, "-n", namespace, "--wait", check=False, timeout=300)
         finally:
-            helm(k8s, "uninstall", name, "-n", namespace, "--wait", check=False, timeout=300)
-            k8s.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
             forwarder.close()
 
 
 def test_install_brings_up_restricted_ready_workers_scaled_by_the_operator(release):
     # helm --wait returned: every Deployment is available. The operator then scales to minReplicas.
-    try:
-        clusterlib.wait_for("2 ready workers (operator scaled the pool)",
-                            lambda: len(release.ready_workers()) == 2, timeout=180, interval=2)
-    except clusterlib.WaitTimeout as e:
-        pytest.fail(f"{e}\n{release.diagnostics()}", pytrace=False)
+    release.k8s.wait("ready workers (the operator scales the pool to 2)", lambda: len(release.ready_workers()),
+                     180, 2, equals=2)
     deployment = release.get("deployment", release.deployment)
     assert deployment["spec"]["replicas"] == 2  # set by the operator through the scale subresource
     pod = release.ready_workers()[0]
@@ -275,23 +235,23 @@ def test_install_brings_up_restricted_ready_workers_scaled_by_the_operator(relea
     assert pool["spec"]["scaleTargetRef"]["name"] == release.deployment
     # A task round trip through the real broker.
     release.send("hello", 0.1)
-    clusterlib.wait_for("task hello done", lambda: "hello" in release.done(), timeout=60, interval=1)
+    wait_for("task hello done", lambda: "hello" in release.done(), timeout=60, interval=1)
 
 
 def test_beat_runs_one_replica_and_its_ticks_reach_the_workers(release):
     beat = release.get("deployment", f"{release.name}-taskherd-beat")
     assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
-    clusterlib.wait_for("3 ticks of beat run by the workers", lambda: sum(
-        release.ledger.zcard(f"ticks:{pod.decode()}") for pod in release.ledger.smembers("beats")) >= 3,
-        timeout=120, interval=1)
+    wait_for("ticks of beat run by the workers", lambda: sum(
+        release.ledger.zcard(f"ticks:{pod.decode()}") for pod in release.ledger.smembers("beats")),
+        until=lambda ticks: ticks >= 3, timeout=120, interval=1)
     assert len(release.ledger.smembers("beats")) == 1
 
 
 def test_helm_test_sends_a_ping_through_the_broker_to_a_worker(release):
-    result = helm(release.k8s, "test", release.name, "-n", release.namespace, "--timeout", "4m",
-                  check=False, timeout=300)
+    result = release.k8s.helm("test", release.name, "-n", release.namespace, "--timeout", "4m",
+                              check=False, timeout=300)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{output}\n{release.diagnostics()}"
+    assert result.returncode == 0, output
     assert "Phase:          Succeeded" in output, output
     # The test pod's log, printed by helm: the answer names the worker that ran the ping.
     assert f"pong from celery@{release.deployment}-" in output, output
@@ -300,8 +260,8 @@ def test_helm_test_sends_a_ping_through_the_broker_to_a_worker(release):
 def test_liveness_passes_while_a_long_task_runs(release):
     before = {p["metadata"]["name"]: restart_count(p) for p in release.worker_pods()}
     release.send("long", 60)
-    clusterlib.wait_for("task long started", lambda: release.ledger.get("runs:long"), timeout=30, interval=1)
-    clusterlib.wait_for("task long done", lambda: "long" in release.done(), timeout=120, interval=2)
+    wait_for("task long started", lambda: release.ledger.get("runs:long"), timeout=30, interval=1)
+    wait_for("task long done", lambda: "long" in release.done(), timeout=120, interval=2)
     after = {p["metadata"]["name"]: restart_count(p) for p in release.worker_pods()}
     assert after == before, "a worker was restarted while running a task within its limits"
     events = release.get("events", "--field-selector", "reason=Unhealthy")["items"]
@@ -318,11 +278,9 @@ def test_a_wedged_worker_fails_liveness_and_is_restarted(release):
     os.kill(pid, 19)  # SIGSTOP: the main loop (and its heartbeat) stops; the pool children live on
     started = time.monotonic()
 
-    def restarted():
-        return restart_count(release.get("pod", name)) > restarts
-
     try:
-        clusterlib.wait_for(f"liveness restart of {name}", restarted, timeout=180, interval=2)
+        release.k8s.wait(f"a liveness restart of {name} (restarts; were {restarts})",
+                         lambda: restart_count(release.get("pod", name)), 180, 2, until=lambda n: n > restarts)
     finally:
         try:
             os.kill(pid, 18)  # SIGCONT, in case it was not killed
@@ -336,7 +294,7 @@ def test_a_wedged_worker_fails_liveness_and_is_restarted(release):
     # period (15 s; a SIGSTOPped process ignores SIGTERM): about a minute, far below the pod's
     # 135 s drain grace period it would otherwise wait.
     assert took < 120
-    clusterlib.wait_for("2 ready workers again", lambda: len(release.ready_workers()) == 2, timeout=180, interval=2)
+    release.k8s.wait("ready workers again", lambda: len(release.ready_workers()), 180, 2, equals=2)
 
 
 def test_helm_upgrade_under_load_loses_no_task(release):
@@ -345,16 +303,16 @@ def test_helm_upgrade_under_load_loses_no_task(release):
     keys = [f"load-{i}" for i in range(40)]
     for key in keys:
         release.send(key, 4)
-    clusterlib.wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
+    wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
     old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     # Any change of the pod template rolls every worker (each old one drains in preStop first) and
     # the beat (Recreate: the old one exits before the new one starts).
     rollout = uuid.uuid4().hex[:6]
-    helm(release.k8s, "upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
+    release.k8s.helm("upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
                      "--set", f"workerPools[0].podAnnotations.rollout={rollout}",
                      "--set", f"beat.podAnnotations.rollout={rollout}",
-                     "--wait", "--timeout", "6m")
-    clusterlib.wait_for("all load tasks done", lambda: set(keys) <= release.done(), timeout=300, interval=2)
+                     "--wait", "--timeout", "6m", timeout=420)
+    wait_for("load tasks done", lambda: len(set(keys) & release.done()), timeout=300, interval=2, equals=len(keys))
     new_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     assert not (old_pods & new_pods), "the upgrade did not replace the workers"
     runs = {k: int(release.ledger.get(f"runs:{k}") or 0) for k in keys}
@@ -382,8 +340,12 @@ def test_two_beats_never_ran_at_once_across_the_upgrade(release):
                 out.append((ticks[0][1], ticks[-1][1], len(ticks), pod.decode()))
         return sorted(out)
 
-    clusterlib.wait_for("the new beat ticking (3 ticks)", lambda: len(intervals()) >= 2 and intervals()[-1][2] >= 3,
-                        timeout=180, interval=2)
+    def beats_and_ticks_of_the_last():
+        spans = intervals()
+        return len(spans), (spans[-1][2] if spans else 0)
+
+    wait_for("the new beat ticking (beat pods, ticks of the last)", beats_and_ticks_of_the_last,
+             until=lambda seen: seen[0] >= 2 and seen[1] >= 3, timeout=180, interval=2)
     spans = intervals()
     log.info("beat pods and their ticks: %s", [(pod, n, round(end - start, 1)) for start, end, n, pod in spans])
     assert len(spans) == 2, spans
@@ -394,7 +356,7 @@ def test_two_beats_never_ran_at_once_across_the_upgrade(release):
 
 
 def test_uninstall_leaves_only_the_crd(release):
-    helm(release.k8s, "uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
+    release.k8s.helm("uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
     kinds = ("deployments,replicasets,pods,services,configmaps,serviceaccounts,roles,rolebindings,"
              "poddisruptionbudgets,networkpolicies,leases,workerpools,secrets")
 
@@ -402,7 +364,7 @@ def test_uninstall_leaves_only_the_crd(release):
         items = release.get(kinds, "-l", f"app.kubernetes.io/instance={release.name}")["items"]
         return [f"{i['kind']}/{i['metadata']['name']}" for i in items]
 
-    clusterlib.wait_for("nothing of the release left", lambda: leftovers() == [], timeout=180, interval=2)
+    release.k8s.wait("nothing of the release left", leftovers, 180, 2, equals=[])
     # Nothing the operator created on its own either (its Lease was the chart's).
     assert release.get("leases")["items"] == []
     assert release.get("workerpools")["items"] == []
@@ -424,9 +386,9 @@ def test_a_bad_values_install_leaves_nothing_behind(release, case, tmp_path):
     values.write_text(corpus[case]["values"])
     name = "bad" + uuid.uuid4().hex[:5]
     crds_before = {c["metadata"]["name"] for c in release.k8s.kubectl_json("get", "crds")["items"]}
-    result = helm(release.k8s, "install", name, str(CHART), "-n", release.namespace,
-                  "-f", str(Path(__file__).parent / "corpus" / "base-values.yaml"), "-f", str(values),
-                  "--wait", "--timeout", "2m", check=False)
+    result = release.k8s.helm("install", name, str(CHART), "-n", release.namespace,
+                              "-f", str(Path(__file__).parent / "corpus" / "base-values.yaml"), "-f", str(values),
+                              "--wait", "--timeout", "2m", check=False, timeout=180)
     assert result.returncode != 0
     assert corpus[case]["key"].split("[")[0].split(".")[0] in result.stderr, result.stderr
     everything = release.get("all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
@@ -434,7 +396,7 @@ def test_a_bad_values_install_leaves_nothing_behind(release, case, tmp_path):
     left = [f"{i['kind']}/{i['metadata']['name']}" for i in everything
             if name in i["metadata"]["name"] or i["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == name]
     assert left == []
-    assert helm(release.k8s, "status", name, "-n", release.namespace, check=False).returncode != 0
+    assert release.k8s.helm("status", name, "-n", release.namespace, check=False).returncode != 0
     assert {c["metadata"]["name"] for c in release.k8s.kubectl_json("get", "crds")["items"]} == crds_before
 
 
@@ -442,9 +404,8 @@ def test_a_bad_values_install_leaves_nothing_behind(release, case, tmp_path):
 def test_every_scenario_is_accepted_by_the_api_server_under_restricted_pss(release, values):
     """Server-side dry run of each ci/ scenario in the test namespace (which enforces `restricted`):
     the real API server's schemas, the CRD's CEL rules and Pod Security admission all agree."""
-    rendered = helm(release.k8s, "template", release.name, str(CHART), "-n", release.namespace,
-                    "--kube-version", KUBE_VERSION, "-f", str(values)).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d and not excluded_from_dry_run(d)]
+    docs = [d for d in render([values], release=release.name, namespace=release.namespace)
+            if not excluded_from_dry_run(d)]
     result = release.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert "PodSecurity" not in result.stderr, result.stderr

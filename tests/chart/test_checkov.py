@@ -9,10 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from chart_support import CHART, CI_VALUES, TASKHERD_HOME, helm, template_args
+from chart_support import CHART, CI_VALUES, helm, template_args
+from e2e.lib.cluster import taskherd_home
 
 # checkov pins many libraries of its own: it lives in its own venv (mk/chart.mk builds it).
-CHECKOV = TASKHERD_HOME / "venv-checkov" / "bin" / "checkov"
+CHECKOV = taskherd_home() / "venv-checkov" / "bin" / "checkov"
 CONFIG = CHART / ".checkov.yaml"
 
 

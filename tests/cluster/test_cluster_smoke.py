@@ -1,7 +1,8 @@
 """Smoke tests of the cluster itself: what a user of the chart and the operator relies on.
 
-Each test runs in its own namespace (fixture `namespace`). They run against whichever cluster
-e2e/lib/cluster.py selects; an unreachable cluster fails them with the exact error.
+Each test runs in its own namespace (fixture `namespace` of e2e/lib/pytest_plugin.py). They run
+against whichever cluster e2e/lib/cluster.py selects; an unreachable cluster fails them with the
+exact error.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from e2e.lib import cluster as clusterlib
-from e2e.lib.cluster import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -41,28 +41,25 @@ spec:
 """
 
 
-def wait_pod_ready(k8s, ns: str, name: str, timeout: float = 120) -> dict:
-    def ready():
-        pod = k8s.kubectl_json("-n", ns, "get", "pod", name)
-        conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
-        if conds.get("Ready") == "True":
-            return pod
-        # not ready yet: say why, so that a timeout reports it
-        raise RuntimeError(f"phase={pod['status'].get('phase')} "
-                           f"containers={[cs.get('state') for cs in pod['status'].get('containerStatuses', [])]}")
-    return wait_for(f"pod {ns}/{name} Ready", ready, timeout=timeout, interval=0.5)
+def wait_pod_ready(cluster, ns: str, name: str, timeout: float = 120) -> None:
+    def state():
+        status = cluster.kubectl_json("-n", ns, "get", "pod", name)["status"]
+        ready = {c["type"]: c["status"] for c in status.get("conditions", [])}.get("Ready")
+        # the phase and container states say why a pod is not Ready, should the wait time out
+        return ready, status.get("phase"), [cs.get("state") for cs in status.get("containerStatuses", [])]
+    cluster.wait(f"pod {ns}/{name} Ready", state, timeout, 0.5, until=lambda s: s[0] == "True")
 
 
-def test_node_ready_and_versions(k8s):
-    nodes = k8s.kubectl_json("get", "nodes")["items"]
+def test_node_ready_and_versions(cluster):
+    nodes = cluster.kubectl_json("get", "nodes")["items"]
     assert nodes, "the cluster has no nodes"
     for node in nodes:
         conds = {c["type"]: c for c in node["status"]["conditions"]}
         assert conds["Ready"]["status"] == "True", f"node {node['metadata']['name']}: {conds['Ready']}"
-    version = json.loads(k8s.kubectl("version", "-o", "json").stdout)
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     pinned = clusterlib.versions()["KUBERNETES_VERSION"]
     assert version["clientVersion"]["gitVersion"] == pinned
-    if k8s.is_local:
+    if cluster.is_local:
         # what `kubectl version` tells a user is the truth: the pinned release on both sides
         assert version["serverVersion"]["gitVersion"] == pinned
         assert version["serverVersion"]["major"] == "1"
@@ -71,15 +68,15 @@ def test_node_ready_and_versions(k8s):
         assert node["status"]["nodeInfo"]["kubeletVersion"] == pinned
         assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
         # RBAC and Node authorization are on: a node may not read other namespaces' secrets
-        r = k8s.kubectl("auth", "can-i", "list", "secrets", "--all-namespaces",
-                        f"--as=system:node:{node['metadata']['name']}", "--as-group=system:nodes",
-                        check=False)
+        r = cluster.kubectl("auth", "can-i", "list", "secrets", "--all-namespaces",
+                            f"--as=system:node:{node['metadata']['name']}", "--as-group=system:nodes",
+                            check=False)
         assert r.stdout.split()[:1] == ["no"], r.stdout + r.stderr
 
 
-def test_deployment_pods_run(k8s, namespace, test_image):
+def test_deployment_pods_run(cluster, namespace, test_image):
     img, policy = test_image
-    k8s.apply(f"""
+    cluster.apply(f"""
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -99,26 +96,25 @@ spec:
         imagePullPolicy: {policy}
         command: ["bash", "-c", "echo started on $(hostname); exec sleep infinity"]
 """, namespace)
-    k8s.kubectl("-n", namespace, "rollout", "status", "deploy/sleeper", "--timeout=120s", timeout=130)
-    pods = k8s.kubectl_json("-n", namespace, "get", "pods", "-l", "app=sleeper")["items"]
+    cluster.kubectl("-n", namespace, "rollout", "status", "deploy/sleeper", "--timeout=120s", timeout=130)
+    pods = cluster.kubectl_json("-n", namespace, "get", "pods", "-l", "app=sleeper")["items"]
     running = [p for p in pods if p["status"]["phase"] == "Running"]
     assert len(running) == 2, [p["status"] for p in pods]
     ips = {p["status"]["podIP"] for p in running}
     assert len(ips) == 2, f"pods share an IP: {ips}"
-    if k8s.is_local:
+    if cluster.is_local:
         assert all(ipaddress.ip_address(ip) in ipaddress.ip_network("172.28.0.0/16") for ip in ips), ips
     name = running[0]["metadata"]["name"]
     # exec and logs work (apiserver -> kubelet -> containerd streaming)
-    out = k8s.kubectl("-n", namespace, "exec", name, "--", "cat", "/etc/os-release").stdout
-    assert "bookworm" in out or not k8s.is_local, out
-    logs = wait_for("container log line", lambda: k8s.kubectl("-n", namespace, "logs", name).stdout,
-                    timeout=30)
+    out = cluster.kubectl("-n", namespace, "exec", name, "--", "cat", "/etc/os-release").stdout
+    assert "bookworm" in out or not cluster.is_local, out
+    logs = cluster.wait("a container log line", lambda: cluster.kubectl("-n", namespace, "logs", name).stdout, 30)
     assert f"started on {name}" in logs
 
 
-def test_service_resolves_through_coredns(k8s, namespace, test_image):
+def test_service_resolves_through_coredns(cluster, namespace, test_image):
     img, policy = test_image
-    k8s.apply(f"""
+    cluster.apply(f"""
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -150,42 +146,42 @@ spec:
   selector: {{app: web}}
   ports: [{{port: 80, targetPort: http}}]
 """, namespace)
-    k8s.apply(pod_manifest("client", test_image, "exec sleep infinity",
-                           extra_spec="  terminationGracePeriodSeconds: 1"), namespace)
-    k8s.kubectl("-n", namespace, "rollout", "status", "deploy/web", "--timeout=120s", timeout=130)
-    wait_pod_ready(k8s, namespace, "client")
-    cluster_ip = k8s.kubectl("-n", namespace, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}").stdout
-    dns_ip = k8s.kubectl("-n", "kube-system", "get", "svc", "kube-dns", "-o",
-                         "jsonpath={.spec.clusterIP}", check=False).stdout
+    cluster.apply(pod_manifest("client", test_image, "exec sleep infinity",
+                               extra_spec="  terminationGracePeriodSeconds: 1"), namespace)
+    cluster.kubectl("-n", namespace, "rollout", "status", "deploy/web", "--timeout=120s", timeout=130)
+    wait_pod_ready(cluster, namespace, "client")
+    cluster_ip = cluster.kubectl("-n", namespace, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}").stdout
+    dns_ip = cluster.kubectl("-n", "kube-system", "get", "svc", "kube-dns", "-o",
+                             "jsonpath={.spec.clusterIP}", check=False).stdout
 
     # the pod's resolver is the cluster DNS Service, with the namespace's search path
-    resolv = k8s.kubectl("-n", namespace, "exec", "client", "--", "cat", "/etc/resolv.conf").stdout
+    resolv = cluster.kubectl("-n", namespace, "exec", "client", "--", "cat", "/etc/resolv.conf").stdout
     if dns_ip:
         assert f"nameserver {dns_ip}" in resolv, resolv
     assert f"search {namespace}.svc." in resolv, resolv
 
     fqdn = f"web.{namespace}.svc.cluster.local"
     for name in (fqdn, "web"):  # the full name and the short name through the search path
-        out = wait_for(f"{name} to resolve in a pod",
-                       lambda: k8s.kubectl("-n", namespace, "exec", "client", "--", "getent", "hosts", name,
-                                           check=False).stdout, timeout=60)
+        out = cluster.wait(f"{name} to resolve in a pod",
+                           lambda: cluster.kubectl("-n", namespace, "exec", "client", "--", "getent", "hosts", name,
+                                                   check=False).stdout, 60)
         assert out.split()[0] == cluster_ip, f"{name} resolved to {out!r}, Service IP is {cluster_ip}"
     # and the Service carries traffic (kube-proxy) to the pod behind it
     fetch = ("import urllib.request; print(urllib.request.urlopen('http://web/index.html', timeout=5)"
              ".read().decode())")
-    body = wait_for("HTTP through the Service",
-                    lambda: k8s.kubectl("-n", namespace, "exec", "client", "--", "python3", "-c", fetch,
-                                        check=False).stdout, timeout=60)
+    body = cluster.wait("HTTP through the Service",
+                        lambda: cluster.kubectl("-n", namespace, "exec", "client", "--", "python3", "-c", fetch,
+                                                check=False).stdout, 60)
     assert body.strip() == "served-by-web"
     # a name that does not exist gets NXDOMAIN-like failure, quickly (no upstream is consulted)
     t0 = time.monotonic()
-    r = k8s.kubectl("-n", namespace, "exec", "client", "--", "getent", "hosts",
-                    f"nope.{namespace}.svc.cluster.local", check=False)
+    r = cluster.kubectl("-n", namespace, "exec", "client", "--", "getent", "hosts",
+                        f"nope.{namespace}.svc.cluster.local", check=False)
     assert r.returncode != 0 and not r.stdout.strip()
     assert time.monotonic() - t0 < 10
 
 
-def test_failing_exec_liveness_probe_restarts_container(k8s, namespace, test_image):
+def test_failing_exec_liveness_probe_restarts_container(cluster, namespace, test_image):
     # healthy for 4 s, then the probe's file disappears; the container must be restarted
     command = "touch /tmp/healthy; echo boot $(date +%s); sleep 4; rm -f /tmp/healthy; exec sleep infinity"
     probe = """    livenessProbe:
@@ -195,31 +191,29 @@ def test_failing_exec_liveness_probe_restarts_container(k8s, namespace, test_ima
       failureThreshold: 2
       timeoutSeconds: 1
   terminationGracePeriodSeconds: 1"""
-    k8s.apply(pod_manifest("probed", test_image, command, extra_container=probe), namespace)
-    wait_pod_ready(k8s, namespace, "probed")
+    cluster.apply(pod_manifest("probed", test_image, command, extra_container=probe), namespace)
+    wait_pod_ready(cluster, namespace, "probed")
 
-    def restarted():
-        pod = k8s.kubectl_json("-n", namespace, "get", "pod", "probed")
-        cs = pod["status"]["containerStatuses"][0]
-        return cs if cs["restartCount"] >= 1 else None
-    cs = wait_for("liveness restart", restarted, timeout=90)
+    cs = cluster.wait("a liveness restart (restartCount >= 1)", lambda: cluster.kubectl_json(
+        "-n", namespace, "get", "pod", "probed")["status"]["containerStatuses"][0], 90,
+        until=lambda status: status["restartCount"] >= 1)
     assert cs["lastState"]["terminated"]["exitCode"] in (137, 143), cs["lastState"]
-    events = k8s.kubectl_json("-n", namespace, "get", "events", "--field-selector",
-                              "involvedObject.name=probed")["items"]
+    events = cluster.kubectl_json("-n", namespace, "get", "events", "--field-selector",
+                                  "involvedObject.name=probed")["items"]
     messages = " | ".join(f"{e['reason']}: {e['message']}" for e in events)
     assert "Liveness probe failed" in messages, messages
     assert "failed liveness probe, will be restarted" in messages, messages
     # the previous container's log proves it was really started twice
-    prev = k8s.kubectl("-n", namespace, "logs", "probed", "--previous").stdout
+    prev = cluster.kubectl("-n", namespace, "logs", "probed", "--previous").stdout
     assert prev.startswith("boot "), prev
 
 
-def test_prestop_runs_before_sigterm_and_grace_period_is_honoured(k8s, namespace, test_image):
+def test_prestop_runs_before_sigterm_and_grace_period_is_honoured(cluster, namespace, test_image):
     """Measured from inside the pod: timestamps appended to a hostPath file by the preStop hook,
     by the container's SIGTERM trap, and by a ticker that runs until SIGKILL."""
     grace, prestop_sleep = 8, 3
     host_dir = f"/tmp/taskherd-smoke/{namespace}"
-    node = k8s.kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
+    node = cluster.kubectl_json("get", "nodes")["items"][0]["metadata"]["name"]
     volume = f"""  nodeName: {node}
   terminationGracePeriodSeconds: {grace}
   volumes:
@@ -235,21 +229,25 @@ def test_prestop_runs_before_sigterm_and_grace_period_is_honoured(k8s, namespace
       preStop:
         exec:
           command: ["bash", "-c", "echo prestop-start $(date +%s.%N) >> /out/events; sleep {prestop_sleep}; echo prestop-end $(date +%s.%N) >> /out/events"]"""
-    k8s.apply(pod_manifest("draining", test_image, command, extra_container=container, extra_spec=volume),
-              namespace)
-    wait_pod_ready(k8s, namespace, "draining")
-    time.sleep(1)
+    cluster.apply(pod_manifest("draining", test_image, command, extra_container=container, extra_spec=volume),
+                  namespace)
+    wait_pod_ready(cluster, namespace, "draining")
+
+    def ticks() -> str:
+        return cluster.kubectl("-n", namespace, "exec", "draining", "--", "grep", "-c", "^tick", "/out/events",
+                               check=False).stdout.strip()
+    cluster.wait("ticks recorded by the container", ticks, 30, 0.2, until=lambda count: count not in ("", "0"))
     t0 = time.monotonic()
-    k8s.kubectl("-n", namespace, "delete", "pod", "draining", "--wait=true", "--timeout=60s", timeout=70)
+    cluster.kubectl("-n", namespace, "delete", "pod", "draining", "--wait=true", "--timeout=60s", timeout=70)
     deletion_took = time.monotonic() - t0
 
     # read the record back through another pod on the same node
-    k8s.apply(pod_manifest("reader", test_image, "exec sleep infinity", extra_container="""    volumeMounts: [{name: out, mountPath: /out}]""",
-                           extra_spec=volume.replace(f"terminationGracePeriodSeconds: {grace}",
-                                                     "terminationGracePeriodSeconds: 1")), namespace)
-    wait_pod_ready(k8s, namespace, "reader")
-    text = k8s.kubectl("-n", namespace, "exec", "reader", "--", "cat", "/out/events").stdout
-    k8s.kubectl("-n", namespace, "exec", "reader", "--", "rm", "-f", "/out/events", check=False)
+    cluster.apply(pod_manifest("reader", test_image, "exec sleep infinity", extra_container="""    volumeMounts: [{name: out, mountPath: /out}]""",
+                               extra_spec=volume.replace(f"terminationGracePeriodSeconds: {grace}",
+                                                         "terminationGracePeriodSeconds: 1")), namespace)
+    wait_pod_ready(cluster, namespace, "reader")
+    text = cluster.kubectl("-n", namespace, "exec", "reader", "--", "cat", "/out/events").stdout
+    cluster.kubectl("-n", namespace, "exec", "reader", "--", "rm", "-f", "/out/events", check=False)
     events: dict[str, list[float]] = {}
     for line in text.splitlines():
         kind, _, ts = line.partition(" ")
@@ -272,31 +270,31 @@ def test_prestop_runs_before_sigterm_and_grace_period_is_honoured(k8s, namespace
     assert grace - 1.0 <= deletion_took <= grace + 15, f"kubectl delete took {deletion_took:.1f}s"
 
 
-def test_helm_install_minimal_chart(k8s, namespace, test_image):
+def test_helm_install_minimal_chart(cluster, namespace, test_image):
     img, policy = test_image
     chart = FIXTURES / "minichart"
     # values are validated against the chart's schema: a wrong type is refused with the key named
-    bad = k8s.helm("install", "bad", str(chart), "-n", namespace, "--set", "replicas=many", check=False)
+    bad = cluster.helm("install", "bad", str(chart), "-n", namespace, "--set", "replicas=many", check=False)
     assert bad.returncode != 0 and "replicas" in bad.stderr, bad.stderr
 
-    k8s.helm("install", "smoke", str(chart), "-n", namespace, "--wait", "--timeout", "180s",
-             "--set", f"image={img}", "--set", f"pullPolicy={policy}", "--set", "message=installed-by-helm",
-             timeout=200)
-    status = json.loads(k8s.helm("status", "smoke", "-n", namespace, "-o", "json").stdout)
+    cluster.helm("install", "smoke", str(chart), "-n", namespace, "--wait", "--timeout", "180s",
+                 "--set", f"image={img}", "--set", f"pullPolicy={policy}", "--set", "message=installed-by-helm",
+                 timeout=200)
+    status = json.loads(cluster.helm("status", "smoke", "-n", namespace, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed"
-    dep = k8s.kubectl_json("-n", namespace, "get", "deploy", "smoke-web")
+    dep = cluster.kubectl_json("-n", namespace, "get", "deploy", "smoke-web")
     assert dep["status"].get("availableReplicas") == 1, dep["status"]
     # the release's Service serves the ConfigMap content from the release's pod
-    k8s.apply(pod_manifest("client", test_image, "exec sleep infinity",
-                           extra_spec="  terminationGracePeriodSeconds: 1"), namespace)
-    wait_pod_ready(k8s, namespace, "client")
+    cluster.apply(pod_manifest("client", test_image, "exec sleep infinity",
+                               extra_spec="  terminationGracePeriodSeconds: 1"), namespace)
+    wait_pod_ready(cluster, namespace, "client")
     fetch = ("import urllib.request; print(urllib.request.urlopen('http://smoke-web/index.html', timeout=5)"
              ".read().decode())")
-    body = wait_for("the release's Service", lambda: k8s.kubectl(
-        "-n", namespace, "exec", "client", "--", "python3", "-c", fetch, check=False).stdout, timeout=60)
+    body = cluster.wait("the release's Service", lambda: cluster.kubectl(
+        "-n", namespace, "exec", "client", "--", "python3", "-c", fetch, check=False).stdout, 60)
     assert body.strip() == "installed-by-helm"
 
-    k8s.helm("uninstall", "smoke", "-n", namespace, "--wait", "--timeout", "120s", timeout=130)
-    left = k8s.kubectl("-n", namespace, "get", "deploy,svc,cm", "-l", "app.kubernetes.io/instance=smoke",
-                       "-o", "name").stdout
+    cluster.helm("uninstall", "smoke", "-n", namespace, "--wait", "--timeout", "120s", timeout=130)
+    left = cluster.kubectl("-n", namespace, "get", "deploy,svc,cm", "-l", "app.kubernetes.io/instance=smoke",
+                           "-o", "name").stdout
     assert left.strip() == "", left

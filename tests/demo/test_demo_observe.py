@@ -1,10 +1,5 @@
 """How the demo's observer tells a force-deleted pod from one the scale-down removed (fabricated pods)."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: e2e.demo
-
-from e2e.demo.observe import Observer, parse_time  # noqa: E402
+from e2e.demo.observe import Observer, parse_time
 
 
 def pod(name, created="2026-01-01T00:00:00Z", deleted=None, grace=None):

@@ -1,13 +1,9 @@
 """The demo's timeline drawn from fabricated samples: a real PNG, in-flight counted right."""
 import struct
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: e2e.demo
-
-from e2e.demo.timeline import Mark, Sample, in_flight_series, render  # noqa: E402
+from e2e.demo.timeline import Mark, Sample, in_flight_series, render
 
 
 def test_in_flight_counts_overlapping_attempts():

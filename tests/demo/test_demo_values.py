@@ -1,17 +1,14 @@
 """The values `make demo` installs the chart with (examples/shop/values.yaml plus this machine),
 rendered by the real helm against the chart's schema and validateValues, for both brokers."""
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: e2e.demo
-
-from e2e.demo import deploy, environment  # noqa: E402
-from e2e.demo.config import CHART  # noqa: E402
-from e2e.lib import cluster as clusters  # noqa: E402
+from e2e.demo import deploy, environment
+from e2e.demo.config import CHART
+from e2e.lib import cluster as clusters
 
 
 def render(broker: str, tmp_path: Path) -> list[dict]:

@@ -1,10 +1,5 @@
 """The demo's verdict on fabricated ledgers: every broken promise is named, a clean run passes."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: e2e.demo
-
-from e2e.demo.verdict import Attempt, DeadLetter, Observed, PodLife, Sent, busy_removals, judge  # noqa: E402
+from e2e.demo.verdict import Attempt, DeadLetter, Observed, PodLife, Sent, busy_removals, judge
 
 SENT = Sent(charges=("c1", "c2", "c3"), poison=("bad1",), memory_hogs=("r1",))
 ALL_FAULTS = dict(min_replicas=1, max_replicas_seen=4, final_replicas=1, oom_kills=1)

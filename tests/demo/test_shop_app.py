@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,14 +12,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SHOP = REPO / "examples" / "shop"
-sys.path.insert(0, str(REPO))  # e2e.demo
-sys.path.insert(0, str(SHOP))  # shop (make_app, db) for the producer side
+from e2e.demo import ledger
+from e2e.demo.verdict import Observed, Sent, judge
+from e2e.lib.waiting import wait_for
 
-from e2e.demo import ledger  # noqa: E402
-from support.waiting import wait_until  # noqa: E402
-from e2e.demo.verdict import Observed, Sent, judge  # noqa: E402
+SHOP = Path(__file__).resolve().parents[2] / "examples" / "shop"
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +56,10 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
     killed: list[str] = []
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for _ in range(2):  # SIGKILL the pool child running a charge, twice (what an OOM kill does)
-            row = wait_until(lambda: conn.execute(
+            row = wait_for("a charge in flight", lambda: conn.execute(
                 "SELECT key, pid FROM shop_attempts WHERE finished_at IS NULL AND task_name = 'shop.charge' "
                 "AND started_at < clock_timestamp() - interval '0.2 s' AND NOT (key = ANY(%s)) "
-                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), what="a charge in flight", timeout=30,
+                "ORDER BY id DESC LIMIT 1", (killed,)).fetchone(), timeout=30,
                 explain=lambda: "\n".join(w.tail(30) for w in workers))
             os.kill(row[1], signal.SIGKILL)
             killed.append(row[0])
@@ -79,8 +75,8 @@ def test_charges_recorded_once_through_killed_children_flaky_gateway_and_poison(
                     f"dlq: {ledger.read_dead_letters(broker_url, f'{unique_name}.dlq', management_url=management_url)}\n"
                     + "\n".join(w.tail(40) for w in workers))
 
-        effects, dead = wait_until(settled, what="every charge recorded and the poison dead-lettered", timeout=90,
-                                   explain=explain)
+        effects, dead = wait_for("every charge recorded and the poison dead-lettered", settled, timeout=90,
+                                 explain=explain)
         time.sleep(2)  # a duplicate would show up now: the killed children's messages are back in play
         effects, attempts = ledger.read_effects(conn), ledger.read_attempts(conn)
         dead = ledger.read_dead_letters(broker_url, f"{unique_name}.dlq", management_url=management_url)
@@ -152,10 +148,10 @@ def test_report_outgrowing_its_memory_limit_is_oom_killed_then_dead_lettered(red
         for i, c in enumerate(charges):
             producer.send_task("shop.charge", kwargs={"charge_id": c, "customer": "c", "amount_cents": 100 + i},
                                queue=unique_name)
-        dead = wait_until(lambda: ledger.read_dead_letters(redis_url, f"{unique_name}.dlq"), what="the report in the DLQ",
-                          timeout=120, explain=lambda: worker.tail(40))
+        dead = wait_for("the report in the DLQ", lambda: ledger.read_dead_letters(redis_url, f"{unique_name}.dlq"),
+                        timeout=120, explain=lambda: worker.tail(40))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            wait_until(lambda: all(ledger.read_effects(conn).get(c) for c in charges), what="the charges", timeout=60)
+            wait_for("the charges", lambda: all(ledger.read_effects(conn).get(c) for c in charges), timeout=60)
             attempts = [a for a in ledger.read_attempts(conn) if a.task_name == "shop.build_report"]
         assert cgroup.oom_kills() >= 1
         [report] = dead

@@ -2,21 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-TESTS_DIR = Path(__file__).resolve().parent.parent
-
-
-def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **(extra or {})}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
-    return env
+from e2e.lib.waiting import wait_for
+from support.worker_process import TESTS_DIR, python_env
 
 
 class Deliverers:
@@ -30,20 +23,20 @@ class Deliverers:
         cmd = [sys.executable, "-m", "apps.effects_duplicates", store, url, key, name, str(self.sync_dir)]
         for option, value in options.items():
             cmd += [f"--{option}", str(value)]
-        process = subprocess.Popen(cmd, env=subprocess_env(), cwd=TESTS_DIR, stdout=subprocess.PIPE,
+        process = subprocess.Popen(cmd, env=python_env(), cwd=TESTS_DIR, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.processes[name] = process
         return process
 
     def wait_ready(self, names, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        for name in names:
-            while not (self.sync_dir / f"ready-{name}").exists():
-                process = self.processes[name]
-                if process.poll() is not None:
-                    raise AssertionError(f"deliverer {name} exited early: {process.stderr.read()}")
-                assert time.monotonic() < deadline, f"deliverer {name} not ready within {timeout}s"
-                time.sleep(0.02)
+        def not_ready() -> list[str]:
+            waiting = [name for name in names if not (self.sync_dir / f"ready-{name}").exists()]
+            for name in waiting:
+                if self.processes[name].poll() is not None:
+                    raise AssertionError(f"deliverer {name} exited early: {self.processes[name].stderr.read()}")
+            return waiting
+
+        wait_for("every deliverer ready (those not yet)", not_ready, timeout=timeout, interval=0.02, equals=[])
 
     def go(self) -> None:
         (self.sync_dir / "go").touch()

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from apps.effects_schema import create_tables
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
+from support.worker_process import TESTS_DIR, python_env
 from taskherd.worker import outbox
 
-from .conftest import TESTS_DIR, subprocess_env
 from .test_worker_sigkill import rows
 
 
@@ -28,14 +28,15 @@ class Relay:
         self.log_path = log_dir / f"relay-{name}.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "taskherd.cli", "outbox", "relay", *args], env=subprocess_env(env),
+                [sys.executable, "-m", "taskherd.cli", "outbox", "relay", *args], env=python_env(env),
                 cwd=TESTS_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_log(self, needle: str, timeout: float = 60) -> None:
-        wait_until(lambda: needle in self.log() or self.process.poll() is not None, timeout=timeout, what=needle)
+        wait_for(f"the relay to log {needle!r} (or to exit)", lambda: needle in self.log() or self.process.poll() is not None,
+                 timeout=timeout)
         assert needle in self.log(), self.log()
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
@@ -84,7 +85,7 @@ def wait_for_queue_depth(api_url: str, amqp_url: str, queue: str, expected: int)
             seen.append(c.get(f"/api/queues/{vhost}/{queue}").json().get("messages"))
             return seen[-1] == expected
         try:
-            wait_until(depth_is_expected, timeout=30, what=f"{expected} messages in {queue}", interval=0.5)
+            wait_for(f"{expected} messages in {queue}", depth_is_expected, timeout=30, interval=0.5)
         except AssertionError:
             raise AssertionError(f"queue {queue} holds {seen[-1]} messages, expected {expected}") from None
 
@@ -126,7 +127,7 @@ def test_relay_killed_between_publish_and_mark_loses_nothing_and_repeats_no_effe
     wait_for_queue_depth(rabbitmq_api_url, amqp_url, unique_name, 20)  # every row, twice
 
     worker_factory("apps.effects_app", queues=[unique_name], env=env, concurrency=2)
-    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM attempts") == [(20,)], timeout=60, what="20 deliveries")
+    wait_for("20 deliveries", lambda: rows(outbox_dsn, "SELECT count(*) FROM attempts"), timeout=60, equals=[(20,)])
     time.sleep(1)
     ledger = rows(outbox_dsn, "SELECT key FROM ledger ORDER BY key")
     assert sorted(f"task:{i}" for i in ids) == [k for (k,) in ledger]
@@ -140,8 +141,8 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
     pair = [relays(name, relay_args(outbox_dsn, "--batch-size", "20", "--poll-interval", "0.05"), env)
             for name in ("a", "b")]
     # Both relays are polling (connected to the database) before the rows arrive.
-    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                        "AND application_name = 'taskherd-outbox-relay'") == [(2,)], timeout=60, what="two relays")
+    wait_for("two relays", lambda: rows(outbox_dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND application_name = 'taskherd-outbox-relay'"), timeout=60, equals=[(2,)])
 
     ids: list[str] = []
     for batch in range(20):  # 20 transactions of 50 rows, while both relays run
@@ -150,10 +151,10 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
     rolled_back = enqueue_orders(outbox_dsn, range(5000, 5050), unique_name, commit=False)
     assert len(ids) == 1000
 
-    wait_until(lambda: rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL") == [(0,)],
-               timeout=120, what="all rows relayed")
-    wait_until(lambda: rows(outbox_dsn, "SELECT count(DISTINCT task_id) FROM attempts") == [(1000,)],
-               timeout=180, what="1000 tasks run", interval=0.5)
+    wait_for("all rows relayed", lambda: rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL"),
+             timeout=120, equals=[(0,)])
+    wait_for("1000 tasks run", lambda: rows(outbox_dsn, "SELECT count(DISTINCT task_id) FROM attempts"),
+             timeout=180, interval=0.5, equals=[(1000,)])
     for relay in pair:
         assert relay.stop() == 0, relay.log()
     relayed_by = dict(rows(outbox_dsn, "SELECT relayed_by, count(*) FROM taskherd_outbox GROUP BY relayed_by"))
@@ -165,7 +166,7 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
 
 def test_cli_migrates_reports_pending_and_refuses_bad_options(pg_dsn):
     def taskherd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "taskherd.cli", "outbox", *args], env=subprocess_env(env),
+        return subprocess.run([sys.executable, "-m", "taskherd.cli", "outbox", *args], env=python_env(env),
                               cwd=TESTS_DIR, capture_output=True, text=True, timeout=60)
 
     for _ in range(2):  # twice: migrating an existing table is a no-op

@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 
 from apps.effects_schema import create_tables
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 from taskherd.worker import ProfileWarning, configure
 
 
@@ -53,7 +53,7 @@ def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, vi
     producer = producer_app(broker_url, queue)
     task_id = producer.send_task("effects.record", args=[42], queue=queue).id
     producer.close()
-    [(first_host,)] = wait_until(lambda: rows(dsn, "SELECT hostname FROM attempts"), timeout=60, what="first attempt")
+    [(first_host,)] = wait_for("first attempt", lambda: rows(dsn, "SELECT hostname FROM attempts"), timeout=60)
     victim = next(w for w in workers if first_host.startswith(w.hostname.split("@")[0] + "@"))
     survivor = next(w for w in workers if w is not victim)
     victim.wait_for_log("effects: first attempt", timeout=30)
@@ -64,7 +64,8 @@ def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, vi
     killed_at = time.time()
     victim.wait(timeout=10)
 
-    wait_until(lambda: len(rows(dsn, "SELECT 1 FROM attempts")) >= 2, timeout=90 + (visibility_timeout or 0), what="rerun")
+    wait_for("a rerun", lambda: len(rows(dsn, "SELECT 1 FROM attempts")), until=lambda runs: runs >= 2,
+             timeout=90 + (visibility_timeout or 0))
     survivor.wait_for_log("succeeded", timeout=60)
     time.sleep(1)  # a third run, if there were one, would show up here
     attempts = rows(dsn, "SELECT hostname, extract(epoch FROM at) FROM attempts WHERE task_id = %s ORDER BY at", task_id)
@@ -113,7 +114,8 @@ def test_concurrent_redeliveries_on_two_workers_run_the_redis_guarded_effect_onc
     producer.close()
 
     client = redis.Redis.from_url(redis_url)
-    wait_until(lambda: sum(w.log().count(f"[{task_id}] succeeded") for w in workers) == 2, timeout=90, what="both deliveries done")
+    wait_for("both deliveries done", lambda: sum(w.log().count(f"[{task_id}] succeeded") for w in workers),
+             timeout=90, equals=2)
     logs = "".join(w.log() for w in workers)
     assert client.lrange(f"ledger:{task_id}", 0, -1) == [b"7"]
     assert "InProgress" in logs and client.llen(f"attempts:{task_id}") >= 3, logs[-3000:]

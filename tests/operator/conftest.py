@@ -1,72 +1,33 @@
 """Fixtures for the operator's tests against the REAL API server (marker `cluster`).
 
+The cluster, the per-test namespace and a failing test's trail come from e2e/lib/pytest_plugin.py;
+here the cluster gets the WorkerPool CRD. The stand-in workers run the plugin's `test_image` (the
+worker image is not needed: the operator only reads their metrics endpoint).
 The operator runs as a host process (`python -m taskherd.operator`) with the cluster's kubeconfig,
 so it reaches the host's Redis and Alertmanager on loopback and the pods over the node bridge.
-An unreachable cluster FAILS these tests with the exact error; nothing is skipped.
 """
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from e2e.lib.pytest_plugin import add_failure_report
+from e2e.lib.services import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 CRD = REPO_ROOT / "charts" / "taskherd" / "crds" / "workerpools.taskherd.io.yaml"
-TEST_LABEL = "taskherd.io/test"
-TEST_LABEL_VALUE = "operator"
 
 
 @pytest.fixture(scope="session")
-def cluster():
-    from e2e.lib import cluster as clusterlib
-
-    c = clusterlib.resolve()
-    try:
-        c.check_reachable()
-    except clusterlib.ClusterUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    c.kubectl("delete", "namespace", "-l", f"{TEST_LABEL}={TEST_LABEL_VALUE}", "--wait=false",
-              "--ignore-not-found", check=False)
-    c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    c.kubectl("wait", "--for=condition=Established", "crd/workerpools.taskherd.io", "--timeout=60s")
-    return c
-
-
-@pytest.fixture(scope="session")
-def pod_image(cluster) -> tuple[str, str]:
-    """A Debian image with python3 for the stand-in workers (the worker image is not needed: the
-    operator only reads their metrics endpoint)."""
-    return cluster.test_image()
-
-
-@pytest.fixture
-def namespace(cluster, request) -> str:
-    name = cluster.create_test_namespace("op", request.node.name, {TEST_LABEL: TEST_LABEL_VALUE})
-    yield name
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
-        events = cluster.kubectl("-n", name, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
-        print(f"--- events in {name} ---\n{events[-4000:]}")
-    cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
-
-
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def cluster(cluster):
+    """The session's cluster, with the WorkerPool CRD applied and Established (served by the API)."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/workerpools.taskherd.io", "--timeout=60s",
+                    timeout=70)
+    return cluster
 
 
 RBAC_DOC = REPO_ROOT / "operator" / "taskherd" / "operator" / "rbac.md"
@@ -152,16 +113,15 @@ def operator_factory(cluster, tmp_path, request):
     started: list[OperatorProcess] = []
 
     def start(namespace: str, *, as_service_account: bool = True, **kwargs) -> OperatorProcess:
-        """The operator as a host process, by default with only the permissions of rbac.md."""
+        """The operator as a host process, by default with only the permissions of rbac.md; its
+        log's last lines go with the report of a failing test."""
         if as_service_account:
             kwargs["kubeconfig"] = service_account_kubeconfig(cluster, namespace, tmp_path)
         op = OperatorProcess(cluster, namespace, tmp_path / f"operator-{len(started)}.log", **kwargs)
         started.append(op)
+        add_failure_report(request.node, f"operator log {op.log_path} (last lines)", lambda: op.log()[-6000:])
         return op
 
     yield start
     for op in started:
         op.stop()
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(f"--- {op.log_path} (last lines) ---\n{op.log()[-6000:]}")

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import redis
 
-from e2e.lib.cluster import wait_for
+from e2e.lib.waiting import wait_for
 from taskherd.contract import WORKER_METRICS_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -68,10 +68,10 @@ def workerpool(name: str, queue: str, **spec) -> str:
                        "spec": body})
 
 
-def pool_on_redis(cluster, ns: str, pod_image: tuple[str, str], redis_url: str, queue: str, *, name: str = "pool",
+def pool_on_redis(cluster, ns: str, test_image: tuple[str, str], redis_url: str, queue: str, *, name: str = "pool",
                   kind: str = "Deployment", **spec) -> None:
     """Stand-in workers (a Deployment or StatefulSet named workers), the broker Secret and a WorkerPool."""
-    image, pull = pod_image
+    image, pull = test_image
     cluster.apply(deployment("workers", image, pull, kind=kind), ns)
     cluster.apply(broker_secret(redis_url), ns)
     cluster.apply(workerpool(name, queue, **spec), ns)
@@ -121,36 +121,36 @@ def set_in_flight(cluster, ns: str, pod: str, n: int) -> None:
 
 
 def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
-        cluster, namespace, pod_image, redis_url, unique_name, operator_factory):
+        cluster, namespace, test_image, redis_url, unique_name, operator_factory):
     ns, queue = namespace, unique_name
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
+    pool_on_redis(cluster, ns, test_image, redis_url, queue)
     op = operator_factory(ns)
-    wait_for("the first poll", lambda: pool_status(cluster, ns).get("conditions"), timeout=60, interval=0.5)
+    cluster.wait("the first poll", lambda: pool_status(cluster, ns).get("conditions"), timeout=60, interval=0.5)
     assert replicas(cluster, ns) == 0
 
     push(redis_url, queue, 18)  # 18 messages at 5 per worker: 4 workers
     spike = time.monotonic()
-    wait_for("scale-up to 4", lambda: replicas(cluster, ns) == 4, timeout=30, interval=0.2)
+    cluster.wait("scale-up to 4", lambda: replicas(cluster, ns), timeout=30, interval=0.2, equals=4)
     reaction = time.monotonic() - spike
     print(f"\nbacklog -> Deployment scaled (seen by kubectl): {reaction:.2f} s at 2 s polls")
     assert reaction <= 2 * 2 + 1.0, f"scale-up took {reaction:.1f}s, more than two 2 s polls"
     status = pool_status(cluster, ns)
     assert status["lastScaleReason"].startswith("0 -> 4: depth 18")
-    rescale = wait_for("the SuccessfulRescale Event", lambda: events(cluster, ns, "SuccessfulRescale"), timeout=20)
+    rescale = cluster.wait("the SuccessfulRescale Event", lambda: events(cluster, ns, "SuccessfulRescale"), timeout=20)
     assert rescale[0]["type"] == "Normal" and rescale[0]["involvedObject"]["kind"] == "WorkerPool"
     assert rescale[0]["message"].startswith("New size: 4; reason: depth 18")
 
-    wait_for("4 ready workers", lambda: len(running_pods(cluster, ns)) == 4, timeout=120, interval=1)
+    cluster.wait("4 ready workers", lambda: len(running_pods(cluster, ns)), timeout=120, interval=1, equals=4)
     pods = sorted(running_pods(cluster, ns))
     busy = set(pods[:2])
     for pod in busy:
         set_in_flight(cluster, ns, pod, 1)
     redis.Redis.from_url(redis_url).delete(queue)
     emptied = time.monotonic()
-    wait_for("scale-down to the 2 busy workers", lambda: replicas(cluster, ns) == 2, timeout=60, interval=0.5)
+    cluster.wait("scale-down to the 2 busy workers", lambda: replicas(cluster, ns), timeout=60, interval=0.5, equals=2)
     print(f"queue emptied -> scaled down to the busy workers: {time.monotonic() - emptied:.1f} s (window 10 s)")
     assert time.monotonic() - emptied >= 10 - 2, "scale-down must wait for the stabilisation window"
-    wait_for("idle pods gone", lambda: pod_names(cluster, ns) == busy, timeout=60, interval=0.5)
+    cluster.wait("idle pods gone", lambda: pod_names(cluster, ns), timeout=60, interval=0.5, equals=busy)
     annotations = {p["metadata"]["name"]: p["metadata"].get("annotations", {})
                    for p in cluster.kubectl_json("-n", ns, "get", "pods", "-l", "app=workers")["items"]}
     assert {annotations[p]["controller.kubernetes.io/pod-deletion-cost"] for p in busy} == {"1"}
@@ -159,12 +159,12 @@ def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
     assert status["busyWorkers"] == 2 and status["desiredReplicas"] == 2
     for pod in busy:
         set_in_flight(cluster, ns, pod, 0)
-    wait_for("scale to zero once idle", lambda: replicas(cluster, ns) == 0, timeout=60, interval=0.5)
+    cluster.wait("scale to zero once idle", lambda: replicas(cluster, ns), timeout=60, interval=0.5, equals=0)
     assert op.proc.poll() is None, op.log()[-3000:]
 
     # What a KEDA user reads in `kubectl get wp`: bounds, replicas, queue figures, the Ready condition.
-    table = wait_for("the pool to show Idle", lambda: (t := cluster.kubectl("-n", ns, "get", "wp", "pool").stdout)
-                     and "Idle" in t and t, timeout=20, interval=0.5)
+    table = cluster.wait("the pool to show Idle", lambda: (t := cluster.kubectl("-n", ns, "get", "wp", "pool").stdout)
+                         and "Idle" in t and t, timeout=20, interval=0.5)
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "MIN", "MAX", "REPLICAS", "DESIRED", "DEPTH", "OLDEST", "DLQ", "READY",
                               "STATUS", "AGE"]
@@ -177,16 +177,16 @@ def _alerts(base: str, pool: str) -> list[dict]:
         return json.load(response)
 
 
-def test_dead_letters_page_alertmanager_once_and_resolve(cluster, namespace, pod_image, redis_url, unique_name,
+def test_dead_letters_page_alertmanager_once_and_resolve(cluster, namespace, test_image, redis_url, unique_name,
                                                          operator_factory):
     base = os.environ.get("TASKHERD_ALERTMANAGER_URL")
     if not base:
         pytest.fail("TASKHERD_ALERTMANAGER_URL is not set: run through `make test`")
     ns, queue, pool = namespace, unique_name, f"pool-{unique_name[-8:]}"
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue, name=pool,
+    pool_on_redis(cluster, ns, test_image, redis_url, queue, name=pool,
                   deadLetter={"threshold": 3, "alertmanagerUrl": base, "severity": "critical"})
     operator_factory(ns)
-    wait_for("the first poll", lambda: pool_status(cluster, ns, pool).get("conditions"), timeout=60, interval=0.5)
+    cluster.wait("the first poll", lambda: pool_status(cluster, ns, pool).get("conditions"), timeout=60, interval=0.5)
 
     push(redis_url, f"{queue}.dlq", 4)
     alerts = wait_for("the page in Alertmanager", lambda: _alerts(base, pool), timeout=30, interval=0.5)
@@ -201,8 +201,8 @@ def test_dead_letters_page_alertmanager_once_and_resolve(cluster, namespace, pod
     assert events["items"][0]["involvedObject"]["kind"] == "WorkerPool"
 
     redis.Redis.from_url(redis_url).delete(f"{queue}.dlq")
-    wait_for("the resolution in Alertmanager", lambda: _alerts(base, pool) == [], timeout=30, interval=0.5)
-    wait_for("DeadLetterAlert=False", lambda: any(
+    wait_for("the resolution in Alertmanager", lambda: _alerts(base, pool), timeout=30, interval=0.5, equals=[])
+    cluster.wait("DeadLetterAlert=False", lambda: any(
         c["type"] == "DeadLetterAlert" and c["status"] == "False"
         for c in pool_status(cluster, ns, pool).get("conditions", [])), timeout=20, interval=0.5)
 
@@ -217,11 +217,11 @@ UNACTIONABLE = {
 
 @pytest.mark.parametrize("problem", sorted(UNACTIONABLE))
 def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_operator_keeps_going(
-        cluster, namespace, pod_image, redis_url, unique_name, operator_factory, problem):
+        cluster, namespace, test_image, redis_url, unique_name, operator_factory, problem):
     """A WorkerPool that passes the schema but points at nothing usable: the operator says so on
     that pool and keeps serving the healthy pool next to it."""
     ns = namespace
-    pool_on_redis(cluster, ns, pod_image, redis_url, unique_name, name="healthy")
+    pool_on_redis(cluster, ns, test_image, redis_url, unique_name, name="healthy")
     broken = {"deployment-missing": {"scaleTargetRef": {"name": "missing"}},
               "secret-missing": {"broker": {"type": "redis", "secretRef": {"name": "no-such-secret"},
                                             "queues": [unique_name]}},
@@ -233,16 +233,16 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
     cluster.apply(workerpool("broken", unique_name, **broken), ns)
     op = operator_factory(ns)
     type_, reason, says = UNACTIONABLE[problem]
-    status = wait_for(f"{type_}={reason}", lambda: (s := pool_status(cluster, ns, "broken"))
-                      and condition(s, type_).get("reason") == reason and s, timeout=60, interval=0.5)
+    status = cluster.wait(f"{type_}={reason}", lambda: (s := pool_status(cluster, ns, "broken"))
+                          and condition(s, type_).get("reason") == reason and s, timeout=60, interval=0.5)
     assert condition(status, type_)["status"] == "False" and says.format(ns=ns) in condition(status, type_)["message"]
     assert ready(status) == ("False", reason) and "secret-pw" not in json.dumps(status)
-    warning = wait_for(f"the {reason} Event", lambda: events(cluster, ns, reason), timeout=20)
+    warning = cluster.wait(f"the {reason} Event", lambda: events(cluster, ns, reason), timeout=20)
     assert warning[0]["type"] == "Warning" and warning[0]["involvedObject"]["name"] == "broken"
     assert "secret-pw" not in warning[0]["message"]
 
     push(redis_url, unique_name, 6)
-    wait_for("the healthy pool to scale up", lambda: replicas(cluster, ns) == 2, timeout=30, interval=0.5)
+    cluster.wait("the healthy pool to scale up", lambda: replicas(cluster, ns), timeout=30, interval=0.5, equals=2)
     time.sleep(4)  # two more polls of the broken pool: still one Event, operator alive
     assert len(events(cluster, ns, reason)) == 1
     assert op.proc.poll() is None, op.log()[-3000:]
@@ -250,33 +250,33 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
     assert health.status == 200
 
 
-def test_the_pause_annotation_holds_the_target_as_keda_does(cluster, namespace, pod_image, redis_url, unique_name,
+def test_the_pause_annotation_holds_the_target_as_keda_does(cluster, namespace, test_image, redis_url, unique_name,
                                                             operator_factory):
     ns, queue = namespace, unique_name
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
+    pool_on_redis(cluster, ns, test_image, redis_url, queue)
     cluster.kubectl("-n", ns, "annotate", "wp", "pool", "taskherd.io/paused-replicas=1")
     operator_factory(ns)
     push(redis_url, queue, 18)  # would need 4 workers
-    wait_for("the paused size", lambda: replicas(cluster, ns) == 1, timeout=30, interval=0.5)
-    status = wait_for("Status Paused", lambda: (s := pool_status(cluster, ns)) and ready(s) == ("True", "Paused")
-                      and s, timeout=20, interval=0.5)
+    cluster.wait("the paused size", lambda: replicas(cluster, ns), timeout=30, interval=0.5, equals=1)
+    status = cluster.wait("Status Paused", lambda: (s := pool_status(cluster, ns)) and ready(s) == ("True", "Paused")
+                          and s, timeout=20, interval=0.5)
     assert condition(status, "ScalingActive")["reason"] == "Paused" and status["observedDepth"] == 18
     time.sleep(5)
     assert replicas(cluster, ns) == 1, "held at 1 while paused"
     cluster.kubectl("-n", ns, "annotate", "wp", "pool", "taskherd.io/paused-replicas-")
-    wait_for("autoscaling to resume", lambda: replicas(cluster, ns) == 4, timeout=30, interval=0.5)
+    cluster.wait("autoscaling to resume", lambda: replicas(cluster, ns), timeout=30, interval=0.5, equals=4)
     assert events(cluster, ns, "Resumed") and events(cluster, ns, "Paused")
 
 
-def test_a_statefulset_is_scaled_through_its_scale_subresource(cluster, namespace, pod_image, redis_url, unique_name,
+def test_a_statefulset_is_scaled_through_its_scale_subresource(cluster, namespace, test_image, redis_url, unique_name,
                                                                operator_factory):
     ns, queue = namespace, unique_name
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue, kind="StatefulSet",
+    pool_on_redis(cluster, ns, test_image, redis_url, queue, kind="StatefulSet",
                   scaleTargetRef={"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "workers"})
     operator_factory(ns)
     push(redis_url, queue, 7)
-    wait_for("the StatefulSet scaled to 2", lambda: replicas(cluster, ns, "statefulset") == 2, timeout=30,
-             interval=0.5)
+    cluster.wait("the StatefulSet scaled to 2", lambda: replicas(cluster, ns, "statefulset"), timeout=30,
+                 interval=0.5, equals=2)
     assert condition(pool_status(cluster, ns), "ScaleTargetFound")["message"] == f"StatefulSet {ns}/workers"
 
 
@@ -319,18 +319,18 @@ def test_a_custom_resource_with_a_scale_subresource_is_scaled(cluster, namespace
                              scaleDownStabilizationSeconds=0), ns)
     operator_factory(ns)
     push(redis_url, queue, 12)
-    wait_for("the WorkerClaim scaled to 3", lambda: replicas(cluster, ns, "workerclaim", "claims") == 3,
-             timeout=30, interval=0.5)
+    cluster.wait("the WorkerClaim scaled to 3", lambda: replicas(cluster, ns, "workerclaim", "claims"),
+                 timeout=30, interval=0.5, equals=3)
     redis.Redis.from_url(redis_url).delete(queue)
-    wait_for("the WorkerClaim scaled to 0", lambda: replicas(cluster, ns, "workerclaim", "claims") == 0,
-             timeout=30, interval=0.5)
+    cluster.wait("the WorkerClaim scaled to 0", lambda: replicas(cluster, ns, "workerclaim", "claims"),
+                 timeout=30, interval=0.5, equals=0)
     assert ready(pool_status(cluster, ns))[0] == "True"
 
 
-def test_a_dry_run_operator_logs_what_it_would_do_and_changes_nothing(cluster, namespace, pod_image, redis_url,
+def test_a_dry_run_operator_logs_what_it_would_do_and_changes_nothing(cluster, namespace, test_image, redis_url,
                                                                       unique_name, operator_factory):
     ns, queue = namespace, unique_name
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
+    pool_on_redis(cluster, ns, test_image, redis_url, queue)
     push(redis_url, queue, 18)
     op = operator_factory(ns, dry_run=True)
     wait_for("the would-be scale in the log", lambda: f"**DRY-RUN**: would scale Deployment {ns}/workers to 4 "
@@ -341,13 +341,13 @@ def test_a_dry_run_operator_logs_what_it_would_do_and_changes_nothing(cluster, n
     assert cluster.kubectl("-n", ns, "get", "lease", "taskherd-operator", check=False).returncode != 0
 
 
-def test_two_replicas_elect_one_leader_and_hand_over(cluster, namespace, pod_image, redis_url, unique_name,
+def test_two_replicas_elect_one_leader_and_hand_over(cluster, namespace, test_image, redis_url, unique_name,
                                                      operator_factory):
     ns, queue = namespace, unique_name
-    pool_on_redis(cluster, ns, pod_image, redis_url, queue)
+    pool_on_redis(cluster, ns, test_image, redis_url, queue)
     first, second = operator_factory(ns), operator_factory(ns)
-    lease = wait_for("a leader", lambda: cluster.kubectl_json("-n", ns, "get", "lease", "taskherd-operator"),
-                     timeout=60, interval=0.5)
+    lease = cluster.wait("a leader", lambda: cluster.kubectl_json("-n", ns, "get", "lease", "taskherd-operator"),
+                         timeout=60, interval=0.5)
     holder = lease["spec"]["holderIdentity"]
     time.sleep(3)
     leaders = [op for op in (first, second) if "acquired lease" in op.log()]
@@ -356,6 +356,6 @@ def test_two_replicas_elect_one_leader_and_hand_over(cluster, namespace, pod_ima
     other = second if leaders[0] is first else first
     wait_for("the other replica to take over", lambda: "acquired lease" in other.log(), timeout=30, interval=0.5)
     push(redis_url, queue, 6)
-    wait_for("scale-up by the new leader", lambda: replicas(cluster, ns) == 2, timeout=20, interval=0.5)
+    cluster.wait("scale-up by the new leader", lambda: replicas(cluster, ns), timeout=20, interval=0.5, equals=2)
     new = cluster.kubectl_json("-n", ns, "get", "lease", "taskherd-operator")["spec"]["holderIdentity"]
     assert new != holder

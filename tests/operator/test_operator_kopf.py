@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
-import time
 
 import redis
 from aiohttp import web
 from kopf.testing import KopfRunner
+
+from e2e.lib.waiting import WaitTimeout, wait_for
 
 NS = "ns"
 
@@ -129,9 +131,11 @@ def test_kopf_wiring_scales_and_reports_through_the_subresources(redis_url, uniq
     monkeypatch.setenv("TASKHERD_OPERATOR_METRICS_PORT", "0")
     try:
         with KopfRunner(["run", "-m", "taskherd.operator.handlers", "--standalone", "-n", NS]) as runner:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not (api.replicas == 3 and api.pool.get("status")):
-                time.sleep(0.2)
+            # On a timeout, the assertions below say what is missing, with the operator's output
+            # (which the runner gives only once it has stopped).
+            with contextlib.suppress(WaitTimeout):
+                wait_for("the mock API scaled to 3 with a status written",
+                         lambda: (api.replicas, bool(api.pool.get("status"))), equals=(3, True), timeout=20)
     finally:
         stop()
     assert runner.exception is None, runner.output[-3000:]

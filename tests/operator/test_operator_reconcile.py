@@ -3,17 +3,12 @@ API server and brokers in test_operator_cluster.py and test_operator_services.py
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fakes import Clock, FakeBroker, FakeKube, PolledPool, make_deps, pool_body, running_pod  # noqa: E402
-
-from taskherd.operator.deletion_cost import ANNOTATION, removed_by_replicaset  # noqa: E402
-from taskherd.operator.broker import ObservationError  # noqa: E402
-from taskherd.operator.scaling import Observation  # noqa: E402
-from taskherd.operator.scheduler import PoolScheduler  # noqa: E402
+from fakes import Clock, FakeBroker, FakeKube, PolledPool, make_deps, pool_body, running_pod
+from taskherd.operator.deletion_cost import ANNOTATION, removed_by_replicaset
+from taskherd.operator.broker import ObservationError
+from taskherd.operator.scaling import Observation
+from taskherd.operator.scheduler import PoolScheduler
 
 
 def condition(status, type_):

@@ -6,27 +6,21 @@ import asyncio
 import base64
 import json
 import os
-import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 from celery import Celery
 
+from e2e.lib.waiting import wait_for
+from fakes import FakeKube
+from taskherd.operator.alerts import HttpPoster, deliver
+from taskherd.operator.broker import BrokerObserver, ObservationError
+from taskherd.operator.paging import PagingState, step
+from taskherd.operator.policy import BrokerSpec
 from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER, AGE_FROM_STAMP
 from taskherd.worker.components import publish_stamps
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fakes import FakeKube  # noqa: E402
-from support.waiting import wait_until  # noqa: E402
-
-from taskherd.operator.alerts import HttpPoster, deliver  # noqa: E402
-from taskherd.operator.broker import BrokerObserver, ObservationError  # noqa: E402
-from taskherd.operator.paging import PagingState, step  # noqa: E402
-from taskherd.operator.policy import BrokerSpec  # noqa: E402
 
 
 class SecretKube(FakeKube):
@@ -62,14 +56,11 @@ def test_observer_reads_depth_age_and_dead_letters_from_a_real_broker(broker_url
                       queues=(queue,), dead_letter_queues=(f"{queue}.dlq",))
     stamped = AGE_FROM_HEAD_TIMESTAMP if rabbit else AGE_FROM_STAMP
 
-    def measured():
-        """The broker's own signal that it reports the messages' stamps: the head timestamp on
-        RabbitMQ (its statistics arrive in steps on a fresh node), the stamp itself on Redis."""
-        observation = asyncio.run(observer("ns", spec))
-        return observation if observation.oldest_message_age_method == stamped else None
-
-    observation = wait_until(measured, timeout=60, interval=1,
-                             what=f"the broker to report the head timestamp of {queue}")
+    # The broker's own signal that it reports the messages' stamps: the head timestamp on RabbitMQ
+    # (its statistics arrive in steps on a fresh node), the stamp itself on Redis.
+    observation = wait_for(f"the broker to report the head timestamp of {queue} (how the age is known)",
+                           lambda: asyncio.run(observer("ns", spec)), timeout=60, interval=1,
+                           until=lambda o: o.oldest_message_age_method == stamped)
     assert observation.ready == 7 and observation.unacked == 0
     assert observation.dead_letters == {f"{queue}.dlq": 2}
     assert not observation.oldest_message_age_is_lower_bound
@@ -104,9 +95,12 @@ def test_an_operator_started_against_an_old_backlog_does_not_believe_it_is_young
             producer.publish({"i": i}, exchange=queue, routing_key=queue)
     # Wait on the management API itself (not through the observer, which must see it first below)
     # until it reports both the count (from the queue) and the publish counter (from the channel).
-    wait_until(lambda: (doc := management_document(amqp_url, queue)).get("messages_ready") == 5
-               and (doc.get("message_stats") or {}).get("publish") == 5, timeout=60, interval=1,
-               what=f"RabbitMQ to report the 5 messages of {queue} and their publish counter")
+    def ready_and_published():
+        doc = management_document(amqp_url, queue)
+        return doc.get("messages_ready"), (doc.get("message_stats") or {}).get("publish")
+
+    wait_for(f"RabbitMQ to report the 5 messages of {queue} and their publish counter (ready, published)",
+             ready_and_published, equals=(5, 5), timeout=60, interval=1)
     time.sleep(max(0.0, published_at + 25 - time.time()))
 
     observer = BrokerObserver(kube=SecretKube(amqp_url))
@@ -150,7 +144,6 @@ def test_real_alertmanager_receives_the_page_and_its_resolution(unique_name):
     assert len(firing) == 1 and firing[0]["status"]["state"] == "active"
     assert firing[0]["labels"]["queue"] == "jobs.dlq" and firing[0]["labels"]["severity"] == "warning"
     asyncio.run(send(0, time.time(), state))
-    deadline = time.monotonic() + 10
-    while _alerts(base, pool) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _alerts(base, pool) == [], "the resolution (endsAt = now) must clear the alert"
+    # the resolution (endsAt = now) must clear the alert
+    wait_for("the resolved alert gone from Alertmanager", lambda: _alerts(base, pool), equals=[], timeout=10,
+             interval=0.5)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,36 +11,18 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.lib.services import free_port
+from e2e.lib.waiting import wait_for
 from taskherd.commands.exporter import Snapshot, metric_families
 from taskherd.queues import QueueStats
 from taskherd.queues.publish_history import STATS_LAG_SECONDS
 from taskherd.worker.components import publish_stamps
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def wait_for_scrape(port, predicate, timeout=45):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = scrape(port)
-            if predicate(last):
-                return last
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"exporter never showed the expected figures; last scrape: {last}")
 
 
 def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name, tmp_path):
@@ -71,11 +52,19 @@ def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name
         held = holder.default_channel.basic_get(queue, no_ack=False)
         assert held is not None
         q = (("queue", queue),)
-        figures = wait_for_scrape(port, lambda m: m.get(("taskherd_queue_messages", q + (("state", "ready"),))) == 2
-                                  and m.get(("taskherd_queue_messages", q + (("state", "unacked"),))) == 1
-                                  and m.get(("taskherd_dlq_messages", (("dlq", dlq), ("queue", queue)))) == 2
-                                  # RabbitMQ reports the head's timestamp a stats interval after the counts
-                                  and ("taskherd_queue_oldest_message_age_seconds", q) in m)
+        wanted = [("taskherd_queue_messages", q + (("state", "ready"),)),
+                  ("taskherd_queue_messages", q + (("state", "unacked"),)),
+                  ("taskherd_dlq_messages", (("dlq", dlq), ("queue", queue)))]
+        age_key = ("taskherd_queue_oldest_message_age_seconds", q)
+
+        def served():
+            figures = scrape(port)
+            return [figures.get(key) for key in wanted] + [age_key in figures]
+
+        # RabbitMQ reports the head's timestamp a stats interval after the counts
+        wait_for("the exporter serving ready 2, unacked 1, dead letters 2 and an age", served,
+                 equals=[2, 1, 2, True], ignoring=(httpx.HTTPError,), timeout=45, interval=0.5)
+        figures = scrape(port)
         age = figures[("taskherd_queue_oldest_message_age_seconds", q)]
         # RabbitMQ: until the head timestamp is in the statistics, the age is the midpoint of the
         # publish-counter bracket, which may be older than the truth by up to half its width.

@@ -8,6 +8,7 @@ import pytest
 from celery import Celery
 from kombu import Exchange, Queue
 
+from e2e.lib.waiting import wait_for
 from taskherd.queues import BrokerUnreachable, inspect_queues
 from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER
 from taskherd.worker.components import publish_stamps
@@ -31,14 +32,9 @@ def declared_app(amqp_url: str, queue: str, queue_type: str) -> Celery:
 
 
 def poll(amqp_url, api, queues, until, timeout=STATS_WAIT):
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = inspect_queues(amqp_url, queues, management_url=api)
-        if until(stats):
-            return stats
-        if time.monotonic() > deadline:
-            raise AssertionError(f"management API never showed the expected figures: {stats}")
-        time.sleep(1)
+    return wait_for(f"the management API's figures of {queues}",
+                    lambda: inspect_queues(amqp_url, queues, management_url=api), until=until,
+                    timeout=timeout, interval=1)
 
 
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])

@@ -8,6 +8,7 @@ import pytest
 import redis
 from celery import Celery
 
+from e2e.lib.waiting import wait_for
 from taskherd.queues import BrokerUnreachable, inspect_queues
 from taskherd.worker.components import publish_stamps
 
@@ -72,14 +73,9 @@ def test_unacked_counted_per_queue_while_a_worker_runs(redis_url, unique_name, w
     app.send_task("recovery.hold", args=("elsewhere", 1), queue=other)  # no worker consumes it
     app.close()
 
-    def running():
-        s = inspect_queues(redis_url, [queue, other], visibility_timeout=600)
-        return s if s[queue].unacked == 1 else None
-
-    deadline = time.monotonic() + 30
-    while not (stats := running()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert stats, "the worker never took a message"
+    wait_for("the worker to take a message (unacked 1)",
+             lambda: inspect_queues(redis_url, [queue, other], visibility_timeout=600)[queue].unacked,
+             equals=1, timeout=30)
     time.sleep(2)
     stats = inspect_queues(redis_url, [queue, other], visibility_timeout=600)
     assert (stats[queue].ready, stats[queue].unacked, stats[queue].depth) == (2, 1, 3)

@@ -9,7 +9,7 @@ import pytest
 import redis
 from celery import Celery
 
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 from taskherd.worker.components import recovery
 
 pytestmark = pytest.mark.slow
@@ -62,18 +62,18 @@ def test_killed_worker_task_restarts_elsewhere_within_target(redis_url, unique_n
     token = uuid.uuid4().hex
     # 120 s on first delivery: vanilla Redis would leave it unacked for visibility_timeout (3600 s).
     send_hold(redis_url, unique_name, token, 120, redelivered_seconds=1)
-    first_start = wait_until(lambda: starts(client, token), timeout=30, what="the task to start")[0]
+    first_start = wait_for("the task to start", lambda: starts(client, token), timeout=30)[0]
     victim, survivor = (first, second) if first_start["host"].startswith(node_of(first)) else (second, first)
 
     killed_at = time.time()
     victim.kill()  # SIGKILL to the main process and its pool child
-    restarted = wait_until(lambda: starts(client, token)[1:], timeout=TARGET_SECONDS + 30, what="the task to restart")[0]
+    restarted = wait_for("the task to restart", lambda: starts(client, token)[1:], timeout=TARGET_SECONDS + 30)[0]
     latency = restarted["at"] - killed_at
     assert restarted["host"].startswith(node_of(survivor))
     assert restarted["redelivered"] is True
     assert latency <= TARGET_SECONDS, f"restarted {latency:.1f}s after SIGKILL, target {TARGET_SECONDS}s"
 
-    wait_until(lambda: ends(client, token), timeout=30, what="the restarted task to finish")
+    wait_for("the restarted task to finish", lambda: ends(client, token), timeout=30)
     time.sleep(1)
     assert len(starts(client, token)) == 2 and len(ends(client, token)) == 1
     assert_no_bookkeeping_left(client)
@@ -88,10 +88,10 @@ def test_slow_live_worker_keeps_its_task(redis_url, unique_name, worker_factory)
     busy = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
     token = uuid.uuid4().hex
     send_hold(redis_url, unique_name, token, 15)
-    wait_until(lambda: starts(client, token), timeout=30, what="the task to start")
+    wait_for("the task to start", lambda: starts(client, token), timeout=30)
     # A second worker joins while the task runs: its restorer sweeps every second.
     idle = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
-    wait_until(lambda: ends(client, token), timeout=40, what="the slow task to finish")
+    wait_for("the slow task to finish", lambda: ends(client, token), timeout=40)
     time.sleep(4)  # longer than the lease: a wrongful restore would have started a second run
     assert len(starts(client, token)) == 1, f"the slow task ran again: {runs(client, token)}"
     assert len(ends(client, token)) == 1
@@ -107,14 +107,14 @@ def test_two_workers_killed_at_once_each_task_restored_once(redis_url, unique_na
     for token in tokens:
         send_hold(redis_url, unique_name, token, 120, redelivered_seconds=2)
     for token in tokens:
-        wait_until(lambda: starts(client, token), timeout=30, what=f"task {token} to start")
+        wait_for(f"task {token} to start", lambda: starts(client, token), timeout=30)
     # Two survivors: two restorers race for the same dead workers.
     survivors = [worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1) for _ in range(2)]
     killed_at = time.time()
     for victim in victims:
         victim.kill()
     for token in tokens:
-        wait_until(lambda: ends(client, token), timeout=60, what=f"task {token} to finish elsewhere")
+        wait_for(f"task {token} to finish elsewhere", lambda: ends(client, token), timeout=60)
     time.sleep(3)
     survivor_nodes = {node_of(w) for w in survivors}
     for token in tokens:
@@ -138,14 +138,14 @@ def test_recovery_honours_the_global_key_prefix(redis_url, unique_name, worker_f
     producer.conf.broker_transport_options = {"global_keyprefix": prefix}
     producer.send_task("recovery.hold", args=(token, 120), kwargs={"redelivered_seconds": 1}, queue=unique_name)
     producer.close()
-    wait_until(lambda: starts(client, token), timeout=30, what="the task to start")
+    wait_for("the task to start", lambda: starts(client, token), timeout=30)
     assert client.hlen(prefix + recovery.OWNER_KEY) == 1 and client.hlen(recovery.OWNER_KEY) == 0
     survivor = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
     killed_at = time.time()
     victim.kill()
-    restarted = wait_until(lambda: starts(client, token)[1:], timeout=30, what="the task to restart")[0]
+    restarted = wait_for("the task to restart", lambda: starts(client, token)[1:], timeout=30)[0]
     assert restarted["host"].startswith(node_of(survivor)) and restarted["at"] - killed_at <= 3 + 1 + 5
-    wait_until(lambda: ends(client, token), timeout=30, what="the restarted task to finish")
+    wait_for("the restarted task to finish", lambda: ends(client, token), timeout=30)
     assert client.hlen(prefix + "unacked") == 0 and client.hlen(prefix + recovery.OWNER_KEY) == 0
 
 
@@ -156,7 +156,7 @@ def test_warm_shutdown_finishes_the_task_once_and_leaves_no_lease(redis_url, uni
     watcher = worker_factory("apps.recovery_app", queues=[unique_name + "-idle"], env=env, concurrency=1)
     token = uuid.uuid4().hex
     send_hold(redis_url, unique_name, token, 6)
-    wait_until(lambda: starts(client, token), timeout=30, what="the task to start")
+    wait_for("the task to start", lambda: starts(client, token), timeout=30)
     assert worker.stop(timeout=30) == 0  # SIGTERM: warm shutdown waits for the task
     time.sleep(4)  # beyond the lease: nothing may be restored now
     assert len(starts(client, token)) == 1 and len(ends(client, token)) == 1

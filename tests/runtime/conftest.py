@@ -1,7 +1,7 @@
 """Fixtures of the runtime tests (heartbeat, probes, drain, metrics)."""
 import pytest
 
-from runtime.helpers import PrivateRedis
+from support.private_redis import PrivateRedis
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 
 from runtime.helpers import TASKHERD, probe
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 
 LONG_TASKS = {"long-4": 4, "long-6": 6, "long-8": 8}
 QUICK_TASKS = ["quick-0", "quick-1", "quick-2", "quick-3"]
@@ -47,10 +47,10 @@ def test_drain_finishes_running_tasks_and_leaves_the_rest_to_another_worker(brok
 
     # A countdown task first: the worker holds it in memory (reserved, not started).
     producer.send_task("runtime.sleep", args=("countdown", 0), countdown=COUNTDOWN, queue=unique_name)
-    wait_until(lambda: heartbeat()["scheduled"] == 1, timeout=15, what="the countdown task held by the worker")
+    wait_for("the countdown task held by the worker", lambda: heartbeat()["scheduled"], timeout=15, equals=1)
     for key, seconds in LONG_TASKS.items():
         producer.send_task("runtime.sleep", args=(key, seconds), queue=unique_name)
-    wait_until(lambda: ledger.llen("started") == 3, timeout=15, what="three long tasks started")
+    wait_for("three long tasks started", lambda: ledger.llen("started"), timeout=15, equals=3)
     long_started = time.monotonic()
     for key in QUICK_TASKS:
         producer.send_task("runtime.sleep", args=(key, 0), queue=unique_name)
@@ -59,10 +59,10 @@ def test_drain_finishes_running_tasks_and_leaves_the_rest_to_another_worker(brok
 
     drain = subprocess.Popen([*TASKHERD, "drain", "--dir", str(heartbeat_dir)], stdout=subprocess.PIPE, text=True)
     drain_started = time.monotonic()
-    wait_until(lambda: probe("readiness", heartbeat_dir)[0] == 1, timeout=3, what="not ready while draining")
+    wait_for("not ready while draining", lambda: probe("readiness", heartbeat_dir)[0], timeout=3, equals=1)
     # Stops consuming at once and gives the held countdown task back.
-    wait_until(lambda: ready_messages(broker_url, unique_name) == 5, timeout=3,
-               what="the countdown task back in the queue")
+    wait_for("the countdown task back in the queue", lambda: ready_messages(broker_url, unique_name),
+             timeout=3, equals=5)
     output, _ = drain.communicate(timeout=30)
     drain_seconds = time.monotonic() - drain_started
     assert drain.returncode == 0, output
@@ -82,8 +82,8 @@ def test_drain_finishes_running_tasks_and_leaves_the_rest_to_another_worker(brok
     worker_b = worker_factory("apps.runtime_app", queues=[unique_name], concurrency=2,
                               env={**env, "TASKHERD_HEARTBEAT_DIR": str(tmp_path / "heartbeat-b")})
     every_key = [*LONG_TASKS, *QUICK_TASKS, "countdown"]
-    wait_until(lambda: ledger.llen("done") == len(every_key), timeout=COUNTDOWN + 30,
-               what=f"all tasks done ({ledger.lrange('done', 0, -1)})")
+    wait_for("all tasks done", lambda: ledger.llen("done"), timeout=COUNTDOWN + 30, equals=len(every_key),
+             explain=lambda: f"done: {ledger.lrange('done', 0, -1)}")
     worker_b.stop()
     assert sorted(ledger.lrange("done", 0, -1)) == sorted(k.encode() for k in every_key)
     runs = {key: int(ledger.get(f"runs:{key}")) for key in every_key}
@@ -106,15 +106,15 @@ def test_drain_returns_a_prefetched_message_waiting_for_a_busy_pool(redis_url, u
     worker = worker_factory("apps.runtime_app", queues=[unique_name], concurrency=1, env=env)
     producer = Celery(broker=redis_url)
     producer.send_task("runtime.sleep", args=("running", 4), queue=unique_name)
-    wait_until(lambda: ledger.llen("started") == 1, timeout=15, what="the first task started")
+    wait_for("the first task started", lambda: ledger.llen("started"), timeout=15, equals=1)
     producer.send_task("runtime.sleep", args=("prefetched", 0), queue=unique_name)
-    wait_until(lambda: json.loads((heartbeat_dir / "heartbeat.json").read_text())["reserved"] == 1, timeout=5,
-               what="the second message reserved by the busy worker")
+    wait_for("the second message reserved by the busy worker",
+             lambda: json.loads((heartbeat_dir / "heartbeat.json").read_text())["reserved"], timeout=5, equals=1)
     assert ready_messages(redis_url, unique_name) == 0
 
     drain = subprocess.Popen([*TASKHERD, "drain", "--dir", str(heartbeat_dir)], stdout=subprocess.PIPE, text=True)
-    wait_until(lambda: ready_messages(redis_url, unique_name) == 1, timeout=2,
-               what="the prefetched message back in the queue")
+    wait_for("the prefetched message back in the queue", lambda: ready_messages(redis_url, unique_name),
+             timeout=2, equals=1)
     output, _ = drain.communicate(timeout=30)
     assert drain.returncode == 0, output
     assert ledger.lrange("done", 0, -1) == [b"running"]

@@ -10,7 +10,7 @@ import time
 from celery import Celery
 
 from runtime.helpers import probe
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 
 INTERVAL = 0.5
 MAX_AGE = 3.0
@@ -34,7 +34,7 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
         record = json.loads((heartbeat_dir / "heartbeat.json").read_text())
         return record["active"][0] if record["active"] else None
 
-    active = wait_until(running_task, timeout=10, what="the task appears in the heartbeat")
+    active = wait_for("the task appears in the heartbeat", running_task, timeout=10)
     assert active["name"] == "runtime.sleep" and active["time_limit"] == 30 and active["soft_time_limit"] == 25
     assert active["worker_pid"] in worker.child_pids()
 
@@ -54,22 +54,22 @@ def test_a_long_task_keeps_liveness_passing_and_a_stopped_main_loop_fails_it(red
     worker.signal(signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
-        failed_output = wait_until(lambda: (lambda r: r[1] if r[0] == 1 else None)(
-            probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))),
-            timeout=MAX_AGE + 5, interval=0.1, what="liveness failing after SIGSTOP")
+        _, failed_output = wait_for("liveness failing after SIGSTOP",
+                                    lambda: probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE)),
+                                    until=lambda result: result[0] == 1, timeout=MAX_AGE + 5, interval=0.1)
         elapsed = time.monotonic() - stopped_at
     finally:
         worker.signal(signal.SIGCONT)
     assert "main loop is not running" in failed_output
     # Not before the threshold (the last beat may be up to one interval old), not much after.
     assert MAX_AGE - INTERVAL - 0.2 <= elapsed <= MAX_AGE + 2.0, elapsed
-    wait_until(lambda: probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))[0] == 0, timeout=5,
-               what="liveness passing again after SIGCONT")
+    wait_for("liveness passing again after SIGCONT",
+             lambda: probe("liveness", heartbeat_dir, "--max-age", str(MAX_AGE))[0], timeout=5, equals=0)
 
     # A warm shutdown (SIGTERM) waits for a running task with the main loop stopped on purpose:
     # liveness must not restart the worker meanwhile; readiness says it is going.
     producer.send_task("runtime.sleep", args=("finishing", 3 * MAX_AGE), queue=unique_name)
-    wait_until(running_task, timeout=10, what="the last task running")
+    wait_for("the last task running", running_task, timeout=10)
     worker.signal(signal.SIGTERM)
     outputs = []
     while worker.is_running():

@@ -6,8 +6,8 @@ import redis
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.helpers import free_port
-from support.waiting import wait_until
+from e2e.lib.services import free_port
+from e2e.lib.waiting import wait_for
 from taskherd.worker.components import publish_stamps
 
 QUEUE_WAIT = 5.0  # the stamped tasks claim to have been published this long ago
@@ -57,15 +57,16 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     executions = {"runtime.sleep": 4, "runtime.fail": 2, "runtime.retry_once": 2, "runtime.record": 2}
 
     ledger = redis.Redis.from_url(redis_url)
-    wait_until(lambda: sum(int(ledger.get(k) or 0) for k in ledger.keys("runs:*")) == sum(executions.values())
-               and ledger.llen("done") == 4, timeout=30, what="all tasks run")
+    wait_for("all tasks run (executions, tasks done)",
+             lambda: (sum(int(ledger.get(k) or 0) for k in ledger.keys("runs:*")), ledger.llen("done")),
+             equals=(sum(executions.values()), 4), timeout=30)
 
     def settled():
         samples = scrape(port)
         done = sum(v for (name, _), v in samples.items() if name == "taskherd_tasks_total")
         return samples if done == sum(expected_outcomes.values()) else None
 
-    samples = wait_until(settled, timeout=15, what="outcomes counted")
+    samples = wait_for("outcomes counted", settled, timeout=15)
     outcomes = {(dict(labels)["task"], dict(labels)["outcome"]): v
                 for (name, labels), v in samples.items() if name == "taskherd_tasks_total"}
     assert outcomes == expected_outcomes

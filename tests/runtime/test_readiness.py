@@ -7,7 +7,7 @@ import time
 from celery import Celery
 
 from runtime.helpers import probe
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 
 INTERVAL = 0.5
 MAX_AGE = "3"
@@ -20,8 +20,8 @@ def test_broker_outage_fails_readiness_not_liveness(private_redis, unique_name, 
     env = {"TEST_BROKER_URL": broker, "TEST_LEDGER_URL": private_redis.url + "/2", "TEST_QUEUE": unique_name,
            "TASKHERD_HEARTBEAT_DIR": str(heartbeat_dir), "TASKHERD_HEARTBEAT_INTERVAL": str(INTERVAL)}
     worker = worker_factory("apps.runtime_app", queues=[unique_name], env=env, concurrency=1)
-    wait_until(lambda: probe("readiness", heartbeat_dir, "--max-age", MAX_AGE)[0] == 0, timeout=10,
-               what="ready before the outage")
+    wait_for("ready before the outage", lambda: probe("readiness", heartbeat_dir, "--max-age", MAX_AGE)[0],
+             timeout=10, equals=0)
 
     private_redis.stop()
     stopped_at = time.monotonic()

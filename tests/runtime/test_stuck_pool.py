@@ -9,7 +9,7 @@ import time
 from celery import Celery
 
 from runtime.helpers import probe
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 
 
 def test_a_task_past_its_hard_limit_fails_liveness(redis_url, unique_name, worker_factory, tmp_path):
@@ -21,11 +21,10 @@ def test_a_task_past_its_hard_limit_fails_liveness(redis_url, unique_name, worke
     producer = Celery(broker=redis_url)
     producer.send_task("runtime.sleep", args=("overrun", 10), queue=unique_name)
     options = ("--max-age", "3", "--task-margin", "1")
-    wait_until(lambda: "1 active" in probe("liveness", heartbeat_dir, *options)[1], timeout=10,
-               what="the task running")
+    wait_for("the task running", lambda: "1 active" in probe("liveness", heartbeat_dir, *options)[1], timeout=10)
     started = json.loads((heartbeat_dir / "heartbeat.json").read_text())["active"][0]["started_at"]
-    output = wait_until(lambda: (lambda r: r[1] if r[0] == 1 else None)(probe("liveness", heartbeat_dir, *options)),
-                        timeout=10, interval=0.2, what="liveness failing for the overrunning task")
+    _, output = wait_for("liveness failing for the overrunning task", lambda: probe("liveness", heartbeat_dir, *options),
+                         until=lambda result: result[0] == 1, timeout=10)
     assert "pool stuck: runtime.sleep[" in output and "hard limit 2s + margin 1s" in output
     assert time.time() - started >= 3, "failed before the limit + margin had passed"
     producer.close()

@@ -2,8 +2,9 @@
 import httpx
 from celery import Celery
 
-from runtime.helpers import free_port, probe
-from support.waiting import wait_until
+from e2e.lib.services import free_port
+from e2e.lib.waiting import wait_for
+from runtime.helpers import probe
 
 
 def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worker_factory, tmp_path):
@@ -22,5 +23,5 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         return 'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0' in text
 
-    wait_until(succeeded, timeout=20, what="the task counted as succeeded")
+    wait_for("the task counted as succeeded", succeeded, timeout=20)
     producer.close()

@@ -9,11 +9,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
+from e2e.lib.waiting import wait_for
+
 TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def python_env(extra: dict[str, str] | None = None, *, path: Sequence[Path] = (TESTS_DIR,)) -> dict[str, str]:
+    """This process's environment plus `extra`, with `path` first on PYTHONPATH: a Python subprocess
+    (a worker, a helper process) imports the test apps from there, as pytest does through pyproject's
+    `pythonpath`."""
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*map(str, path), env.get("PYTHONPATH")]))
+    return env
 
 
 class WorkerProcess:
@@ -43,9 +54,7 @@ class WorkerProcess:
         # running side by side never share a file or fight over the metrics port.
         defaults = {"TASKHERD_HEARTBEAT_DIR": str(Path(log_dir) / f"heartbeat-{self.name}"),
                     "TASKHERD_METRICS_PORT": "0"}
-        self.env = {**os.environ, **defaults, **(env or {})}
-        # The worker imports test apps from tests/ (support and apps packages).
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), self.env.get("PYTHONPATH")]))
+        self.env = python_env({**defaults, **(env or {})})
         self.log_path = Path(log_dir) / f"worker-{self.name}.log"
         self.process: subprocess.Popen | None = None
 
@@ -75,14 +84,14 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def wait_for_log(self, needle: str, timeout: float = 30, count: int = 1) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.log().count(needle) >= count:
-                return
-            if self.process is not None and self.process.poll() is not None:
+        def times_logged() -> int:
+            seen = self.log().count(needle)
+            if seen < count and self.process is not None and self.process.poll() is not None:
                 raise AssertionError(f"worker exited ({self.process.returncode}) before logging {needle!r}:\n{self.tail()}")
-            time.sleep(0.1)
-        raise AssertionError(f"worker did not log {needle!r} within {timeout}s:\n{self.tail()}")
+            return seen
+
+        wait_for(f"the worker to log {needle!r} {count}x", times_logged, until=lambda seen: seen >= count,
+                 timeout=timeout, interval=0.1, explain=self.tail)
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log().splitlines()[-lines:])

@@ -4,8 +4,9 @@ import pickle
 
 from kombu import Connection, Producer
 
+from e2e.lib.waiting import wait_for
 from raw_messages import DROP, task_headers
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401
+from worker_support import core_env, dead_letters
 
 
 class _Exploit:
@@ -44,9 +45,9 @@ def test_bad_messages_are_dead_lettered_with_the_reason_and_consuming_goes_on(
                  content_type="application/x-python-serialize", content_encoding="binary")
     producer.send_task("core.record", args=("after", "ok"), queue=q)
 
-    wait_for(lambda: recorded("after"), timeout=30, what="the normal task after the bad ones")
-    letters = wait_for(lambda: (lambda l: l if len(l) == 5 else None)(dead_letters(broker_url, q)),
-                       timeout=30, what="five envelopes")
+    wait_for("the normal task after the bad ones", lambda: recorded("after"), timeout=30)
+    letters = wait_for("five envelopes", lambda: dead_letters(broker_url, q), until=lambda found: len(found) == 5,
+                       timeout=30)
     by_reason = {}
     for letter in letters:
         by_reason.setdefault(letter.envelope.reason, []).append(letter.envelope)

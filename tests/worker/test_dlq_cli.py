@@ -12,7 +12,8 @@ import redis
 from taskherd.commands.dlq import main
 from taskherd.worker.deadletter import dead_letter_queue_declaration
 
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters
 
 
 def dlq(*argv, stdin=""):
@@ -28,7 +29,7 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     first = producer.send_task("core.fails_while_flag", args=("a", "bug"), queue=q)
     second = producer.send_task("core.fails_while_flag", args=("b", "bug"), queue=q)
-    wait_for(lambda: len(dead_letters(broker_url, q)) == 2, timeout=30, what="two dead letters")
+    wait_for("two dead letters", lambda: len(dead_letters(broker_url, q)), timeout=30, equals=2)
     where = ["-b", broker_url, "-Q", q]
 
     code, out, _ = dlq("list", *where)
@@ -60,7 +61,7 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
     flags.delete("bug")  # fixed: redrive the first one, it runs again and succeeds
     code, out, _ = dlq("redrive", first.id, *where)
     assert code == 0 and f"redriven {first.id}" in out
-    wait_for(lambda: len(recorded("a")) == 2, timeout=30, what="the redriven task to run again")
+    wait_for("the redriven task to run again", lambda: len(recorded("a")), timeout=30, equals=2)
     time.sleep(1)
     assert [l.task_id for l in dead_letters(broker_url, q)] == [second.id], "it succeeded and left the DLQ"
 
@@ -77,7 +78,7 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
 
     flags.set("bug-again", 1)
     producer.send_task("core.fails_while_flag", args=("c", "bug-again"), queue=q)
-    wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="a dead letter")
+    wait_for("a dead letter", lambda: dead_letters(broker_url, q), timeout=30)
     code, out, _ = dlq("purge", "--force", *where)
     assert code == 0 and "Purge every" not in out and "purged" in out
     assert dead_letters(broker_url, q) == []
@@ -94,10 +95,10 @@ def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
         producer.conf.task_queues[0](channel).declare()
         dead_letter_queue_declaration(f"{q}.dlq")(channel).declare()
         task = producer.send_task("core.record", args=("native", "back"), queue=q)
-        message = wait_for(lambda: channel.basic_get(q, no_ack=False), timeout=10, what="the message")
+        message = wait_for("the message", lambda: channel.basic_get(q, no_ack=False), timeout=10)
         channel.basic_reject(message.delivery_tag, requeue=False)
 
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=10, what="native dead letter")
+    (letter,) = wait_for("native dead letter", lambda: dead_letters(broker_url, q), timeout=10)
     assert letter.kind == "native" and letter.reason == "rabbitmq:rejected" and letter.queue == q
     code, out, _ = dlq("list", "-b", broker_url, "-Q", q)
     assert task.id in out and "rabbitmq:rejected" in out
@@ -105,7 +106,7 @@ def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     code, out, _ = dlq("redrive", "--all", "-b", broker_url, "-Q", q)
     assert code == 0 and f"redriven {task.id}" in out
-    wait_for(lambda: recorded("native"), timeout=30, what="the redriven task to run")
+    wait_for("the redriven task to run", lambda: recorded("native"), timeout=30)
     assert recorded("native")[0][2] == "back"
     assert dead_letters(broker_url, q) == []
 

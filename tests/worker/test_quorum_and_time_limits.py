@@ -3,7 +3,8 @@ import httpx
 import pytest
 from urllib.parse import unquote, urlsplit
 
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters
 
 
 def _queue_info(api_url: str, amqp_url: str, name: str) -> dict:
@@ -29,8 +30,8 @@ def test_quorum_queue_retries_and_dead_letters(broker_url, record_url, recorded,
 
     transient = producer.send_task("core.always_transient", args=("q-attempts",), queue=q)
     permanent = producer.send_task("core.validation", args=("q-runs", 0), queue=q)
-    letters = wait_for(lambda: (lambda l: l if len(l) == 2 else None)(dead_letters(broker_url, q)),
-                       timeout=60, what="two envelopes in the quorum DLQ")
+    letters = wait_for("two envelopes in the quorum DLQ", lambda: dead_letters(broker_url, q),
+                       until=lambda found: len(found) == 2, timeout=60)
     by_id = {letter.task_id: letter.envelope for letter in letters}
     assert by_id[transient.id].reason == "retries-exhausted" and by_id[transient.id].attempts == 3
     assert by_id[permanent.id].reason == "permanent-error" and by_id[permanent.id].attempts == 1
@@ -51,13 +52,13 @@ def test_hard_time_limit_is_dead_lettered(broker_url, record_url, recorded, prod
     env = core_env(broker_url, unique_name, record_url, soft_time_limit=1, time_limit=2)
     worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
     stuck = producer.send_task("core.ignores_soft_limit", args=("stuck",), queue=unique_name)
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the envelope")
+    (letter,) = wait_for("the envelope", lambda: dead_letters(broker_url, unique_name), timeout=30)
     env = letter.envelope
     assert env.reason == "hard-time-limit" and env.task_id == stuck.id and env.args == ["stuck"]
     assert env.exception_type == "billiard.exceptions.TimeLimitExceeded" and env.attempts == 1
     assert env.headers["id"] == stuck.id and "args" not in env.headers and "delivery_info" not in env.headers
     producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
-    wait_for(lambda: recorded("after"), timeout=30, what="the next task")
+    wait_for("the next task", lambda: recorded("after"), timeout=30)
     assert len(recorded("stuck")) == 1, "not redelivered after the hard limit"
     assert "Hard time limit (2.0s) exceeded" in worker.log()
 
@@ -82,13 +83,13 @@ def test_quorum_delivery_limit_bounds_a_poison_message_without_the_counter(
     poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
     producer.send_task("core.record", args=("normal", "ok"), queue=q)
 
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=90, what="the native dead letter")
+    (letter,) = wait_for("the native dead letter", lambda: dead_letters(broker_url, q), timeout=90)
     assert letter.kind == "native" and letter.task_id == poison.id
     assert letter.reason == "rabbitmq:delivery_limit" and letter.queue == q
     runs = len(recorded("poison"))
     print(f"poison ran {runs} times before RabbitMQ dead-lettered it")
     assert runs == 3, f"x-delivery-limit=2: RabbitMQ 3.x dead-letters after the 3rd return, ran {runs}"
-    wait_for(lambda: recorded("normal"), timeout=30, what="the normal task")
+    wait_for("the normal task", lambda: recorded("normal"), timeout=30)
     producer.close()
 
 
@@ -105,7 +106,7 @@ def test_on_quorum_queues_the_counter_dead_letters_before_the_delivery_limit(
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
     poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
 
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=90, what="the envelope")
+    (letter,) = wait_for("the envelope", lambda: dead_letters(broker_url, q), timeout=90)
     assert letter.kind == "envelope" and letter.envelope.reason == "killed-worker"
     assert letter.task_id == poison.id and len(recorded("poison")) == 2
     producer.close()
@@ -116,7 +117,7 @@ def test_soft_time_limit_is_dead_lettered_not_retried(broker_url, record_url, re
     env = core_env(broker_url, unique_name, record_url, soft_time_limit=1, time_limit=5)
     worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
     slow = producer.send_task("core.slow", args=("slow", 4), queue=unique_name)
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the envelope")
+    (letter,) = wait_for("the envelope", lambda: dead_letters(broker_url, unique_name), timeout=30)
     assert letter.envelope.reason == "soft-time-limit" and letter.task_id == slow.id
     assert letter.envelope.exception_type.endswith("SoftTimeLimitExceeded")
     assert len(recorded("slow:start")) == 1 and recorded("slow:done") == []

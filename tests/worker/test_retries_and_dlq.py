@@ -3,7 +3,8 @@ dead-letter; a validation error dead-letters after one attempt with a complete e
 import socket
 import time
 
-from worker_support import core_env, dead_letters, make_dlq_unwritable, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters, make_dlq_unwritable
 
 
 def test_always_transient_failure_retries_max_retries_times_then_dead_letters(
@@ -13,7 +14,7 @@ def test_always_transient_failure_retries_max_retries_times_then_dead_letters(
     worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     result = producer.send_task("core.always_transient", args=("attempts",), queue=unique_name)
 
-    letters = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the DLQ envelope")
+    letters = wait_for("the DLQ envelope", lambda: dead_letters(broker_url, unique_name), timeout=60)
     attempts = [when for when, _, _ in recorded("attempts")]
     assert len(attempts) == 4, "1 run + exactly max_retries=3 retries"
     gaps = [b - a for a, b in zip(attempts, attempts[1:])]
@@ -39,7 +40,7 @@ def test_validation_error_dead_letters_after_one_attempt_with_the_envelope(
     before = time.time()
     result = producer.send_task("core.validation", args=("runs", -5), kwargs={"currency": "USD"},
                                 queue=unique_name, headers={"x-tenant": "acme"})
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=30, what="the DLQ envelope")
+    (letter,) = wait_for("the DLQ envelope", lambda: dead_letters(broker_url, unique_name), timeout=30)
     time.sleep(1.5)  # would a retry have happened by now? (none must)
     assert [value for _, _, value in recorded("runs")] == ["0"], "exactly one attempt"
 
@@ -74,10 +75,10 @@ def test_a_dlq_that_cannot_be_written_loses_nothing(
     worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     result = producer.send_task("core.validation", args=("unwritable", 1), queue=q)
 
-    wait_for(lambda: len(recorded("unwritable")) >= 3, timeout=30, what="the task to come back twice")
+    wait_for("the task to come back twice", lambda: len(recorded("unwritable")) >= 3, timeout=30)
     assert "could not dead-letter" in worker.log()
     repair()
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="the envelope after repair")
+    (letter,) = wait_for("the envelope after repair", lambda: dead_letters(broker_url, q), timeout=30)
     assert letter.envelope.task_id == result.id
     assert letter.envelope.reason == "permanent-error", "requeues after a failed publish are not worker deaths"
 

@@ -5,7 +5,8 @@ import signal
 
 import redis
 
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters
 
 
 def test_sigkill_of_a_prefork_child_mid_task_redelivers_the_task(
@@ -18,12 +19,12 @@ def test_sigkill_of_a_prefork_child_mid_task_redelivers_the_task(
     worker = worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     producer.send_task("core.slow", args=("job", 2.0), queue=unique_name)
 
-    wait_for(lambda: recorded("job:start"), timeout=30, what="the task to start")
+    wait_for("the task to start", lambda: recorded("job:start"), timeout=30)
     (_, child, _), = recorded("job:start")
     assert child in worker.child_pids()
     os.kill(child, signal.SIGKILL)
 
-    wait_for(lambda: recorded("job:done"), timeout=60, what="the task to run again and finish")
+    wait_for("the task to run again and finish", lambda: recorded("job:done"), timeout=60)
     starts = recorded("job:start")
     assert len(starts) == 2, "the killed run was not acknowledged: the message came back once"
     assert starts[1][1] != child, "it ran again in a fresh child"
@@ -42,8 +43,8 @@ def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
     for i in range(100):
         producer.send_task("core.record", args=("normal", str(i)), queue=unique_name)
 
-    wait_for(lambda: len(recorded("normal")) == 100, timeout=120, what="100 normal tasks to complete")
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the poison envelope")
+    wait_for("100 normal tasks to complete", lambda: len(recorded("normal")), timeout=120, equals=100)
+    (letter,) = wait_for("the poison envelope", lambda: dead_letters(broker_url, unique_name), timeout=60)
     assert len(recorded("poison")) == 3, "it ran max_deliveries=3 times, never a 4th"
     assert sorted(int(v) for _, _, v in recorded("normal")) == list(range(100))
     env = letter.envelope

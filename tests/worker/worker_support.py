@@ -7,7 +7,6 @@ import pytest
 import redis
 from celery import Celery
 
-from support.waiting import wait_until as wait_for  # noqa: F401 - the name tests/worker use
 from taskherd.worker import configure
 from taskherd.commands.dlq import DeadLetter, open_dead_letters
 
