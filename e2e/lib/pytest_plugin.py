@@ -46,6 +46,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: needs a Kubernetes cluster (`make cluster`); every test that "
+                                       "uses the `cluster` fixture has it")
     # Progress of the bounded waits and of cluster selection: shown with a failing test's
     # captured log, and live with --log-cli-level=INFO.
     logging.getLogger("taskherd.e2e").setLevel(logging.INFO)
@@ -145,7 +147,8 @@ def create_test_namespace(cluster: clusterlib.Cluster, request: pytest.FixtureRe
             cluster.delete_namespace(name)
 
     request.addfinalizer(remove)
-    return cluster.create_namespace(name, {TEST_LABEL: suite, **(labels or {})}, {OWNER_ANNOTATION: this_owner()})
+    return cluster.create_namespace(name, {TEST_LABEL: f"{suite}-test", **(labels or {})},
+                                    {OWNER_ANNOTATION: this_owner()})
 
 
 # --- the trail of a failing test -----------------------------------------------------------------
