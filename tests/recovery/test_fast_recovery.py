@@ -14,7 +14,8 @@ from taskherd.worker.components import recovery
 
 pytestmark = pytest.mark.slow
 
-#: The issue's target with the default settings (heartbeat 5 s, timeout 15 s): timeout + 5 s ≤ 30 s.
+#: How soon a dead worker's task runs again with the default settings (heartbeat 5 s, timeout 15 s):
+#: timeout + 5 s ≤ 30 s.
 TARGET_SECONDS = 30
 
 
