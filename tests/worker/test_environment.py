@@ -9,7 +9,8 @@ from taskherd.worker import ProfileError, ProfileWarning, configure
 from taskherd.worker.components import default_components, without
 from taskherd.worker.components.heartbeat import Heartbeat
 from taskherd.worker.components.metrics import Metrics
-from worker_support import dead_letters, wait_for
+from e2e.lib.waiting import wait_for
+from worker_support import dead_letters
 
 
 def test_the_pods_limits_override_the_apps_so_grace_period_and_worker_agree(monkeypatch, redis_url):
@@ -122,8 +123,8 @@ def test_the_charts_dead_letter_queues_are_where_the_worker_dead_letters(
            "TEST_COUNTER_URL": record_url, "TASKHERD_DEAD_LETTER_QUEUES": failed}
     worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     result = producer.send_task("core.validation", args=("runs", -5), queue=unique_name)
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name, dlq=failed), timeout=30,
-                         what=f"the envelope in {failed}")
+    (letter,) = wait_for(f"the envelope in {failed}", lambda: dead_letters(broker_url, unique_name, dlq=failed),
+                         timeout=30)
     assert letter.envelope.task_id == result.id and letter.envelope.reason == "permanent-error"
     assert dead_letters(broker_url, unique_name) == [], f"nothing in {unique_name}.dlq"
     producer.close()
