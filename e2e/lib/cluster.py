@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from .envfile import read_env_file
 from .waiting import WaitTimeout, wait_for
 
 log = logging.getLogger("taskherd.e2e.cluster")
@@ -54,13 +55,7 @@ class ImagesMissing(RuntimeError):
 
 
 def versions() -> dict[str, str]:
-    out = {}
-    for line in VERSIONS_FILE.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k] = v
-    return out
+    return read_env_file(VERSIONS_FILE)
 
 
 def taskherd_home() -> Path:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from .envfile import read_env_file
 from .waiting import wait_for
 
 SERVICES_ENV = Path(__file__).resolve().parents[2] / "scripts" / "services.env"
@@ -42,20 +43,10 @@ class ServiceSettings:
     password: str
 
 
-def _read_env_file(path: Path) -> dict[str, str]:
-    values = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            values[key] = value
-    return values
-
-
 def settings() -> ServiceSettings:
     """Ports and credentials of the loopback services; a variable set in the environment (e.g.
     REDIS_PORT) wins over services.env, as it does for services.sh."""
-    values = {**_read_env_file(SERVICES_ENV), **{k: v for k, v in os.environ.items() if v}}
+    values = {**read_env_file(SERVICES_ENV), **{k: v for k, v in os.environ.items() if v}}
 
     def port(key: str) -> int:
         try:

@@ -1,15 +1,17 @@
 """The loopback services as tests, benchmarks and the demo see them (e2e/lib/services.py)."""
-import redis
+import os
+
 import pytest
+import redis
 
 from e2e.lib import services
+from e2e.lib.envfile import read_env_file
 
 
 def test_ports_and_credentials_come_from_services_env(monkeypatch):
     for key in ("REDIS_PORT", "RABBITMQ_PORT", "RABBITMQ_MGMT_PORT", "PG_PORT", "ALERTMANAGER_PORT"):
         monkeypatch.delenv(key, raising=False)
-    written = dict(line.split("=", 1) for line in services.SERVICES_ENV.read_text().splitlines()
-                   if line and not line.startswith("#"))
+    written = read_env_file(services.SERVICES_ENV)
     settings = services.settings()
     assert (settings.redis_port, settings.rabbitmq_port, settings.rabbitmq_management_port, settings.postgres_port,
             settings.alertmanager_port) == tuple(int(written[k]) for k in (
@@ -26,8 +28,6 @@ def test_the_environment_overrides_a_port_as_for_services_sh_and_a_bad_one_is_na
 
 
 def test_a_long_lived_holder_keeps_its_database_until_it_releases_it(unique_name):
-    import os
-
     base = os.environ["TASKHERD_REDIS_URL"]
     index = services.hold_redis_db(base, unique_name, ttl=60)
     try:
