@@ -4,12 +4,12 @@ import warnings
 import pytest
 from celery import Celery
 
+from e2e.lib.waiting import wait_for
 from taskherd import contract
 from taskherd.worker import ProfileError, ProfileWarning, configure
 from taskherd.worker.components import default_components, without
 from taskherd.worker.components.heartbeat import Heartbeat
 from taskherd.worker.components.metrics import Metrics
-from e2e.lib.waiting import wait_for
 from worker_support import dead_letters
 
 
