@@ -250,11 +250,12 @@ class Cluster:
             return
         try:
             self.wait(f"images {list(images)} in the nodes' status.images",
-                      lambda: missing_images(images, self._node_status_images()), timeout, 2, equals={})
+                      lambda: missing_images(images, self.node_status_images()), timeout, 2, equals={})
         except WaitTimeout as e:
             raise ImagesMissing(f"{e}: load them into the cluster's nodes") from None
 
-    def _node_status_images(self) -> dict[str, set[str]]:
+    def node_status_images(self) -> dict[str, set[str]]:
+        """The image names the kubelets last reported in their nodes' status (late, and at most 50)."""
         return {n["metadata"]["name"]: {name for image in n["status"].get("images") or []
                                         for name in image.get("names") or []}
                 for n in self.kubectl_json("get", "nodes")["items"]}

@@ -2,6 +2,7 @@
 runs that are gone removed when a session starts, images seen the moment the runtime has them."""
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -87,6 +88,8 @@ def test_an_image_is_present_the_moment_containerd_has_it(cluster):
             subprocess.run([*containerd_command(cluster, node), "images", "tag", base, fresh],
                            check=True, capture_output=True, timeout=60)
         cluster.require_images([base, fresh])  # no wait: the tag was made a moment ago
+        lagging = clusterlib.missing_images([fresh], cluster.node_status_images())
+        logging.getLogger(__name__).info("right after the tag, the nodes' status.images lacked it: %s", lagging)
     finally:
         for node in nodes:
             subprocess.run([*containerd_command(cluster, node), "images", "rm", fresh], capture_output=True, timeout=60)
