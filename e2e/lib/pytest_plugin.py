@@ -112,8 +112,11 @@ def cluster() -> clusterlib.Cluster:
     c = clusterlib.resolve()
     try:
         c.check_reachable(timeout=60)
+        unavailable = None
     except clusterlib.ClusterUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
+        unavailable = str(e)
+    if unavailable:  # outside the except: the report shows the reason once, without a traceback
+        pytest.fail(unavailable, pytrace=False)
     remove_leftovers(c)
     return c
 
@@ -135,9 +138,8 @@ def create_test_namespace(cluster: clusterlib.Cluster, request: pytest.FixtureRe
     """A namespace named after the requesting test (or module), labelled for cleanup, deleted when
     the fixture's scope ends; while it exists, a failing test's report carries its trail."""
     node = request.node
-    suite = node.path.parent.name[:15]
-    base = "".join(ch if ch.isalnum() else "-" for ch in node.name.lower())[:30].strip("-")
-    name = f"{suite}-{base}-{uuid.uuid4().hex[:6]}"
+    suite = _dns_label(node.path.parent.name, 15)
+    name = f"{suite}-{_dns_label(node.name, 30)}-{uuid.uuid4().hex[:6]}"
     live = request.config.stash[_live_namespaces]
     live[name] = cluster
 
@@ -149,6 +151,11 @@ def create_test_namespace(cluster: clusterlib.Cluster, request: pytest.FixtureRe
     request.addfinalizer(remove)
     return cluster.create_namespace(name, {TEST_LABEL: f"{suite}-test", **(labels or {})},
                                     {OWNER_ANNOTATION: this_owner()})
+
+
+def _dns_label(text: str, length: int) -> str:
+    """`text` as a piece of a namespace name (lowercase letters, digits and dashes)."""
+    return "".join(ch if ch.isascii() and ch.isalnum() else "-" for ch in text.lower())[:length].strip("-")
 
 
 # --- the trail of a failing test -----------------------------------------------------------------

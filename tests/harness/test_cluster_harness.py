@@ -15,6 +15,9 @@ from e2e.lib.pytest_plugin import OWNER_ANNOTATION, TEST_LABEL, remove_leftovers
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
+#: Read at import, before pytester gives the inner runs a HOME of their own.
+TASKHERD_HOME = clusterlib.taskherd_home()
+
 
 def namespace_phase(cluster: clusterlib.Cluster, name: str) -> str:
     r = cluster.kubectl("get", "namespace", name, "-o", "jsonpath={.status.phase}", check=False)
@@ -22,8 +25,9 @@ def namespace_phase(cluster: clusterlib.Cluster, name: str) -> str:
 
 
 def test_a_failing_test_reports_its_namespace_pods_events_and_logs_then_the_namespace_goes(
-        cluster, pytester, tmp_path):
+        cluster, pytester, tmp_path, monkeypatch):
     marker = tmp_path / "namespace"
+    monkeypatch.setenv("TASKHERD_HOME", str(TASKHERD_HOME))  # this run's binaries and cluster
     pytester.makepyfile(f"""
         import json
 
