@@ -4,7 +4,7 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
-from e2e.lib.pytest_plugin import STALE_AFTER, _still_running, is_leftover, process_identity
+from e2e.lib.pytest_plugin import STALE_AFTER, _dns_label, _still_running, is_leftover, process_identity
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -44,3 +44,9 @@ def test_a_process_is_known_by_its_pid_and_start_time():
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert not _still_running(f"{finished.stdout.strip()}.0")
     assert not _still_running("garbage")
+
+
+def test_a_test_path_becomes_a_valid_piece_of_a_namespace_name():
+    assert _dns_label("test_restart[Redis-Ünïcode]", 30) == "test-restart-redis--n-code"
+    assert _dns_label("__x__", 30) == "x"
+    assert len(_dns_label("a" * 80, 30)) == 30
