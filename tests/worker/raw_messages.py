@@ -25,8 +25,8 @@ import amqp
 import redis
 from kombu import Connection
 
-from support import services
-from support.waiting import wait_until
+from e2e.lib import services
+from e2e.lib.waiting import wait_for
 from support.worker_process import WorkerProcess
 from worker_support import core_env, dead_letters
 
@@ -199,13 +199,12 @@ def consuming_worker(broker: str, log_dir: Path) -> Iterator[ConsumingWorker]:
                                     worker=worker, connection=connection, records=records)
         # Settled: the pool is up and a first task went through (the DLQ is declared by then too).
         consuming.publish_good("warm-up")
-        wait_until(lambda: consuming.recorded("warm-up"), timeout=30, what="the warm-up task",
-                   explain=worker.tail)
+        wait_for("the warm-up task", lambda: consuming.recorded("warm-up"), timeout=30, explain=worker.tail)
         consuming.pid, consuming.pool_pids = worker.pid, tuple(sorted(worker.child_pids()))
         yield consuming
 
 
 def settle(consuming: ConsumingWorker, *, timeout: float = 20) -> None:
     """Waits until the worker holds nothing and its queue is empty (Redis)."""
-    wait_until(lambda: consuming.unacked() == 0, timeout=timeout, what="the queue and unacked to be empty",
-               explain=consuming.worker.tail)
+    wait_for("the queue and unacked to be empty (unacked)", consuming.unacked, timeout=timeout, equals=0,
+             explain=consuming.worker.tail)

@@ -17,9 +17,9 @@ import uuid
 
 import pytest
 
+from e2e.lib.waiting import wait_for
 from raw_messages import (DROP, RedisItem, Wire, consuming_worker, json_body, kombu_payload, settle,
                           task_headers)
-from worker_support import wait_for
 
 UNDECODABLE, INVALID, REFUSED, UNKNOWN = "undecodable-message", "invalid-message", "content-refused", "unknown-task"
 GOOD_BODY = [["corpus", "ok"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
@@ -195,10 +195,9 @@ def test_a_bad_message_is_dead_lettered_whole_and_the_next_one_runs(consuming, c
     consuming.publish(case.message)
     consuming.publish_good(key)
 
-    wait_for(lambda: consuming.recorded(key), timeout=30, what=f"the good message after {case.name}",
+    wait_for(f"the good message after {case.name}", lambda: consuming.recorded(key), timeout=30,
              explain=consuming.worker.tail)
-    letters = wait_for(consuming.letters, timeout=10, what=f"the envelope of {case.name}",
-                       explain=consuming.worker.tail)
+    letters = wait_for(f"the envelope of {case.name}", consuming.letters, timeout=10, explain=consuming.worker.tail)
     assert len(letters) == 1, [letter.envelope for letter in letters]
     envelope = letters[0].envelope
     reason, detail = case.outcome(consuming.broker)
@@ -219,8 +218,8 @@ def test_an_envelope_names_the_message_it_came_from(consuming):
     headers = task_headers(retries="x")
     consuming.publish(Wire(json_body(GOOD_BODY), headers=headers))
     consuming.publish(Wire(json_body({"task": "core.record", "id": "p1-id", "args": "ab", "kwargs": {}})))
-    letters = wait_for(lambda: (lambda ls: ls if len(ls) == 2 else None)(consuming.letters()), timeout=20,
-                       what="two envelopes", explain=consuming.worker.tail)
+    letters = wait_for("two envelopes", consuming.letters, until=lambda found: len(found) == 2, timeout=20,
+                       explain=consuming.worker.tail)
     by_id = {letter.envelope.task_id: letter.envelope for letter in letters}
     assert by_id[headers["id"]].task == "core.record" and by_id[headers["id"]].headers["retries"] == "x"
     assert by_id["p1-id"].task == "core.record"
@@ -251,7 +250,7 @@ def test_well_formed_messages_from_other_producers_still_run(consuming, name, me
     consuming.purge_dead_letters()
     before = len(consuming.recorded("wf"))
     consuming.publish(message)
-    wait_for(lambda: len(consuming.recorded("wf")) > before, timeout=20, what=f"{name} to run",
-             explain=consuming.worker.tail)
+    wait_for(f"{name} to run (runs recorded)", lambda: len(consuming.recorded("wf")), until=lambda runs: runs > before,
+             timeout=20, explain=consuming.worker.tail)
     assert consuming.letters() == []
     consuming.assert_alive_and_unchanged()

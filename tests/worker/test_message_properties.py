@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from e2e.lib.waiting import wait_for
 from raw_messages import RedisItem, Wire, consuming_worker, json_body, kombu_payload
-from worker_support import wait_for
 
 #: examples per broker: about 0.25 s each; raise it for a soak run
 EXAMPLES_PER_BROKER = int(os.environ.get("TASKHERD_MESSAGE_EXAMPLES", "100"))
@@ -155,13 +155,14 @@ def test_the_worker_never_exits_and_every_message_runs_or_is_dead_lettered(consu
         outcomes_before = consuming.dead_letter_count() + len(consuming.recorded("sink"))
         consuming.publish(message)
         published.append(message)
-        wait_for(lambda: consuming.dead_letter_count() + len(consuming.recorded("sink")) > outcomes_before,
-                 timeout=20, what=f"{message!r} to run or be dead-lettered", explain=consuming.worker.tail)
+        wait_for(f"{message!r} to run or be dead-lettered (outcomes)",
+                 lambda: consuming.dead_letter_count() + len(consuming.recorded("sink")),
+                 until=lambda outcomes: outcomes > outcomes_before, timeout=20, explain=consuming.worker.tail)
         assert consuming.worker.is_running() and consuming.worker.pid == consuming.pid, consuming.worker.tail()
 
     one_message()
     # No message ran twice, or ran and was dead-lettered too; none is left behind.
-    wait_for(lambda: consuming.unacked() == 0, timeout=20, what="nothing left on the queue or unacked")
+    wait_for("nothing left on the queue or unacked (unacked)", consuming.unacked, timeout=20, equals=0)
     reasons = Counter(letter.envelope.reason if letter.envelope else letter.kind for letter in consuming.letters())
     print(f"\n{consuming.broker}: {len(published)} messages, {len(consuming.recorded('sink'))} ran, "
           f"dead-lettered: {dict(reasons)}")
