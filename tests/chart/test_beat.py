@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 
 APPS = Path(__file__).parent / "apps"
 MAX_INTERVAL = 1
@@ -37,10 +37,11 @@ def test_beat_sends_to_the_pools_queue_and_its_loop_keeps_the_heartbeat(redis_ur
                             start_new_session=True)
     ledger = redis.Redis.from_url(redis_url)
     try:
-        wait_until(lambda: probe("startup", heartbeat_dir).returncode == 0, timeout=60, what="beat's first heartbeat",
-                   explain=lambda: (tmp_path / "beat.log").read_text())
+        wait_for("beat's first heartbeat (startup probe exit code)", lambda: probe("startup", heartbeat_dir).returncode,
+                 equals=0, timeout=60, explain=lambda: (tmp_path / "beat.log").read_text())
         # The periodic task reaches a worker of the pool's queue (configure() made it the default queue).
-        wait_until(lambda: ledger.zcard("ticks:beat-a") >= 3, timeout=60, what="3 ticks from beat-a run by the worker")
+        wait_for("ticks from beat-a run by the worker", lambda: ledger.zcard("ticks:beat-a"),
+                 until=lambda ticks: ticks >= 3, timeout=60)
         assert probe("liveness", heartbeat_dir).returncode == 0
 
         os.kill(beat.pid, signal.SIGSTOP)  # the loop stops; nothing else changes
@@ -50,7 +51,7 @@ def test_beat_sends_to_the_pools_queue_and_its_loop_keeps_the_heartbeat(redis_ur
         assert "heartbeat is" in stale.stdout and f"(limit {MAX_AGE}s)" in stale.stdout
 
         os.kill(beat.pid, signal.SIGCONT)
-        wait_until(lambda: probe("liveness", heartbeat_dir).returncode == 0, timeout=30, what="beat alive again")
+        wait_for("beat alive again", lambda: probe("liveness", heartbeat_dir).returncode, timeout=30, equals=0)
     finally:
         os.kill(beat.pid, signal.SIGCONT)
         beat.kill()

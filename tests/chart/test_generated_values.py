@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from chart_support import (CRASHES, RULES_REFUSAL, SCHEMA_REFUSAL, excluded_from_dry_run, helm, names_key,
                            template_args)
+from e2e.lib.pytest_plugin import create_test_namespace
 from values_strategies import values_documents
 
 
@@ -39,23 +40,9 @@ def test_generated_values_render_or_are_refused_naming_a_changed_key(document):
 
 
 @pytest.fixture(scope="module")
-def restricted_namespace():
-    import sys
-
-    from chart_support import REPO
-
-    sys.path.insert(0, str(REPO))
-    from e2e.lib import cluster as clusterlib
-
-    k8s = clusterlib.resolve()
-    try:
-        k8s.check_reachable()
-    except clusterlib.ClusterUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    name = k8s.create_test_namespace("chart-gen", "generated-values", {
-        "taskherd.io/test": "chart", "pod-security.kubernetes.io/enforce": "restricted"})
-    yield k8s, name
-    k8s.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+def restricted_namespace(cluster, request):
+    """One namespace enforcing the `restricted` Pod Security Standard for all the generated documents."""
+    return cluster, create_test_namespace(cluster, request, labels={"pod-security.kubernetes.io/enforce": "restricted"})
 
 
 @pytest.mark.cluster

@@ -37,7 +37,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from apps.effects_schema import create_tables
-from support.waiting import wait_until
+from e2e.lib.waiting import wait_for
 from support.worker_process import TESTS_DIR, WorkerProcess
 from taskherd.commands.dlq import open_dead_letters
 from taskherd.queues import inspect_queues
@@ -196,7 +196,8 @@ class Column:
         self._stop.set()
 
     def shut_down(self) -> None:
-        wait_until(lambda: self._starting == 0, timeout=90, what=f"{self.broker} workers still starting")
+        wait_for(f"the {self.broker} workers to finish starting (still starting)", lambda: self._starting, timeout=90,
+                 equals=0)
         for relay in self.relays:
             if relay.poll() is None:
                 relay.kill()
@@ -281,16 +282,15 @@ def run_column(column: Column, app: Celery) -> None:
     supervisor = threading.Thread(target=column.supervise, name=f"supervise-{column.broker}", daemon=True)
     supervisor.start()
     try:
-        wait_until(lambda: len(column.workers) == WORKERS, timeout=120, what=f"{WORKERS} {column.broker} workers")
+        wait_for(f"{WORKERS} {column.broker} workers", lambda: len(column.workers), timeout=120, equals=WORKERS)
         column.submit(app)
-        wait_until(lambda: column.resolved(app), timeout=DEADLINE, interval=1,
-                   what=f"every {column.broker} cell to reach its outcome",
-                   explain=lambda: "\n".join(f"{c.row.step} / {c.store}: {c.outcome}" for c in column.cells if not c.ok))
+        wait_for(f"every {column.broker} cell to reach its outcome", lambda: column.resolved(app), timeout=DEADLINE,
+                 interval=1, explain=lambda: "\n".join(f"{c.row.step} / {c.store}: {c.outcome}"
+                                                        for c in column.cells if not c.ok))
         # Quiet twice, a statistics period apart: a duplicate still in flight shows up meanwhile.
         for _ in range(2):
-            wait_until(lambda: not any(column.leftovers().values()), timeout=60, interval=1,
-                       what=f"the {column.broker} queue to be empty, nothing unacknowledged",
-                       explain=lambda: str(column.leftovers()))
+            wait_for(f"the {column.broker} queue to be empty, nothing unacknowledged (what is left)",
+                     column.leftovers, until=lambda left: not any(left.values()), timeout=60, interval=1)
             time.sleep(6)
     finally:
         column.stop()

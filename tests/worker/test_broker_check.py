@@ -9,7 +9,7 @@ from celery import Celery
 from support.private_redis import private_redis
 from taskherd.worker import ProfileError, configure
 
-from worker_support import core_env, wait_for  # noqa: F401
+from worker_support import core_env
 
 
 def test_a_redis_that_evicts_keys_is_refused(tmp_path, unique_name, worker_factory):

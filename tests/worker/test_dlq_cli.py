@@ -144,13 +144,13 @@ def test_redrive_honours_the_global_keyprefix_of_the_work_queue(broker_url, reco
     worker_factory("apps.core_app", queues=[q], concurrency=1,
                    env=core_env(broker_url, q, record_url, keyprefix=prefix))
     task = producer.send_task("core.fails_while_flag", args=("prefixed", "bug"), queue=q)
-    wait_for(lambda: dead_letters(broker_url, q, keyprefix=prefix), timeout=30, what="the dead letter")
+    wait_for("the dead letter", lambda: dead_letters(broker_url, q, keyprefix=prefix), timeout=30)
     assert client.exists(f"{q}.dlq") == 0, "the DLQ is prefixed too"
 
     client.delete("bug")
     code, out, _ = dlq("redrive", task.id, "--broker", broker_url, "--queue", q, "--global-keyprefix", prefix)
     assert code == 0 and f"redriven {task.id}" in out
-    wait_for(lambda: len(recorded("prefixed")) == 2, timeout=30, what="the redriven task to run again")
+    wait_for("the redriven task to run again", lambda: len(recorded("prefixed")), timeout=30, equals=2)
     assert client.exists(q) == 0, "nothing was left in an unprefixed list"
     assert dead_letters(broker_url, q, keyprefix=prefix) == []
     producer.close()
@@ -164,7 +164,7 @@ def test_redrive_to_a_queue_that_does_not_exist_keeps_the_dead_letter(broker_url
     q = unique_name
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     task = producer.send_task("core.validation", args=("typo", -1), queue=q)
-    wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="the dead letter")
+    wait_for("the dead letter", lambda: dead_letters(broker_url, q), timeout=30)
 
     code, out, err = dlq("redrive", task.id, "--broker", broker_url, "--queue", q, "--to", f"{q}-typo")
     assert code == 1 and "redriven" not in out

@@ -9,7 +9,8 @@ from celery import Celery
 
 from taskherd.worker import ProfileError, configure
 
-from worker_support import core_env, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env
 
 pytestmark = pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
 
@@ -29,7 +30,7 @@ def test_countdown_tasks_wait_in_the_delay_set_and_run_once_each(broker_url, rec
     time.sleep(1)
     waiting = {"delay set": client.zcard(delayed_key), "unacked": client.hlen("unacked")}
 
-    wait_for(lambda: all(recorded(f"eta-{i}:done") for i in range(6)), timeout=60, what="all six tasks")
+    wait_for("all six tasks", lambda: all(recorded(f"eta-{i}:done") for i in range(6)), timeout=60)
     time.sleep(8 + 3)  # past the visibility timeout: a message restored by the sweep would run again by now
     starts = {i: len(recorded(f"eta-{i}:start")) for i in range(6)}
     assert starts == {i: 1 for i in range(6)}, f"runs per task: {starts}"

@@ -90,7 +90,7 @@ def test_a_database_error_wrapped_by_an_orm_is_retried_not_dead_lettered(
     env = core_env(broker_url, unique_name, record_url, max_retries=2, backoff_base=0.1, backoff_cap=0.2)
     worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     task = producer.send_task("core.wrapped_db_error", args=("db",), queue=unique_name)
-    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the envelope")
+    (letter,) = wait_for("the envelope", lambda: dead_letters(broker_url, unique_name), timeout=60)
     assert letter.task_id == task.id and letter.envelope.exception_type == "apps.core_app.OperationalError"
     assert letter.envelope.reason == "retries-exhausted" and letter.envelope.attempts == 3
     assert len(recorded("db")) == 3
@@ -106,7 +106,7 @@ def test_a_key_whose_holder_died_is_taken_over_after_its_lease_not_dead_lettered
                    lease_seconds=10)
     worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     task = producer.send_task("core.dies_after_claim", args=("held",), queue=unique_name)
-    wait_for(lambda: recorded("held"), timeout=60, what="the effect, after the lease expired",
+    wait_for("the effect, after the lease expired", lambda: recorded("held"), timeout=60,
              explain=lambda: f"dead letters: {[l.envelope.reason for l in dead_letters(broker_url, unique_name)]}")
     assert task.id and dead_letters(broker_url, unique_name) == []
     assert [value for _, _, value in recorded("held")] == ["effect"]

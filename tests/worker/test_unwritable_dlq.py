@@ -3,7 +3,8 @@ hard time limit killed it, not when its soft time limit expires during the publi
 quorum queue, where every return to the queue counts against x-delivery-limit."""
 import pytest
 
-from worker_support import core_env, dead_letters, make_dlq_unwritable, wait_for  # noqa: F401
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters, make_dlq_unwritable
 
 
 def test_hard_time_limit_with_an_unwritable_dlq_puts_the_task_back(broker_url, record_url, recorded, producer,
@@ -16,10 +17,11 @@ def test_hard_time_limit_with_an_unwritable_dlq_puts_the_task_back(broker_url, r
     worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
     stuck = producer.send_task("core.ignores_soft_limit", args=("stuck",), queue=q)
 
-    wait_for(lambda: len(recorded("stuck")) >= 2, timeout=60, what="the timed-out task to come back")
+    wait_for("the timed-out task to come back (runs)", lambda: len(recorded("stuck")), until=lambda runs: runs >= 2,
+             timeout=60)
     assert "could not dead-letter" in worker.log()
     repair()
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=60, what="the envelope after the repair")
+    (letter,) = wait_for("the envelope after the repair", lambda: dead_letters(broker_url, q), timeout=60)
     assert letter.envelope.reason == "hard-time-limit" and letter.task_id == stuck.id
 
 
@@ -34,10 +36,10 @@ def test_soft_time_limit_during_a_failed_envelope_publish_puts_the_task_back(
     worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
     failing = producer.send_task("core.fails_after", args=("late", 1.5), queue=q)
 
-    wait_for(lambda: len(recorded("late")) >= 2, timeout=60, what="the task to come back")
+    wait_for("the task to come back", lambda: len(recorded("late")), timeout=60, until=lambda runs: runs >= 2)
     assert "the soft time limit expired while an envelope was being published" in worker.log()
     repair()
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=60, what="the envelope after the repair")
+    (letter,) = wait_for("the envelope after the repair", lambda: dead_letters(broker_url, q), timeout=60)
     assert letter.envelope.reason == "permanent-error" and letter.task_id == failing.id
 
 
@@ -57,9 +59,10 @@ def test_on_a_quorum_queue_waiting_for_the_dlq_does_not_spend_the_delivery_limit
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
     task = producer.send_task("core.validation", args=("blocked", 1), queue=q)
 
-    wait_for(lambda: len(recorded("blocked")) >= 5, timeout=60, what="five runs, past the delivery limit")
+    wait_for("five runs, past the delivery limit (runs)", lambda: len(recorded("blocked")),
+             until=lambda runs: runs >= 5, timeout=60)
     assert dead_letters(broker_url, q) == [], "RabbitMQ dead-lettered it natively"
     repair()
-    (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=60, what="the envelope after the repair")
+    (letter,) = wait_for("the envelope after the repair", lambda: dead_letters(broker_url, q), timeout=60)
     assert letter.kind == "envelope" and letter.envelope.reason == "permanent-error" and letter.task_id == task.id
     producer.close()
