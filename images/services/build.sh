@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The e2e services image: Debian's Redis, RabbitMQ (management plugin), PostgreSQL 15, Alertmanager
+# and Prometheus on the project's debootstrap base (images/base/build.sh), with tini as PID 1 and
+# the entrypoint images/services/taskherd-service. One image; each pod runs one of the five.
+#
+# The packages are installed by apt-get in a chroot of the base's root filesystem, on this host:
+# the Debian mirror the base came from, over the host's network (no docker build, no registry, no
+# certificate the container would have to trust). Nothing is started in the chroot (policy-rc.d).
+#
+# Prints the path of the docker-archive tarball. Its tag, taskherd.local/services:<key>, is the
+# content key of the inputs (this script, the entrypoint, the base, the package list): a change
+# makes a new tag, and the pods roll to it. The tarball is listed in $IMAGES_CACHE/app-images.list
+# (what the local cluster imports when it starts and what kind loads) and imported into the local
+# cluster's containerd when that runs.
+source "$(dirname "$0")/../lib.sh"
+need_root
+take_lock services-image
+PACKAGES=(tini redis-server rabbitmq-server postgresql-15 prometheus prometheus-alertmanager)
+SERVICES_UID=10002   # the pods' runAsUser; initdb needs it to have a passwd entry
+HERE="$IMAGES_SRC/services"
+APP_LIST="$IMAGES_CACHE/app-images.list"
+
+BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
+key=$(content_key "$HERE/build.sh" "$HERE/taskherd-service" "$IMAGES_SRC/mkimage.py" \
+    "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$SERVICES_UID")
+tag="taskherd.local/services:$key"
+out="$IMAGES_CACHE/services-$key.tar"
+
+if [ ! -f "$out" ]; then
+    work="$IMAGES_CACHE/services-work"
+    root="$work/rootfs"
+    safe_rmtree "$work"   # an interrupted run's (it may have left /proc mounted in the chroot)
+    mkdir -p "$root"
+    trap 'safe_rmtree "$work"' EXIT
+    t0=$SECONDS
+    layer=$(tar -xOf "$BASE_TAR" manifest.json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["Layers"][0])')
+    tar -xOf "$BASE_TAR" "$layer" | tar -C "$root" --numeric-owner -xpf -
+    cp /etc/resolv.conf "$root/etc/resolv.conf"   # for apt in the chroot; emptied again below
+    printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+    chmod 755 "$root/usr/sbin/policy-rc.d"
+    mount -t proc proc "$root/proc"
+    log "services image: apt-get install ${PACKAGES[*]} into the base (log: $work/apt.log)"
+    { chroot "$root" apt-get update -q &&
+        chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
+    } >"$work/apt.log" 2>&1 || { tail -30 "$work/apt.log" >&2; cp "$work/apt.log" "$IMAGES_CACHE/services-apt.log"; die "apt-get in the services chroot failed (log: $IMAGES_CACHE/services-apt.log)"; }
+    umount "$root/proc"
+    chroot "$root" apt-get clean
+    # what the packages' maintainer scripts set up for a system service, which the pods do not use:
+    # Debian's default PostgreSQL cluster (the entrypoint runs initdb on the pod's volume)
+    rm -rf "$root/var/lib/postgresql/15/main" "$root/etc/postgresql/15/main" "$root/usr/sbin/policy-rc.d" \
+        "$root/var/lib/apt/lists/"* "$root/var/cache/apt/"*.bin "$root/var/log/"*.log "$root/var/log/apt/"*
+    : >"$root/etc/resolv.conf"   # the kubelet provides the pod's
+    echo "taskherd-services:x:$SERVICES_UID:$SERVICES_UID:taskherd services:/data:/usr/sbin/nologin" >>"$root/etc/passwd"
+    echo "taskherd-services:x:$SERVICES_UID:" >>"$root/etc/group"
+    install -m 755 "$HERE/taskherd-service" "$root/usr/local/bin/taskherd-service"
+    install -d -m 775 -o "$SERVICES_UID" -g "$SERVICES_UID" "$root/data"
+    tar -C "$root" --numeric-owner -cf "$work/rootfs.tar" .
+    python3 "$IMAGES_SRC/mkimage.py" --tag "$tag" --rootfs-tar "$work/rootfs.tar" \
+        --entrypoint /usr/bin/tini /usr/local/bin/taskherd-service --user "$SERVICES_UID:$SERVICES_UID" \
+        --workdir /data -o "$out"
+    log "services image $tag: $out ($((SECONDS - t0)) s, $(du -m "$out" | cut -f1) MB)"
+    for old in "$IMAGES_CACHE"/services-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done   # superseded
+fi
+
+# One line per image in the list the local cluster imports at start-up and kind loads.
+if ! grep -qxF "$out" "$APP_LIST" 2>/dev/null; then
+    { grep -v '/services-[^/]*\.tar$' "$APP_LIST" 2>/dev/null || true; echo "$out"; } >"$APP_LIST.new"
+    mv "$APP_LIST.new" "$APP_LIST"
+fi
+if proc_pid containerd >/dev/null && ! ctr_ images ls -q | grep -qxF "$tag"; then
+    ctr_ images import --no-unpack "$out" >/dev/null
+    log "imported $tag into the local cluster's containerd (k8s.io)"
+fi
+echo "$out"
