@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -24,6 +25,9 @@ from e2e.lib import cluster as clusters
 from .config import NAMESPACE, PORTS
 
 log = logging.getLogger("taskherd.e2e.services")
+#: set in each kubectl port-forward's environment to the PID of the Python process that started it,
+#: so a test can prove none outlived its run
+OWNER_ENV = "TASKHERD_PORT_FORWARD_OF"
 FORWARDING = re.compile(r"^Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)")
 _PR_SET_PDEATHSIG = 1
 
@@ -73,7 +77,8 @@ class PortForward:
     def _supervise(self) -> None:
         while not self._stopping.is_set():
             self._proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, text=True, env=self.cluster.env(),
+                                          stdin=subprocess.DEVNULL, text=True,
+                                          env={**self.cluster.env(), OWNER_ENV: str(os.getpid())},
                                           preexec_fn=_die_with_parent)
             remote_to_name = {str(port): name for name, port in self.remote_ports.items()}
             seen: set[str] = set()
@@ -121,6 +126,21 @@ def port_forwards(cluster: clusters.Cluster, components: tuple[str, ...], *, nam
     finally:
         for forward in forwards:
             forward.stop()
+
+
+def forwards_started_by(pid: int) -> list[int]:
+    """PIDs of the kubectl port-forwards process `pid` started that still run."""
+    marker = f"{OWNER_ENV}={pid}".encode()
+    found = []
+    for proc in os.listdir("/proc"):
+        if proc.isdigit():
+            try:
+                with open(f"/proc/{proc}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(proc))
+            except OSError:
+                continue
+    return found
 
 
 def wait_answering(what: str, probe: Callable[[], object], timeout: float) -> None:

@@ -59,9 +59,9 @@ def lease_owners(redis_url: str) -> dict[int, str]:
         return {int(k): v.decode() for k, v in client.hgetall(REGISTRY_KEY).items()}
 
 
-def lease_redis_database(redis_url: str, owner: str) -> tuple[int, bool]:
-    """(index, fresh): the database `owner` holds, leasing the lowest free one if it holds none.
-    fresh is True when the lease is new (the database was flushed for it)."""
+def lease_redis_database(redis_url: str, owner: str, *, flush: bool = False) -> tuple[int, bool]:
+    """(index, new): the database `owner` holds, leasing the lowest free one if it holds none. A new
+    lease starts empty; with flush, a held one is emptied too."""
     _check_owner(owner)
     with _registry(redis_url) as client:
         for _ in range(len(LEASABLE) + 1):  # another owner may take an index between read and write
@@ -72,6 +72,8 @@ def lease_redis_database(redis_url: str, owner: str) -> tuple[int, bool]:
                 raise TenantError(f"every Redis database 1-15 is leased ({listing}): release one with "
                                   f"`python -m e2e.services redis-db --release OWNER`")
             if held:
+                if flush:
+                    _flush(redis_url, index)
                 return index, False
             if client.hsetnx(REGISTRY_KEY, str(index), owner):
                 _flush(redis_url, index)
