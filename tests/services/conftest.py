@@ -1,0 +1,54 @@
+"""Fixtures for the in-cluster services' cluster tests: the cluster the e2e suite resolves, the
+services deployed there (e2e/services), and this host's way to them."""
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: e2e.*
+
+from e2e.lib import cluster as clusters  # noqa: E402
+from e2e.services import access, deploy  # noqa: E402
+
+#: scratch services namespaces of these tests carry it, so a killed run's are found and removed
+SCRATCH_LABEL = "taskherd.io/services-test"
+
+
+@pytest.fixture(scope="session")
+def cluster() -> clusters.Cluster:
+    logging.getLogger("taskherd.e2e").setLevel(logging.INFO)
+    c = clusters.resolve()
+    try:
+        c.check_reachable()
+    except clusters.ClusterUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+    return c
+
+
+@pytest.fixture(scope="session")
+def services(cluster) -> deploy.Deployed:
+    """The shared services (namespace taskherd-services), as the demo and the chaos suite use them."""
+    return deploy.up(cluster, log=print)
+
+
+@pytest.fixture(scope="session")
+def host(cluster, services):
+    """The URLs this host reaches the shared services at (port-forwards for the session)."""
+    with access.reach(cluster, services, log=print) as endpoints:
+        yield endpoints
+
+
+@pytest.fixture
+def scratch_namespace(cluster) -> str:
+    """A name for a services deployment of one test's own; removed afterwards (and leftovers of an
+    interrupted run at the start)."""
+    cluster.kubectl("delete", "namespace", "-l", f"{SCRATCH_LABEL}=true", "--wait=false", "--ignore-not-found",
+                    check=False)
+    name = f"services-test-{uuid.uuid4().hex[:6]}"
+    cluster.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    {SCRATCH_LABEL}: 'true'\n")
+    yield name
+    deploy.down(cluster, namespace=name, log=print)
