@@ -14,7 +14,6 @@ from typing import Callable
 import yaml
 
 from e2e.lib import cluster as clusters
-
 from e2e.services.config import NAMESPACE as SERVICES_NAMESPACE
 from e2e.services.config import PORTS
 

@@ -190,6 +190,13 @@ def _unready_pod_logs(cluster: clusters.Cluster, namespace: str) -> str:
     return "\n".join(lines)
 
 
+def _apply(cluster: clusters.Cluster, objects: list[dict]) -> None:
+    # Server-side apply: fields this manager set before and no longer sets are removed, fields
+    # others set (a test's Prometheus rules) stay.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                    input=yaml.safe_dump_all(objects), timeout=120)
+
+
 def up(cluster: clusters.Cluster, *, namespace: str = NAMESPACE, log: Log = print, timeout: float = 420,
        rabbitmq_nodes: int | None = None, prometheus_namespaces: tuple[str, ...] | None = None,
        components: tuple[str, ...] | None = None) -> Deployed:
@@ -206,9 +213,10 @@ def up(cluster: clusters.Cluster, *, namespace: str = NAMESPACE, log: Log = prin
                                storage_class=storage_class)
     _recreate_changed_statefulsets(cluster, objects, namespace, log)
     _remove_dropped_components(cluster, settings, namespace, log)
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
-                    input=yaml.safe_dump_all(objects), timeout=120)
-    _ensure_secret(cluster, namespace)
+    namespace_object, rest = objects[0], objects[1:]
+    _apply(cluster, [namespace_object])
+    _ensure_secret(cluster, namespace)  # before the pods that read it
+    _apply(cluster, rest)
     for component in settings.components:
         _replace_stuck_pods(cluster, component, namespace, log)
     storage = f"PersistentVolumeClaim (StorageClass {storage_class})" if storage_class else "emptyDir"
