@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The e2e services image: Debian's Redis, RabbitMQ (management plugin), PostgreSQL 15, Alertmanager
-# and Prometheus on the project's debootstrap base (images/base/build.sh), with tini as PID 1 and
-# the entrypoint images/services/taskherd-service. One image; each pod runs one of the five.
+# The e2e services image: Debian's Redis, RabbitMQ (management plugin), PostgreSQL 15 and
+# Alertmanager, and Prometheus, on the project's debootstrap base (images/base/build.sh), with tini
+# as PID 1 and the entrypoint images/services/taskherd-service. One image; each pod runs one of the five.
 #
 # The packages are installed by apt-get in a chroot of the base's root filesystem, on this host:
 # the Debian mirror the base came from, over the host's network (no docker build, no registry, no
 # certificate the container would have to trust). Nothing is started in the chroot (policy-rc.d).
+# Prometheus is built from the Go module proxy instead: Debian builds its package without
+# Kubernetes service discovery, which is how Prometheus finds pods to scrape.
 #
 # Prints the path of the docker-archive tarball. Its tag, taskherd.local/services:<key>, is the
 # content key of the inputs (this script, the entrypoint, the base, the package list): a change
@@ -15,14 +17,39 @@
 source "$(dirname "$0")/../lib.sh"
 need_root
 take_lock services-image
-PACKAGES=(tini redis-server rabbitmq-server postgresql-15 prometheus prometheus-alertmanager)
+PACKAGES=(tini redis-server rabbitmq-server postgresql-15 prometheus-alertmanager)
+# Prometheus 3.x: module versions v0.3MM.P are Prometheus 3.MM.P
+PROMETHEUS_MODULE=github.com/prometheus/prometheus
+PROMETHEUS_MODULE_VERSION=v0.316.0
 SERVICES_UID=10002   # the pods' runAsUser; initdb needs it to have a passwd entry
 HERE="$IMAGES_SRC/services"
 APP_LIST="$IMAGES_CACHE/app-images.list"
 
+# The prometheus binary with the service discovery mechanisms the e2e suite uses (Kubernetes; file
+# and HTTP are always in): the build tags leave out the cloud providers' SDKs. Cached by version.
+build_prometheus() {
+    local out="$BIN_ROOT/prometheus-$PROMETHEUS_MODULE_VERSION" minor patch t0=$SECONDS
+    if [ ! -f "$out/.complete" ]; then
+        minor=${PROMETHEUS_MODULE_VERSION#v0.3}; minor=$((10#${minor%%.*})); patch=${PROMETHEUS_MODULE_VERSION##*.}
+        go_env
+        rm -rf "$out"
+        mkdir -p "$out"
+        log "building prometheus 3.$minor.$patch ($PROMETHEUS_MODULE@$PROMETHEUS_MODULE_VERSION) -> $out (log: $out/build.log)"
+        # `go install pkg@version` builds with the module's own go.mod and go.sum; -mod must be unset
+        GOFLAGS= GOBIN="$out" go install -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+            -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.$minor.$patch -X github.com/prometheus/common/version.Branch=$PROMETHEUS_MODULE_VERSION" \
+            "$PROMETHEUS_MODULE/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" >"$out/build.log" 2>&1 ||
+            { tail -20 "$out/build.log" >&2; die "building prometheus failed (log: $out/build.log)"; }
+        touch "$out/.complete"
+        log "prometheus built in $((SECONDS - t0)) s"
+    fi
+    echo "$out/prometheus"
+}
+
 BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
+PROMETHEUS_BIN=$(build_prometheus)
 key=$(content_key "$HERE/build.sh" "$HERE/taskherd-service" "$IMAGES_SRC/mkimage.py" \
-    "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$SERVICES_UID")
+    "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$PROMETHEUS_MODULE_VERSION" "$SERVICES_UID")
 tag="taskherd.local/services:$key"
 out="$IMAGES_CACHE/services-$key.tar"
 
@@ -49,16 +76,16 @@ if [ ! -f "$out" ]; then
     # Debian's default PostgreSQL cluster (the entrypoint runs initdb on the pod's volume)
     rm -rf "$root/var/lib/postgresql/15/main" "$root/etc/postgresql/15/main" "$root/usr/sbin/policy-rc.d" \
         "$root/var/lib/apt/lists/"* "$root/var/cache/apt/"*.bin "$root/var/log/"*.log "$root/var/log/apt/"*
-    # files no server here reads (they halve the image): documentation, translations, the raw time
-    # zone sources of a web UI library (212 MB; the built scripts stay), and PostgreSQL's JIT with
-    # the LLVM it loads (the entrypoint runs PostgreSQL with jit=off)
+    # files no server here reads (they halve the image): documentation, translations, and
+    # PostgreSQL's JIT with the LLVM it loads (the entrypoint runs PostgreSQL with jit=off)
     rm -rf "$root/usr/share/doc/"* "$root/usr/share/man/"* "$root/usr/share/locale/"* \
-        "$root/usr/share/javascript/moment-timezone/data" "$root/usr/lib/postgresql/15/lib/llvmjit"* \
+        "$root/usr/lib/postgresql/15/lib/llvmjit"* \
         "$root/usr/lib/x86_64-linux-gnu/libLLVM-14.so"* "$root/usr/lib/x86_64-linux-gnu/libz3.so"*
     : >"$root/etc/resolv.conf"   # the kubelet provides the pod's
     echo "taskherd-services:x:$SERVICES_UID:$SERVICES_UID:taskherd services:/data:/usr/sbin/nologin" >>"$root/etc/passwd"
     echo "taskherd-services:x:$SERVICES_UID:" >>"$root/etc/group"
     install -m 755 "$HERE/taskherd-service" "$root/usr/local/bin/taskherd-service"
+    install -m 755 "$PROMETHEUS_BIN" "$root/usr/local/bin/prometheus"
     install -d -m 775 -o "$SERVICES_UID" -g "$SERVICES_UID" "$root/data"
     tar -C "$root" --numeric-owner -cf "$work/rootfs.tar" .
     python3 "$IMAGES_SRC/mkimage.py" --tag "$tag" --rootfs-tar "$work/rootfs.tar" \
@@ -77,6 +104,8 @@ if proc_pid containerd >/dev/null && ! ctr_ images ls -q | grep -qxF "$tag"; the
     ctr_ images import --no-unpack "$out" >/dev/null
     log "imported $tag into the local cluster's containerd (k8s.io)"
     # superseded builds (half a gigabyte each; the cluster's image garbage collection is off)
-    ctr_ images ls -q | grep '^taskherd\.local/services:' | grep -vxF "$tag" | xargs -r ctr_ images rm >/dev/null || true
+    for old in $(ctr_ images ls -q | grep '^taskherd\.local/services:' | grep -vxF "$tag"); do
+        ctr_ images rm "$old" >/dev/null || true
+    done
 fi
 echo "$out"
