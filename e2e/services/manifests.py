@@ -94,7 +94,8 @@ def prometheus_config(settings: Settings, namespace: str) -> str:
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "alerting": {"alertmanagers": [{"static_configs": [
             {"targets": [f"alertmanager.{namespace}.svc:{port}"]}]}]} if "alertmanager" in settings.components else {},
-        "rule_files": [f"{CONFIG_DIR}/rules/*"],
+        # the ConfigMap's keys; not `*`, which also matches the volume's hidden `..<timestamp>` directory
+        "rule_files": [f"{CONFIG_DIR}/rules/*.yml", f"{CONFIG_DIR}/rules/*.yaml"],
         "scrape_configs": [{
             "job_name": "pods",
             "kubernetes_sd_configs": [discovery],
