@@ -80,7 +80,7 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
     cluster = scenario = world = None
     verdict: Verdict | None = None
     error: str | None = None
-    # the port-forwards to the services live until the verdict is written
+    # the tunnels to the services live until the verdict is written
     forwards = contextlib.ExitStack()
     try:
         say.phase(f"0. Setting up ({plan.name} demo, broker {broker})")

@@ -2,8 +2,8 @@
 PostgreSQL, Alertmanager), and the demo's own corner of each (a vhost, a Redis database, a database).
 
 Services run where a user's would, outside the worker pods, reached through Secrets: the pods use
-their Service names (`rabbitmq.taskherd-services.svc`, …), this driver the port-forwards of
-e2e.services.access. Nothing here depends on how the cluster routes to pods, so the same code runs
+their Service names (`rabbitmq.taskherd-services.svc`, …), this driver the tunnels of
+e2e.services.access (the API server's port-forward). Nothing here depends on how the cluster routes to pods, so the same code runs
 on the local cluster, on kind and on a remote cluster.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ how pods and this host reach them.
 
     cluster = clusters.resolve()
     services = deploy.up(cluster)                 # idempotent; services.pods: the URLs pods use
-    with access.reach(cluster, services) as host: # port-forwards; host: the URLs this host uses
+    with access.reach(cluster, services) as host: # tunnels; host: the URLs this host uses
         ...
 
 Command line: `python -m e2e.services up|down|status|urls|forward|redis-db|vhost|database`.

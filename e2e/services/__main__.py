@@ -6,8 +6,8 @@
   down            remove them (namespace, volumes, Prometheus' ClusterRole)
   status          what runs, and the URLs pods use
   urls            the URLs pods use, as NAME=URL lines
-  forward         port-forward every service to 127.0.0.1 and print the URLs this host uses,
-                  until interrupted
+  forward         tunnel every service to 127.0.0.1 (through the API server) and print the URLs
+                  this host uses, until interrupted
   redis-db OWNER [--release]   lease (or release) a Redis database of OWNER's own; prints its URL
   vhost NAME      a fresh RabbitMQ vhost (an existing one is emptied); prints its AMQP URL
   database NAME   a fresh PostgreSQL database (an existing one is dropped); prints its URL
@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub.add_parser("down", help="remove them")
     sub.add_parser("status", help="what runs")
     sub.add_parser("urls", help="the URLs pods use")
-    sub.add_parser("forward", help="port-forward to this host until interrupted")
+    sub.add_parser("forward", help="tunnel them to this host until interrupted")
     lease = sub.add_parser("redis-db", help="a Redis database of one's own")
     lease.add_argument("owner")
     lease.add_argument("--release", action="store_true", help="flush and give it back")

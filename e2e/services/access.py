@@ -1,5 +1,5 @@
-"""This host's view of the services: port-forwards up, each service answering its own protocol
-through them, the host-side URLs yielded."""
+"""This host's view of the services: tunnels up (forward.py), each service answering its own
+protocol through them, the host-side URLs yielded."""
 from __future__ import annotations
 
 import contextlib
@@ -55,11 +55,11 @@ def wait_until_answering(endpoints: Endpoints, components: tuple[str, ...], time
 @contextlib.contextmanager
 def reach(cluster: clusters.Cluster, deployed: Deployed, *, timeout: float = 120,
           log: Callable[[str], None] = print) -> Iterator[Endpoints]:
-    """Port-forwards to every deployed service for the duration; yields the URLs this host uses."""
+    """Tunnels to every deployed service for the duration; yields the URLs this host uses."""
     components = deployed.settings.components
     with port_forwards(cluster, components, namespace=deployed.namespace, timeout=timeout) as local:
         endpoints = on_host(deployed.credentials, local)
         wait_until_answering(endpoints, components, timeout)
-        log("services reached through kubectl port-forward: " + ", ".join(
+        log("services reached through the API server's port-forward: " + ", ".join(
             f"{c} 127.0.0.1:{'/'.join(str(p) for p in local[c].values())}" for c in components))
         yield endpoints

@@ -1,5 +1,5 @@
 """Names, ports and settings of the in-cluster services: one definition, read by the manifests, the
-deployer, the port-forwards and the URLs."""
+deployer, the tunnels and the URLs."""
 from __future__ import annotations
 
 import json

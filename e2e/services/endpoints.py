@@ -1,5 +1,5 @@
 """Connection URLs of the services, from either side: pods (Service DNS names and the services'
-own ports) or this host (127.0.0.1 and the local ports of the port-forwards)."""
+own ports) or this host (127.0.0.1 and the local ports of the tunnels, forward.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,5 +91,5 @@ def in_cluster(credentials: Credentials, *, namespace: str = NAMESPACE,
 
 
 def on_host(credentials: Credentials, local_ports: Mapping[str, Mapping[str, int]]) -> Endpoints:
-    """What this host uses through the port-forwards: local_ports[component][port name] = local port."""
+    """What this host uses through the tunnels: local_ports[component][port name] = local port."""
     return _urls(credentials, {c: ("127.0.0.1", ports) for c, ports in local_ports.items()})

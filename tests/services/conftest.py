@@ -37,7 +37,7 @@ def services(cluster) -> deploy.Deployed:
 
 @pytest.fixture(scope="session")
 def host(cluster, services):
-    """The URLs this host reaches the shared services at (port-forwards for the session)."""
+    """The URLs this host reaches the shared services at (tunnels for the session)."""
     with access.reach(cluster, services, log=print) as endpoints:
         yield endpoints
 
