@@ -92,7 +92,9 @@ if [ ! -f "$out" ]; then
         --entrypoint /usr/bin/tini /usr/local/bin/taskherd-service --user "$SERVICES_UID:$SERVICES_UID" \
         --workdir /data -o "$out"
     log "services image $tag: $out ($((SECONDS - t0)) s, $(du -m "$out" | cut -f1) MB)"
-    for old in "$IMAGES_CACHE"/services-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done   # superseded
+    # Superseded builds go, but not the last few: checkouts sharing $TASKHERD_HOME may build
+    # different versions, and each would otherwise delete the other's and rebuild its own.
+    ls -t "$IMAGES_CACHE"/services-*.tar | tail -n +4 | xargs -r rm -f
 fi
 
 # One line per image in the list the local cluster imports at start-up and kind loads.
@@ -102,10 +104,8 @@ if ! grep -qxF "$out" "$APP_LIST" 2>/dev/null; then
 fi
 if proc_pid containerd >/dev/null && ! ctr_ images ls -q | grep -qxF "$tag"; then
     ctr_ images import --no-unpack "$out" >/dev/null
+    # Older tags stay: pods of another checkout's `up` may still run them, and a restarted
+    # container needs its image (the tags are content keys: a handful, half a gigabyte each).
     log "imported $tag into the local cluster's containerd (k8s.io)"
-    # superseded builds (half a gigabyte each; the cluster's image garbage collection is off)
-    for old in $(ctr_ images ls -q | grep '^taskherd\.local/services:' | grep -vxF "$tag"); do
-        ctr_ images rm "$old" >/dev/null || true
-    done
 fi
 echo "$out"

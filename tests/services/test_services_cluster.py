@@ -15,7 +15,8 @@ import redis
 from e2e.services import access, deploy, faults, tenants
 from e2e.services.config import SECRET
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# the first test also waits for `up` (an image build on a cold machine: minutes)
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1200)]
 MESSAGES = 40
 
 
