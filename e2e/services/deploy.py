@@ -124,22 +124,6 @@ def _remove_dropped_components(cluster: clusters.Cluster, settings: Settings, na
             cluster.kubectl("delete", "service", component, "-n", namespace, "--ignore-not-found")
 
 
-def _replace_stuck_pods(cluster: clusters.Cluster, component: str, namespace: str, log: Log) -> None:
-    """A pod of an old revision that is not Ready blocks a StatefulSet's rolling update forever (a
-    previous run's broken pod): delete it so the controller creates it at the current revision."""
-    sts = _get(cluster, "statefulset", component, "-n", namespace)
-    if sts is None:
-        return
-    revision = sts.get("status", {}).get("updateRevision")
-    selector = ",".join(f"{k}={v}" for k, v in manifests.selector(component).items())
-    pods = _get(cluster, "pods", "-n", namespace, "-l", selector) or {"items": []}
-    for pod in pods["items"]:
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
-        if revision and pod["metadata"]["labels"].get("controller-revision-hash") != revision and not ready:
-            log(f"{pod['metadata']['name']}: an old revision that is not ready: deleting it")
-            cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false")
-
-
 def rollouts(cluster: clusters.Cluster, components: tuple[str, ...], namespace: str = NAMESPACE) -> list[Rollout]:
     pods = _get(cluster, "pods", "-n", namespace, "-l", "app.kubernetes.io/part-of=taskherd-services")
     out = []
@@ -217,8 +201,6 @@ def up(cluster: clusters.Cluster, *, namespace: str = NAMESPACE, log: Log = prin
     _apply(cluster, [namespace_object])
     _ensure_secret(cluster, namespace)  # before the pods that read it
     _apply(cluster, rest)
-    for component in settings.components:
-        _replace_stuck_pods(cluster, component, namespace, log)
     storage = f"PersistentVolumeClaim (StorageClass {storage_class})" if storage_class else "emptyDir"
     log(f"services in {namespace}: {', '.join(settings.components)} (RabbitMQ nodes {settings.rabbitmq_nodes}, "
         f"data on {storage}, image {image}); waiting until ready")

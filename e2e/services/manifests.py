@@ -184,7 +184,8 @@ def statefulset(component: str, settings: Settings, *, namespace: str, image: st
             "serviceName": service_name,
             "replicas": replicas,
             # RabbitMQ's nodes must boot together after a full stop: each waits for the peer that
-            # stopped last, which OrderedReady would never start
+            # stopped last, which OrderedReady would never start. And a broken pod of an old
+            # revision is replaced by a rolling update, where OrderedReady waits for it forever.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector(component)},
             "template": {"metadata": {"labels": labels(component), "annotations": pod_annotations},

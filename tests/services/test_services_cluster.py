@@ -118,8 +118,10 @@ def test_up_twice_changes_nothing_and_down_removes_everything(cluster, scratch_n
 
 
 def test_up_repairs_a_broken_leftover(cluster, scratch_namespace):
-    """A previous run left a StatefulSet whose pod never becomes ready (here: a Secret without the
-    password its container needs): `up` replaces it rather than waiting for it forever."""
+    """A previous run left a StatefulSet whose pod never starts (here: it reads a Secret key that
+    does not exist): `up` puts the right spec back and the pod is replaced, not waited for forever
+    (with Parallel pod management the StatefulSet controller replaces a broken pod of an old
+    revision; OrderedReady would wait for it to become ready first)."""
     deploy.up(cluster, namespace=scratch_namespace, components=("redis",), log=print)
     cluster.kubectl("patch", "statefulset", "redis", "-n", scratch_namespace, "--type=json", "-p", json.dumps([
         {"op": "replace", "path": "/spec/template/spec/containers/0/env/0/valueFrom/secretKeyRef/key",
@@ -150,7 +152,7 @@ def test_a_rabbitmq_cluster_keeps_a_quorum_queue_through_a_node_crash(cluster, s
         members = httpx.get(f"{host.management}/api/queues/%2F/quorum-check", timeout=10).json()["members"]
         assert len(members) == 3
 
-        faults.crash_container(cluster, "rabbitmq", pod_index=2, timeout=400)
+        faults.crash_container(cluster, "rabbitmq", pod_index=2, namespace=scratch_namespace, timeout=400)
 
         access.wait_until_answering(host, ("rabbitmq",))
         nodes = httpx.get(f"{host.management}/api/nodes", timeout=10).json()
