@@ -22,7 +22,7 @@ from .environment import World
 
 Log = Callable[[str], None]
 #: what the worker and operator images are built from: a change here means `make images`
-IMAGE_INPUTS = ("worker", "operator", "pyproject.toml", "setup.py", "images/worker", "images/operator",
+IMAGE_INPUTS = ("worker", "operator", "images/worker", "images/operator",
                 "images/build.sh", "e2e/cluster/versions.env")
 
 

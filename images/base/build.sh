@@ -6,7 +6,7 @@
 source "$(dirname "$0")/../lib.sh"
 need_root
 take_lock base-image
-ensure_apt debootstrap debian-archive-keyring
+apt_install debootstrap debian-archive-keyring
 INCLUDE=python3,python3-pip,ca-certificates,procps
 
 # First http(s) URI of a deb source for $BASE_SUITE with component main (one-line or deb822 format).
@@ -39,25 +39,23 @@ sys.exit("no apt source for suite %s with component main" % suite)
 PY
 }
 
-key=$(content_key "$IMAGES_SRC/base/build.sh" "$IMAGES_SRC/mkimage.py" "$BASE_SUITE" "$INCLUDE" "$BASE_IMAGE")
-out="$IMAGES_CACHE/debian-base-$BASE_SUITE-$key.tar"
-if [ ! -f "$out" ]; then
-    MIRROR=$(mirror)
-    work="$IMAGES_CACHE/base-work"
-    safe_rmtree "$work"   # leftovers of an interrupted run (debootstrap may leave /proc mounted)
+# debootstrap into a work directory (left mounted by an interrupted run: safe_rmtree), then the
+# image tarball $1 from the root filesystem.
+debootstrap_image() {
+    local out=$1 work="$IMAGES_CACHE/base-work" from
+    from=$(mirror)
+    safe_rmtree "$work"
     mkdir -p "$work"
-    trap 'safe_rmtree "$work"' EXIT
-    log "debootstrap $BASE_SUITE (minbase, $INCLUDE) from $MIRROR"
-    t0=$SECONDS
-    debootstrap --variant=minbase --include="$INCLUDE" "$BASE_SUITE" "$work/rootfs" "$MIRROR" \
-        >"$work/debootstrap.log" 2>&1 || { tail -30 "$work/debootstrap.log" >&2; die "debootstrap failed"; }
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "safe_rmtree $(printf %q "$work")" EXIT
+    echo "debootstrap $BASE_SUITE (minbase, $INCLUDE) from $from"
+    debootstrap --variant=minbase --include="$INCLUDE" "$BASE_SUITE" "$work/rootfs" "$from"
     rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin \
         "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/log/"*.log
     : > "$work/rootfs/etc/resolv.conf"   # the kubelet provides the pod's resolv.conf
     tar -C "$work/rootfs" --numeric-owner -cf "$work/rootfs.tar" .
-    python3 "$IMAGES_SRC/mkimage.py" --tag "$BASE_IMAGE" --rootfs-tar "$work/rootfs.tar" \
-        --cmd /bin/bash -o "$out"
-    log "base image $BASE_IMAGE: $out ($((SECONDS - t0)) s)"
-    for old in "$IMAGES_CACHE"/debian-base-$BASE_SUITE-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
-fi
-echo "$out"
+    python3 "$IMAGES_SRC/mkimage.py" --tag "$BASE_IMAGE" --rootfs-tar "$work/rootfs.tar" --cmd /bin/bash -o "$out"
+}
+
+key=$(content_key "$IMAGES_SRC/base/build.sh" "$IMAGES_SRC/mkimage.py" "$BASE_SUITE" "$INCLUDE" "$BASE_IMAGE")
+cached_image base "$IMAGES_CACHE/debian-base-$BASE_SUITE-$key.tar" debootstrap_image

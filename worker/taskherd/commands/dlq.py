@@ -1,0 +1,416 @@
+"""``taskherd dlq list|show|redrive|purge``: look into a dead-letter queue and send messages back.
+
+Reads both kinds of dead letters: taskherd envelopes (header ``taskherd_envelope``) and messages
+RabbitMQ dead-lettered natively (``x-death`` header: rejected, delivery limit, expired).
+
+Redrive works as SQS redrive does: the chosen messages are published back to the queue they
+came from as ordinary task messages — retry count reset, a fresh delivery budget
+(``taskherd_redrives`` + 1), same task id so idempotency keys still match — and only once the
+broker has confirmed that publish are they removed from the DLQ (a crash in between leaves a
+copy in both, never in neither). The publish is taskherd.worker.publishing's: on RabbitMQ a
+queue that does not exist (a typo in ``--to``) is refused by the broker and the dead letter
+stays; on Redis the ``--global-keyprefix`` applies to the work queue as to the DLQ.
+
+Browsing RabbitMQ takes the messages with ``basic.get`` and returns the ones not removed by
+closing the channel (they are requeued); Redis is read with LRANGE and changed with LREM.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import sys
+from typing import Any, Iterable
+
+from taskherd.contract import broker_kind
+from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
+from taskherd.worker.publishing import Unroutable, publish
+
+from . import options
+
+#: Headers RabbitMQ adds when dead-lettering; dropped on redrive (a message carrying x-death
+#: back into the queue it died in can confuse cycle detection).
+_DEATH_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                  "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DeadLetter:
+    """One message in a DLQ, decoded enough to list, show and redrive it."""
+
+    ref: str  #: task id, or a digest of the message when it has none
+    kind: str  #: "envelope" | "native" | "unknown"
+    task: str | None
+    task_id: str | None
+    reason: str
+    queue: str | None  #: the queue to redrive to
+    dead_lettered_at: float | None
+    attempts: int | None
+    envelope: Envelope | None
+    body: bytes
+    headers: dict
+    content_type: str | None
+    content_encoding: str | None
+    handle: Any = dataclasses.field(repr=False, default=None)  #: transport-specific, to remove it
+
+    def summary(self) -> dict:
+        """One `dlq list --json` line: what failed, with which arguments, why, how often and when."""
+        envelope = self.envelope
+        args, kwargs = (envelope.args, envelope.kwargs) if envelope else self._native_arguments()
+        return {"ref": self.ref, "kind": self.kind, "task": self.task, "task_id": self.task_id,
+                "args": args, "kwargs": kwargs, "reason": self.reason,
+                "detail": envelope.detail if envelope else None, "queue": self.queue, "attempts": self.attempts,
+                "first_failure_at": envelope.first_failure_at if envelope else None,
+                "last_failure_at": envelope.last_failure_at if envelope else None,
+                "dead_lettered_at": self.dead_lettered_at}
+
+    def _native_arguments(self) -> tuple[Any, Any]:
+        """(args, kwargs) of a protocol-2 task body dead-lettered by RabbitMQ itself, if it is one."""
+        try:
+            body = json.loads(self.body)
+        except ValueError:
+            return None, None
+        if isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict):
+            return body[0], body[1]
+        return None, None
+
+    def full(self) -> dict:
+        data = self.summary()
+        if self.envelope:
+            data["envelope"] = self.envelope.to_dict()
+        else:
+            data["headers"] = _jsonable(self.headers)
+            data["content_type"] = self.content_type
+            try:
+                data["body"] = json.loads(self.body)
+            except ValueError:
+                data["body_b64"] = base64.b64encode(self.body).decode("ascii")
+        return data
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def parse(body: bytes, headers: dict | None, content_type: str | None, content_encoding: str | None,
+          handle: Any = None) -> DeadLetter:
+    """A DLQ message (our envelope, a natively dead-lettered one, or something else) as a DeadLetter."""
+    if isinstance(body, str):  # py-amqp hands text bodies over already decoded
+        body = body.encode(content_encoding if content_encoding not in (None, "binary") else "utf-8")
+    headers = dict(headers or {})
+    common = dict(body=body, headers=headers, content_type=content_type, content_encoding=content_encoding,
+                  handle=handle)
+    if ENVELOPE_HEADER in headers:
+        envelope = Envelope.from_dict(json.loads(body))
+        return DeadLetter(ref=envelope.task_id or _digest(body), kind="envelope", task=envelope.task,
+                          task_id=envelope.task_id, reason=envelope.reason, queue=envelope.queue,
+                          dead_lettered_at=envelope.dead_lettered_at, attempts=envelope.attempts,
+                          envelope=envelope, **common)
+    deaths = headers.get("x-death") or []
+    task_id = headers.get("id") if isinstance(headers.get("id"), str) else None
+    task = headers.get("task") if isinstance(headers.get("task"), str) else None
+    if deaths:
+        first = deaths[0] if isinstance(deaths[0], dict) else {}
+        when = first.get("time")
+        if isinstance(when, dt.datetime):
+            when = when.timestamp()
+        return DeadLetter(ref=task_id or _digest(body), kind="native", task=task, task_id=task_id,
+                          reason=f"rabbitmq:{first.get('reason', 'unknown')}",
+                          queue=headers.get("x-first-death-queue") or first.get("queue"),
+                          dead_lettered_at=when if isinstance(when, (int, float)) else None,
+                          attempts=sum(int(d.get("count", 1)) for d in deaths if isinstance(d, dict)),
+                          envelope=None, **common)
+    return DeadLetter(ref=task_id or _digest(body), kind="unknown", task=task, task_id=task_id,
+                      reason="unknown", queue=None, dead_lettered_at=None, attempts=None, envelope=None,
+                      **common)
+
+
+def _digest(body: bytes) -> str:
+    return "m-" + hashlib.sha1(body).hexdigest()[:12]
+
+
+def redrive_message(letter: DeadLetter) -> tuple[bytes, dict, str, str]:
+    """(body, headers, content_type, content_encoding) to publish when redriving ``letter``."""
+    if letter.envelope is not None and letter.envelope.raw_body_b64 is None:
+        env = letter.envelope
+        headers = {k: v for k, v in (env.headers or {}).items() if k != FIRST_FAILURE_HEADER}
+        embed = env.embed or {}
+        headers.update(retries=0, eta=None, expires=None,
+                       **{REDRIVES_HEADER: int(headers.get(REDRIVES_HEADER) or 0) + 1})
+        body = json.dumps([env.args or [], env.kwargs or {},
+                           {"callbacks": embed.get("callbacks"), "errbacks": embed.get("errbacks"),
+                            "chain": embed.get("chain"), "chord": embed.get("chord")}]).encode()
+        return body, headers, "application/json", "utf-8"
+    if letter.envelope is not None:  # a bad message: back exactly as it came
+        env = letter.envelope
+        headers = {k: v for k, v in (env.headers or {}).items() if k != "unparseable_headers"}
+        return (base64.b64decode(env.raw_body_b64), headers, env.content_type or "application/data",
+                env.content_encoding or "binary")
+    headers = {k: v for k, v in letter.headers.items() if k not in _DEATH_HEADERS}
+    if "task" in headers:
+        headers[REDRIVES_HEADER] = int(headers.get(REDRIVES_HEADER) or 0) + 1
+    return letter.body, headers, letter.content_type or "application/data", letter.content_encoding or "binary"
+
+
+class RedisDeadLetters:
+    """A DLQ that is a Redis list (kombu's Redis transport: LPUSH by producers, newest first)."""
+
+    def __init__(self, *, broker_url: str, dlq: str, keyprefix: str = ""):
+        import redis
+
+        self.broker_url, self.dlq = broker_url, dlq
+        self.key = keyprefix + dlq
+        self.client = redis.Redis.from_url(broker_url)
+
+    def letters(self, limit: int | None = None) -> list[DeadLetter]:
+        raws = self.client.lrange(self.key, 0, -1)[::-1]  # oldest first
+        letters = []
+        for raw in raws[:limit] if limit else raws:
+            payload = json.loads(raw)
+            props = payload.get("properties") or {}
+            body = payload.get("body") or ""
+            body = base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
+            letters.append(parse(body, payload.get("headers"), payload.get("content-type"),
+                                 payload.get("content-encoding"), handle=raw))
+        return letters
+
+    def remove(self, letter: DeadLetter) -> None:
+        self.client.lrem(self.key, 1, letter.handle)
+
+    def purge(self) -> int:
+        count = self.client.llen(self.key)
+        self.client.delete(self.key)
+        return count
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AmqpDeadLetters:
+    """A RabbitMQ DLQ, browsed with basic.get; unremoved messages are requeued on close."""
+
+    def __init__(self, *, broker_url: str, dlq: str):
+        from kombu import Connection
+
+        self.broker_url, self.dlq = broker_url, dlq
+        self.connection = Connection(broker_url)
+        self.channel = self.connection.channel()
+
+    def letters(self, limit: int | None = None) -> list[DeadLetter]:
+        letters = []
+        while limit is None or len(letters) < limit:
+            raw = self.channel.basic_get(self.dlq, no_ack=False)
+            if raw is None:
+                break
+            message = self.channel.message_to_python(raw)
+            letters.append(parse(message.body, message.headers, message.content_type,
+                                 message.content_encoding, handle=message.delivery_tag))
+        return letters
+
+    def remove(self, letter: DeadLetter) -> None:
+        self.channel.basic_ack(letter.handle)
+
+    def purge(self) -> int:
+        return self.channel.queue_purge(self.dlq) or 0
+
+    def close(self) -> None:
+        # Closing the channel requeues every message we took and did not ack.
+        try:
+            self.channel.close()
+        finally:
+            self.connection.release()
+
+
+def open_dead_letters(broker_url: str, dlq: str, *, keyprefix: str = ""):
+    kind = broker_kind(broker_url)
+    if kind == "redis":
+        return RedisDeadLetters(broker_url=broker_url, dlq=dlq, keyprefix=keyprefix)
+    if kind == "amqp":
+        return AmqpDeadLetters(broker_url=broker_url, dlq=dlq)
+    raise SystemExit(f"taskherd dlq: broker URL scheme of {broker_url!r} is not supported "
+                     f"(valid: redis://, rediss://, amqp://, amqps://)")
+
+
+def publish_back(broker_url: str, letter: DeadLetter, queue: str, *, keyprefix: str = "") -> None:
+    """Publish ``letter`` to ``queue`` (default exchange, by name); returns once the broker has it in
+    that queue, raises :class:`Unroutable` when RabbitMQ has no such queue."""
+    body, headers, content_type, content_encoding = redrive_message(letter)
+    properties = {"correlation_id": letter.task_id} if letter.task_id else {}
+    publish(body, broker_url=broker_url, exchange="", routing_key=queue,
+            transport_options={"global_keyprefix": keyprefix} if keyprefix else None,
+            headers=headers, content_type=content_type, content_encoding=content_encoding, delivery_mode=2,
+            **properties)
+
+
+def _select(letters: list[DeadLetter], refs: Iterable[str], select_all: bool) -> list[DeadLetter]:
+    if select_all:
+        return letters
+    wanted = set(refs)
+    return [letter for letter in letters if letter.ref in wanted or letter.task_id in wanted]
+
+
+def _format_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _print_table(letters: list[DeadLetter], out) -> None:
+    rows = [("REF", "TASK", "REASON", "QUEUE", "ATTEMPTS", "DEAD-LETTERED")]
+    rows += [(l.ref, l.task or "-", l.reason, l.queue or "-", "-" if l.attempts is None else str(l.attempts),
+              _format_time(l.dead_lettered_at)) for l in letters]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
+
+
+def _print_letter(letter: DeadLetter, out) -> None:
+    """`dlq show` for a person: the fields of `list`, then the exception and traceback."""
+    full = letter.full()
+    envelope = full.pop("envelope", None) or {}
+    for key, value in full.items():
+        if value is not None and key not in ("body", "body_b64", "headers"):
+            shown = _format_time(value) if key.endswith("_at") else json.dumps(value, default=str)
+            print(f"{key + ':':<18}{shown}", file=out)
+    for key in ("exception_type", "exception_message", "hostname"):
+        if envelope.get(key):
+            print(f"{key + ':':<18}{envelope[key]}", file=out)
+    if envelope.get("traceback"):
+        print("traceback:", file=out)
+        print("  " + envelope["traceback"].rstrip().replace("\n", "\n  "), file=out)
+    if "body" in full or "body_b64" in full:
+        print(f"{'body:':<18}{json.dumps(full.get('body', full.get('body_b64')), default=str)}", file=out)
+    print("", file=out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    options.add_broker(common)
+    options.add_queues(common, "the work queue whose DLQ to use (one)")
+    common.add_argument("--dlq", help="the DLQ's name itself, instead of -Q")
+    options.add_dead_letter_naming(common)
+    options.add_keyprefix(common)
+
+    parser = argparse.ArgumentParser(prog="taskherd dlq", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p_list = sub.add_parser("list", parents=[common], help="one line per dead letter, oldest first")
+    p_list.add_argument("--limit", type=int, default=None)
+    p_list.add_argument("--json", action="store_true",
+                        help="JSON Lines (one object per dead letter: ref, task, task_id, args, kwargs, reason, "
+                             "detail, queue, attempts, first_failure_at, last_failure_at, dead_lettered_at)")
+    for name, help_ in (("show", "print whole dead letters: arguments, exception, traceback, headers"),
+                        ("redrive", "send dead letters back to their queue and remove them")):
+        p = sub.add_parser(name, parents=[common], help=help_)
+        p.add_argument("refs", nargs="*", metavar="ID", help="task id or REF from `list`")
+        p.add_argument("--all", action="store_true", help="every message in the DLQ")
+        if name == "show":
+            p.add_argument("--json", action="store_true",
+                           help="JSON Lines: one whole dead letter per line (the list fields plus the envelope)")
+        if name == "redrive":
+            p.add_argument("--to", help="queue to send to (default: the queue each message came from)")
+    p_purge = sub.add_parser("purge", parents=[common], help="delete every message in the DLQ")
+    p_purge.add_argument("--force", action="store_true", help="do not ask for confirmation")
+    return parser
+
+
+def _dead_letter_queue(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    queue_names = options.queues(parser, args)
+    if args.dlq and queue_names:
+        parser.error("give either -Q/--queues (a work queue) or --dlq (its DLQ), not both")
+    if args.dlq:
+        return args.dlq
+    if len(queue_names) != 1:
+        parser.error(f"-Q/--queues must name exactly one work queue (got {len(queue_names)}: "
+                     f"{','.join(queue_names)!r}), or give --dlq")
+    return options.dead_letter_queues(parser, args, queue_names)[queue_names[0]]
+
+
+def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None) -> int:
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    broker_url = options.broker(parser, args)
+    dlq = _dead_letter_queue(parser, args)
+    if args.command in ("show", "redrive") and not (args.refs or args.all):
+        parser.error(f"{args.command}: name at least one ID, or pass --all")
+
+    from amqp.exceptions import NotFound
+
+    store = open_dead_letters(broker_url, dlq, keyprefix=args.global_keyprefix)
+    try:
+        return _run(args, store, dlq, stdin=stdin, stdout=stdout, stderr=stderr)
+    except NotFound:
+        print(f"taskherd dlq: there is no queue {dlq!r} on the broker (nothing was ever dead-lettered "
+              f"there, or -Q/--dlq is wrong)", file=stderr)
+        return 1
+    finally:
+        try:
+            store.close()
+        except Exception:  # noqa: BLE001 - the channel a NotFound closed
+            pass
+
+
+def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
+    if args.command == "purge":
+        return _purge(store, dlq, force=args.force, stdin=stdin, stdout=stdout)
+    letters = store.letters(limit=getattr(args, "limit", None))
+    if args.command == "list":
+        if args.json:
+            for letter in letters:
+                print(json.dumps(letter.summary()), file=stdout)
+        else:
+            _print_table(letters, stdout)
+        return 0
+    chosen = _select(letters, args.refs, args.all)
+    missing = set(args.refs) - {l.ref for l in chosen} - {l.task_id for l in chosen}
+    for ref in sorted(missing):
+        print(f"taskherd dlq: {ref} is not in {dlq}", file=stderr)
+    if args.command == "show":
+        for letter in chosen:
+            if args.json:
+                print(json.dumps(letter.full(), default=str), file=stdout)
+            else:
+                _print_letter(letter, stdout)
+        return 1 if missing else 0
+    return (_redrive(store, chosen, args.broker, to=args.to, keyprefix=args.global_keyprefix, stdout=stdout,
+                     stderr=stderr) or (1 if missing else 0))
+
+
+def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, keyprefix: str, stdout,
+             stderr) -> int:
+    failed = 0
+    for letter in letters:
+        queue = to or letter.queue
+        if not queue:
+            print(f"taskherd dlq: {letter.ref}: original queue unknown; pass --to QUEUE", file=stderr)
+            failed += 1
+            continue
+        try:
+            publish_back(broker_url, letter, queue, keyprefix=keyprefix)  # confirmed before the DLQ copy goes
+        except Unroutable:
+            print(f"taskherd dlq: {letter.ref}: there is no queue {queue!r} on the broker (it returned the message "
+                  f"unroutable); not redriven, it stays in the DLQ — check --to", file=stderr)
+            failed += 1
+            continue
+        store.remove(letter)
+        print(f"redriven {letter.ref} ({letter.task or 'message'}) -> {queue}", file=stdout)
+    return 1 if failed else 0
+
+
+def _purge(store, dlq: str, *, force: bool, stdin, stdout) -> int:
+    if not force:
+        print(f"Purge every message in {dlq}? This cannot be undone. [y/N] ", end="", file=stdout, flush=True)
+        answer = stdin.readline().strip().lower()
+        if answer not in ("y", "yes"):
+            print("aborted: nothing purged", file=stdout)
+            return 1
+    count = store.purge()
+    print(f"purged {count} message(s) from {dlq}", file=stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

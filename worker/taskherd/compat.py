@@ -1,0 +1,299 @@
+"""The one seam between taskherd and the internals of the libraries it builds on.
+
+kombu, billiard and prometheus_client offer no public hook for a few things taskherd needs (which
+worker holds a Redis delivery, the value class of multiprocess metrics, …). Every use of such an
+internal goes through a function here, and :data:`INTERNALS` lists each one with the library it
+belongs to. ``tests/worker/test_compat.py`` checks every entry against the installed versions, so
+an upgrade that changes one fails loudly, naming the library, its version and the internal —
+instead of a worker that silently stops recovering or counting.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from importlib import metadata
+from typing import Any, Callable
+
+
+class Internal:
+    """An internal taskherd relies on: where it is and what shape it must have."""
+
+    __slots__ = ("library", "path", "kind", "parameters", "why")
+
+    def __init__(self, library: str, path: str, kind: str, *, parameters: tuple[str, ...] = (), why: str):
+        self.library, self.path, self.kind, self.parameters, self.why = library, path, kind, parameters, why
+
+    def problem(self) -> str | None:
+        """None when the installed library still has it; otherwise what changed."""
+        version = _version(self.library)
+        try:
+            target = _resolve(self.path)
+        except (ImportError, AttributeError) as exc:
+            return f"{self.library} {version}: {self.path} is gone ({exc}); taskherd uses it to {self.why}"
+        if self.kind == "instance attributes":
+            # Usually set in __init__, so not visible on the class: read the constructor's source.
+            source = inspect.getsource(target.__init__)
+            missing = [name for name in self.parameters if not hasattr(target, name) and f"self.{name} =" not in source]
+            if missing:
+                return (f"{self.library} {version}: {self.path}.__init__ no longer sets {missing}; "
+                        f"taskherd uses them to {self.why}")
+            return None
+        if self.kind == "class" and not inspect.isclass(target):
+            return f"{self.library} {version}: {self.path} is no longer a class; taskherd uses it to {self.why}"
+        if self.kind == "callable" and not callable(target):
+            return f"{self.library} {version}: {self.path} is no longer callable; taskherd uses it to {self.why}"
+        if self.parameters:
+            try:
+                names = list(inspect.signature(target).parameters)
+            except (TypeError, ValueError):
+                names = []
+            missing = [name for name in self.parameters if name not in names]
+            if missing:
+                return (f"{self.library} {version}: {self.path}{inspect.signature(target)} lacks "
+                        f"parameter(s) {missing}; taskherd uses it to {self.why}")
+        return None
+
+
+def _version(library: str) -> str:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _resolve(path: str) -> Any:
+    module_name, _, attributes = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for attribute in attributes.split(".") if attributes else ():
+        target = getattr(target, attribute)
+    return target
+
+
+INTERNALS: tuple[Internal, ...] = (
+    # Redis fast recovery (taskherd.worker.components.recovery): a QoS subclass records which worker
+    # holds each delivery in the same MULTI/EXEC as kombu's own bookkeeping.
+    Internal("kombu", "kombu.transport.redis:Channel.QoS", "class",
+             why="record which worker holds each Redis delivery"),
+    Internal("kombu", "kombu.transport.redis:QoS.append", "callable", parameters=("message", "delivery_tag"),
+             why="record which worker holds each Redis delivery"),
+    Internal("kombu", "kombu.transport.redis:QoS.pipe_or_acquire", "callable",
+             why="write taskherd's delivery record in kombu's own transaction"),
+    Internal("kombu", "kombu.transport.redis:QoS.unacked_key", "attribute",
+             why="find the unacked hash of a Redis channel"),
+    Internal("kombu", "kombu.transport.redis:QoS.unacked_index_key", "attribute",
+             why="find the unacked index of a Redis channel"),
+    Internal("kombu", "kombu.transport.redis:QoS._remove_from_indices", "callable", parameters=("delivery_tag",),
+             why="remove a delivery from kombu's indices when restoring it"),
+    Internal("kombu", "kombu.transport.redis:Channel._do_restore_message", "callable",
+             parameters=("payload", "exchange", "routing_key", "pipe", "leftmost"),
+             why="put a dead worker's delivery back on its queue exactly as kombu does"),
+    Internal("kombu", "kombu.transport.redis:Channel._get_message_priority", "callable",
+             why="compute the priority list a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.redis:Channel._q_for_pri", "callable", parameters=("queue", "pri"),
+             why="compute the priority list a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.redis:Channel._lookup", "callable", parameters=("exchange", "routing_key"),
+             why="find the queues a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.virtual:QoS.append", "callable", why="keep kombu's in-memory delivery table"),
+    Internal("kombu", "kombu.transport.virtual:QoS.ack", "callable", why="keep kombu's in-memory delivery table"),
+    # Metrics under prefork (taskherd.worker.components.metrics).
+    Internal("prometheus-client", "prometheus_client.values:get_value_class", "callable",
+             why="switch metrics created after fork to the multiprocess value class"),
+    Internal("prometheus-client", "prometheus_client.values:ValueClass", "attribute",
+             why="switch metrics created after fork to the multiprocess value class"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict", "class",
+             why="fold the metric files of dead pool processes into one archive"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict.read_all_values_from_file", "callable",
+             why="fold the metric files of dead pool processes into one archive"),
+    # Drain (taskherd.worker.components.drain): messages held but not started go back.
+    Internal("celery", "celery.worker.state:scheduled_requests", "attribute",
+             why="give back ETA/countdown messages a draining worker holds"),
+    Internal("celery", "celery.worker.consumer.consumer:Consumer.cancel_task_queue", "callable",
+             parameters=("queue",), why="stop consuming when draining"),
+    Internal("billiard", "billiard.pool:ApplyResult", "instance attributes",
+             parameters=("_accepted", "_write_to", "_job"),
+             why="tell a job no pool child has seen from one that started, when draining"),
+    Internal("billiard", "billiard.pool:Pool", "instance attributes", parameters=("_cache",),
+             why="take back a job no pool child has seen, when draining"),
+    Internal("celery", "celery.concurrency.asynpool:AsynPool", "instance attributes", parameters=("outbound_buffer",),
+             why="take back a job no pool child has seen, when draining"),
+    # Bad messages (taskherd.worker.components.bad_messages): a Redis list item kombu cannot parse
+    # is caught between the pop and kombu's parse (taskherd.worker.redis_items).
+    Internal("kombu", "kombu.transport.redis:Channel._get_client", "callable",
+             why="check each item a Redis channel pops before kombu parses it"),
+    Internal("kombu", "kombu.transport.redis:Channel._brpop_read", "callable",
+             why="check each item a Redis channel pops before kombu parses it (it reads BRPOP "
+                 "through its client's parse_response)"),
+    Internal("kombu", "kombu.transport.redis:Channel.sep", "attribute",
+             why="name the queue of a priority list an unreadable item was popped from"),
+    Internal("kombu", "kombu.transport.virtual:Channel.codecs", "attribute",
+             why="check a Redis item's body_encoding as kombu will decode it"),
+    Internal("redis", "redis.client:Redis.parse_response", "callable", parameters=("connection", "command_name"),
+             why="check each item a Redis channel pops before kombu parses it"),
+    # Bad messages: a task's argument check, as apply_async runs it (celery.app.task).
+    Internal("celery", "celery.utils.functional:head_from_fun", "callable", parameters=("fun", "bound"),
+             why="check a message's arguments against its task's signature before it reaches the pool"),
+    # Hard time limits (taskherd.worker.task): the main process's side of a task.
+    Internal("celery", "celery.worker.request:Request.on_timeout", "callable", parameters=("soft", "timeout"),
+             why="dead-letter a task killed by its hard time limit"),
+    # billiard sets a hard-timed-out job's result (Request.on_failure, which acks) before it calls
+    # the timeout handler: the envelope has to be published from on_failure.
+    Internal("celery", "celery.worker.request:Request.on_failure", "callable",
+             parameters=("exc_info", "send_failed_event", "return_ok"),
+             why="dead-letter a task killed by its hard time limit before Celery acknowledges it"),
+    Internal("celery", "celery.worker.request:Request", "instance attributes",
+             parameters=("_message", "_payload", "_request_dict"),
+             why="rebuild a task's envelope in the main process and put its message back on its queue"),
+    # The soft time limit is a signal billiard sends to the pool child (taskherd.worker.soft_limit).
+    Internal("billiard", "billiard.pool:SIG_SOFT_TIMEOUT", "attribute",
+             why="hold the soft time limit back while an envelope or a retry is published"),
+    Internal("billiard", "billiard.pool:soft_timeout_sighandler", "callable",
+             why="recognise the pool child's soft time limit handler"),
+    # Delayed (ETA/countdown) messages on Redis (taskherd.worker.delayed) and fast recovery: the
+    # message exactly as the transport stored it, to store it again.
+    Internal("kombu", "kombu.transport.virtual:Message", "instance attributes", parameters=("_raw",),
+             why="store a Redis delivery again exactly as kombu stored it (delay set, recovery records)"),
+    Internal("celery", "celery.worker.strategy:default", "callable", parameters=("task", "app", "consumer"),
+             why="take ETA/countdown messages out of the worker into the Redis delay set"),
+    Internal("celery", "celery.app.amqp:AMQP.create_task_message", "attribute",
+             why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
+    Internal("celery", "celery.app.amqp:AMQP.as_task_v2", "callable", parameters=("task_id", "name", "time_limit"),
+             why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
+)
+
+
+def problems() -> list[str]:
+    """What changed in the installed libraries, one line per internal taskherd relies on."""
+    return [problem for problem in (internal.problem() for internal in INTERNALS) if problem]
+
+
+# -- the uses themselves ---------------------------------------------------------------------------
+def use_multiprocess_value_class() -> None:
+    """prometheus_client picks its value class at import time; metrics created from now on (here
+    and, after fork, in the pool children) write to $PROMETHEUS_MULTIPROC_DIR."""
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
+
+
+def read_metric_file(path: str):
+    """(key, value, timestamp, position) of every sample in a prometheus_client multiprocess file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return MmapedDict.read_all_values_from_file(path)
+
+
+def metric_file_writer(path: str):
+    """A prometheus_client multiprocess file opened for writing (``write_value``, ``close``)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return MmapedDict(path)
+
+
+def soft_time_limit_signal() -> int | None:
+    """The signal that raises SoftTimeLimitExceeded in this process, if billiard's handler is on it
+    (a prefork pool child); None elsewhere (the main process, the solo and thread pools)."""
+    import signal
+
+    from billiard import pool
+
+    signum = pool.SIG_SOFT_TIMEOUT
+    if signum is None or signal.getsignal(signum) is not pool.soft_timeout_sighandler:
+        return None
+    return signum
+
+
+def default_strategy():
+    """Celery's default task strategy: how the worker turns a message into a request."""
+    from celery.worker.strategy import default
+
+    return default
+
+
+def task_message_creator(app: Any):
+    """The function through which ``app`` builds every task message it publishes."""
+    return app.amqp.create_task_message
+
+
+def set_task_message_creator(app: Any, create) -> None:
+    app.amqp.create_task_message = create  # a cached_property: the instance attribute wins
+
+
+def set_redis_qos_class(qos_class: type) -> None:
+    """Makes every kombu Redis channel of this process use ``qos_class``."""
+    from kombu.transport import redis as kombu_redis
+
+    kombu_redis.Channel.QoS = qos_class
+
+
+def redis_qos_base() -> type:
+    from kombu.transport import redis as kombu_redis
+
+    return kombu_redis.QoS
+
+
+def guard_redis_items(guard: Callable[[Any, str], Any]) -> None:
+    """Makes every kombu Redis channel of this process pass each item it pops off a queue list
+    (BRPOP when consuming, RPOP for ``basic_get``) through ``guard(item, queue)`` and parse what
+    ``guard`` returns instead. Installing a guard again replaces the previous one."""
+    from kombu.transport import redis as kombu_redis
+
+    channel = kombu_redis.Channel
+    original = getattr(channel._get_client, "taskherd_original", channel._get_client)
+    separator = channel.sep
+    classes: dict[type, type] = {}
+
+    def queue_of(list_key: Any) -> str:
+        # The key comes without the global_keyprefix (kombu's client strips it) but may carry a
+        # priority suffix: <queue><sep><priority>.
+        name = list_key.decode("utf-8", "replace") if isinstance(list_key, bytes) else str(list_key)
+        return name.rsplit(separator, 1)[0]
+
+    def guarded_class(base: type) -> type:
+        if base not in classes:
+            class GuardedRedis(base):
+                def parse_response(self, connection, command_name, **options):
+                    response = super().parse_response(connection, command_name, **options)
+                    if command_name == "BRPOP" and response:
+                        list_key, item = response
+                        return list_key, guard(item, queue_of(list_key))
+                    return response
+
+                def rpop(self, name, count=None):
+                    item = super().rpop(name, count)
+                    return guard(item, queue_of(name)) if count is None and item is not None else item
+
+            classes[base] = GuardedRedis
+        return classes[base]
+
+    def _get_client(self):
+        client = original(self)
+        if isinstance(client, functools.partial):  # kombu's prefixed client, with its prefix bound
+            return functools.partial(guarded_class(client.func), *client.args, **client.keywords)
+        return guarded_class(client)
+
+    _get_client.taskherd_original = original
+    channel._get_client = _get_client
+
+
+def redis_item_loads(item: Any) -> Any:
+    """A popped Redis item parsed exactly as kombu's Redis channel parses it."""
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    return loads(bytes_to_str(item))
+
+
+def redis_body_codecs() -> dict[str, Any]:
+    """kombu's body encodings of virtual transports by name (``{"base64": …}``): each ``.decode(body)``."""
+    from kombu.transport import virtual
+
+    return dict(virtual.Channel.codecs)
+
+
+def argument_checker(task: Any) -> Callable[..., Any] | None:
+    """The function ``apply_async`` calls to check a task's arguments against its signature
+    (raising TypeError), or None when the task has none or opted out (``typing=False``)."""
+    if not getattr(task, "typing", False):
+        return None
+    return getattr(task, "__header__", None)

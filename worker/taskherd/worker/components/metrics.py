@@ -1,0 +1,330 @@
+"""Worker metrics for Prometheus, correct under the prefork pool.
+
+Metrics (all labelled by ``task`` name):
+
+- ``taskherd_tasks_total{task,outcome}`` — outcome is one of OUTCOMES. ``succeeded``, ``failed``
+  and ``retried`` are recorded here from Celery's signals (``failed`` = a final failure; a retry is
+  ``retried`` only); ``rejected`` from ``task_rejected``/``task_unknown``. Modules that decide an
+  outcome Celery does not signal call ``record_outcome(task_name, "dead_lettered")`` (or
+  ``"rejected"``). A failure that is then dead-lettered counts once in each.
+- ``taskherd_task_runtime_seconds`` — histogram, task_prerun to task_postrun in the pool child.
+- ``taskherd_task_queue_wait_seconds`` — histogram, start of execution minus the publish stamp
+  (header ``taskherd_published_at``, epoch seconds, set by taskherd.worker.stamping); messages
+  without the stamp are skipped.
+- ``taskherd_tasks_in_flight`` — gauge of tasks executing now (live-sum over pool children).
+- ``taskherd_task_deliveries_total`` — messages received by the worker (redeliveries included):
+  deliveries minus outcomes shows work lost to crashes and redelivered.
+- ``taskherd_heartbeat_timestamp_seconds`` — when the worker's main loop last wrote heartbeat.json
+  (Unix time), 0 before its first write: ``time() - taskherd_heartbeat_timestamp_seconds`` is the
+  age, and a worker that never started its loop alerts too (Prometheus exports timestamps, not ages).
+- ``taskherd_build_info{version,celery,python}`` — always 1: which taskherd, Celery and Python run.
+
+Prefork: every process writes its samples to mmap files in a per-worker
+``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
+``worker_init`` — before the pool forks — and wiped there, since files of a previous run would be
+summed in. The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT) and, at every scrape,
+marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away,
+and folds their counter and histogram files into one archive file per type: their counts stay
+(counters never go back) while the number of files stays bounded however often children recycle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from typing import Any, Iterable
+
+from celery import Celery, signals
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+from taskherd import compat, contract
+from taskherd.build_info import build_info
+from taskherd.pod import shared_files
+
+from . import Component, installed
+from .heartbeat import Heartbeat
+from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "rejected")
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+class TaskMetrics:
+    """The worker's metric objects. Tests pass a fresh `registry`; the worker uses None (multiprocess)."""
+
+    def __init__(self, *, registry: CollectorRegistry | None = REGISTRY, namespace: str = "taskherd"):
+        self.tasks = Counter("tasks", "Tasks by name and outcome.", ["task", "outcome"],
+                             namespace=namespace, registry=registry)
+        self.runtime = Histogram("task_runtime_seconds", "Task execution time in the pool, seconds.", ["task"],
+                                 namespace=namespace, registry=registry, buckets=RUNTIME_BUCKETS)
+        self.queue_wait = Histogram("task_queue_wait_seconds",
+                                    "Start of execution minus the publish stamp, seconds.", ["task"],
+                                    namespace=namespace, registry=registry, buckets=QUEUE_WAIT_BUCKETS)
+        self.in_flight = Gauge("tasks_in_flight", "Tasks executing now.", ["task"], namespace=namespace,
+                               registry=registry, multiprocess_mode="livesum")
+        self.deliveries = Counter("task_deliveries", "Task messages received, redeliveries included.", ["task"],
+                                  namespace=namespace, registry=registry)
+
+    def record_outcome(self, task_name: str, outcome: str) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome={outcome!r} for task {task_name!r} is not one of {', '.join(OUTCOMES)}")
+        self.tasks.labels(task_name, outcome).inc()
+
+
+_default: TaskMetrics | None = None
+#: task id -> monotonic start, in the pool child running it.
+_started: dict[str, float] = {}
+
+
+def default_metrics() -> TaskMetrics:
+    """The process's metrics (unregistered: in a worker, the multiprocess collector exposes them)."""
+    global _default
+    if _default is None:
+        _default = TaskMetrics(registry=None)
+    return _default
+
+
+def record_outcome(task_name: str, outcome: str) -> None:
+    """Counts one `outcome` (one of OUTCOMES) of task `task_name`. Safe in any process."""
+    default_metrics().record_outcome(task_name, outcome)
+
+
+def published_at(request: Any) -> float | None:
+    """The publish stamp of a task request (Celery puts custom headers on the request), or None."""
+    value = getattr(request, PUBLISHED_AT_HEADER, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(PUBLISHED_AT_HEADER)
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+# -- the multiprocess directory ------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prepare_multiprocess_dir(*, base: str | None = None, pid: int | None = None) -> str:
+    """Chooses, wipes and exports this worker's PROMETHEUS_MULTIPROC_DIR; returns it.
+
+    An explicit $PROMETHEUS_MULTIPROC_DIR is used as is. Otherwise <base>/worker-<pid>, and the
+    directories of dead workers under <base> are removed.
+    """
+    pid = os.getpid() if pid is None else pid
+    directory = os.environ.get(MULTIPROC_ENV)
+    if not directory:
+        base = base or os.path.join(shared_files.heartbeat_dir(), "prometheus")
+        os.makedirs(base, exist_ok=True)
+        for stale in glob.glob(os.path.join(base, "worker-*")):
+            match = re.fullmatch(r"worker-(\d+)", os.path.basename(stale))
+            if match and int(match.group(1)) != pid and not _pid_alive(int(match.group(1))):
+                shutil.rmtree(stale, ignore_errors=True)
+        directory = os.path.join(base, f"worker-{pid}")
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = directory
+    compat.use_multiprocess_value_class()
+    return directory
+
+
+def mark_dead_processes(directory: str) -> list[int]:
+    """Removes the live-gauge files of processes that no longer exist; returns their pids."""
+    dead = set()
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        pid = int(path.rsplit("_", 1)[1][:-3])
+        if not _pid_alive(pid):
+            dead.add(pid)
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, directory)
+    return sorted(dead)
+
+
+def compact_dead_processes(directory: str) -> int:
+    """Folds the counter and histogram files of dead processes into one archive file per type.
+
+    Without this, every recycled pool child (max_tasks_per_child) leaves its files behind and every
+    scrape reads them all. Values are summed key by key (labels and histogram buckets included)
+    into ``<type>_archive.db``, written to a temporary name and renamed, then the dead files are
+    removed. Only the main process does this, under the collector's lock; if it dies half-way the
+    whole directory is wiped at the next start anyway. Returns the number of files folded.
+    """
+    dead: dict[str, list[str]] = {}
+    for path in glob.glob(os.path.join(directory, "*.db")):
+        parts = os.path.basename(path)[:-3].split("_")
+        if parts[0] not in ("counter", "histogram") or not parts[-1].isdigit() or _pid_alive(int(parts[-1])):
+            continue
+        dead.setdefault(parts[0], []).append(path)
+    for kind, paths in dead.items():
+        archive = os.path.join(directory, f"{kind}_archive.db")
+        totals: dict[str, float] = {}
+        for path in ([archive] if os.path.exists(archive) else []) + paths:
+            for key, value, _timestamp, _position in compat.read_metric_file(path):
+                totals[key] = totals.get(key, 0.0) + value
+        temporary = archive + ".tmp"  # not *.db: the collector never reads it
+        merged = compat.metric_file_writer(temporary)
+        for key, value in totals.items():
+            merged.write_value(key, value, 0.0)
+        merged.close()
+        os.replace(temporary, archive)
+        for path in paths:
+            os.remove(path)
+    return sum(len(paths) for paths in dead.values())
+
+
+def heartbeat_timestamp(record: dict[str, Any] | None) -> GaugeMetricFamily:
+    """``taskherd_heartbeat_timestamp_seconds`` from a heartbeat record (None: never written, 0)."""
+    family = GaugeMetricFamily("taskherd_heartbeat_timestamp_seconds",
+                               "When the worker's main loop last wrote its heartbeat (Unix time); 0 before the first.")
+    written_at = (record or {}).get("written_at")
+    try:
+        family.add_metric([], float(written_at) if written_at else 0.0)
+    except (TypeError, ValueError):
+        family.add_metric([], 0.0)
+    return family
+
+
+class WorkerCollector(Collector):
+    """What /metrics serves: every process's samples, the heartbeat time and the build info."""
+
+    def __init__(self, *, directory: str, heartbeat_path: str):
+        self.directory, self.heartbeat_path = directory, heartbeat_path
+        self.multiprocess = multiprocess.MultiProcessCollector(None, path=directory)
+        # Scrapes may come concurrently (threaded HTTP server); compaction must not remove a
+        # file another scrape is about to read.
+        self.lock = threading.Lock()
+
+    def collect(self) -> Iterable[Any]:
+        with self.lock:
+            mark_dead_processes(self.directory)
+            try:
+                compact_dead_processes(self.directory)
+            except OSError:
+                logger.exception("taskherd: could not compact the metrics of dead pool processes")
+            families = list(self.multiprocess.collect())
+        yield from families
+        try:
+            record = shared_files.read_json(self.heartbeat_path)
+        except (OSError, ValueError):
+            record = None
+        yield heartbeat_timestamp(record)
+        yield build_info()
+
+
+# -- Celery wiring -------------------------------------------------------------------------------
+def _task_name(sender: Any, task: Any = None) -> str:
+    return getattr(task or sender, "name", None) or "unknown"
+
+
+def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    metrics, name = default_metrics(), _task_name(sender, task)
+    _started[task_id] = time.monotonic()
+    metrics.in_flight.labels(name).inc()
+    stamp = published_at(getattr(task or sender, "request", None))
+    if stamp is not None:
+        metrics.queue_wait.labels(name).observe(max(0.0, time.time() - stamp))
+
+
+def _on_postrun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    metrics, name = default_metrics(), _task_name(sender, task)
+    started = _started.pop(task_id, None)
+    if started is not None:
+        metrics.runtime.labels(name).observe(time.monotonic() - started)
+        metrics.in_flight.labels(name).dec()
+
+
+def _on_success(sender: Any = None, **_: Any) -> None:
+    record_outcome(_task_name(sender), "succeeded")
+
+
+def _on_failure(sender: Any = None, **_: Any) -> None:
+    record_outcome(_task_name(sender), "failed")
+
+
+def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
+    record_outcome(_task_name(sender) if sender is not None else getattr(request, "task", "unknown"), "retried")
+
+
+def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    default_metrics().deliveries.labels(getattr(request, "name", None) or "unknown").inc()
+
+
+def _on_rejected(sender: Any = None, message: Any = None, **_: Any) -> None:
+    name = ((getattr(message, "headers", None) or {}).get("task")) or "unknown"
+    record_outcome(name, "rejected")
+
+
+def _on_unknown(sender: Any = None, name: str | None = None, **_: Any) -> None:
+    record_outcome(name or "unknown", "rejected")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Metrics(Component):
+    """Records task metrics in the app's workers and serves them from the main process.
+
+    Nothing happens at install time beyond connecting signals: a producer importing the app never
+    touches the worker's files or ports.
+    """
+
+    environment = {"TASKHERD_METRICS_PORT": "port", "TASKHERD_METRICS_ADDR": "address",
+                   "TASKHERD_METRICS_DIR": "directory"}
+
+    #: port of /metrics; 0: no HTTP server (the samples are still recorded)
+    port: int = contract.WORKER_METRICS_PORT
+    #: address /metrics listens on
+    address: str = "0.0.0.0"
+    #: parent of the per-worker multiprocess directories; None: <heartbeat dir>/prometheus
+    directory: str | None = None
+
+    def problems(self) -> list[str]:
+        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+            return [f"Metrics(port={self.port!r}) is not a port number (valid: 0-65535, 0 disables the server)"]
+        return []
+
+    def install(self, app: Celery, profile: Any = None) -> None:
+        port, addr, directory = self.port, self.address, self.directory
+        state: dict[str, Any] = {}
+
+        def on_worker_init(sender: Any = None, **_: Any) -> None:  # main process, before the pool forks
+            if getattr(sender, "app", app) is not app:
+                return
+            global _default
+            state["directory"] = prepare_multiprocess_dir(base=directory)
+            _default = TaskMetrics(registry=None)
+
+        def on_worker_ready(sender: Any = None, **_: Any) -> None:  # main process, consumer connected
+            if getattr(sender, "app", app) is not app or not port or "server" in state or "directory" not in state:
+                return
+            heartbeat = installed(app, Heartbeat)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=shared_files.heartbeat_path(
+                heartbeat.resolved_directory if heartbeat else None)))
+            state["server"] = start_http_server(port, addr=addr, registry=registry)
+            logger.info("taskherd: metrics on http://%s:%d/metrics (multiprocess dir %s)", addr, port,
+                        state["directory"])
+
+        uid = f"taskherd.metrics.{id(app)}"
+        signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=uid + ".init")
+        signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=uid + ".ready")
+        for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun),
+                                (signals.task_success, _on_success), (signals.task_failure, _on_failure),
+                                (signals.task_retry, _on_retry), (signals.task_received, _on_received),
+                                (signals.task_rejected, _on_rejected), (signals.task_unknown, _on_unknown)):
+            signal.connect(handler, weak=False, dispatch_uid=f"taskherd.metrics.{signal.name}")

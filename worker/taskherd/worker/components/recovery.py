@@ -1,0 +1,437 @@
+"""Fast recovery on Redis: a dead worker's unacknowledged messages return in seconds, not an hour.
+
+On Redis, kombu emulates acknowledgements: a delivered message sits in the hash ``unacked`` until
+acked, and only ``visibility_timeout`` (3600 s by default) after its delivery does some worker's
+periodic sweep put it back. Nothing records WHICH worker holds it. This module adds that:
+
+- **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. In the same
+  MULTI/EXEC that writes kombu's ``unacked``/``unacked_index`` entries it writes
+  ``owner[tag] = worker`` and ``held.<worker>[tag] = {destination lists, message}``, where the
+  message is exactly what kombu's own restore would push (``redelivered`` set) and the destination
+  lists are kombu's (binding lookup, priority sub-list, key prefix). Ack, reject and kombu's own
+  restores remove them again — the ack through a Lua script that only deletes kombu's entries if
+  this worker still owns the delivery (a worker whose lease lapsed cannot ack away the entry of
+  the worker the message went to next).
+- **Lease.** Each worker process keeps ``alive.<worker>`` with a TTL of ``timeout`` (15 s),
+  refreshed every ``heartbeat_interval`` (5 s), and registers itself in the set ``workers``.
+- **Restorer.** Every live worker, every ``heartbeat_interval``, looks for registered workers
+  whose lease is gone and runs ``RESTORE_SCRIPT`` for each: in one atomic script it re-checks the
+  lease, RPUSHes each still-unacked message it owns to its queue list(s) (the consuming end, as
+  kombu's restore does), deletes kombu's entries, and forgets the worker. Two restorers racing
+  restore nothing twice: the second finds the worker already forgotten. ``taskherd recover``
+  does the same standalone.
+
+Target: SIGKILL of a whole worker → its task runs elsewhere within ``timeout`` + one restorer
+period (≤ 25 s with the defaults) instead of ``visibility_timeout``.
+
+The lease is refreshed by a daemon thread of the worker's main process, not by the event loop:
+with the solo or threads pool a long task blocks the loop, and a lease tied to it would lapse
+under a live, busy worker and run its task twice. A process whose main loop is wedged therefore
+keeps its lease; the heartbeat-file liveness probe restarts it, and then its lease lapses.
+Like any lease, a process frozen (SIGSTOP, a network partition from Redis) for longer than
+``timeout`` is treated as dead: its messages run elsewhere and, if it comes back, the fenced ack
+keeps kombu's bookkeeping right, but its own run is a second one (the idempotency guard's case).
+Kombu's visibility-timeout sweep stays in place as the fallback for anything not tracked.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import redis
+
+from taskherd import compat
+from taskherd.contract import broker_kind
+
+from . import Component
+
+logger = logging.getLogger(__name__)
+
+KEY_NAMESPACE = "taskherd.recovery."
+WORKERS_KEY = KEY_NAMESPACE + "workers"
+OWNER_KEY = KEY_NAMESPACE + "owner"
+UNACKED_KEY = "unacked"  # kombu.transport.redis.Channel defaults
+UNACKED_INDEX_KEY = "unacked_index"
+
+
+def alive_key(worker_id: str) -> str:
+    return f"{KEY_NAMESPACE}alive.{worker_id}"
+
+
+def held_key(worker_id: str) -> str:
+    return f"{KEY_NAMESPACE}held.{worker_id}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FastRecovery(Component):
+    """Redis only: a killed worker's unacknowledged messages return in seconds (module docstring).
+
+    On other brokers it does nothing: a closed AMQP connection requeues on its own. Producers that
+    install it are unaffected: its bootstep only runs inside ``celery worker``.
+    """
+
+    environment = {"TASKHERD_RECOVERY_HEARTBEAT_INTERVAL": "heartbeat_interval",
+                   "TASKHERD_RECOVERY_TIMEOUT": "timeout"}
+
+    #: seconds between lease refreshes, and between restorer passes
+    heartbeat_interval: float = 5.0
+    #: seconds without a refresh after which a worker is dead and its messages are restored
+    timeout: float = 15.0
+
+    def problems(self) -> list[str]:
+        if not self.heartbeat_interval > 0:
+            return [f"FastRecovery(heartbeat_interval={self.heartbeat_interval!r}) must be > 0 seconds"]
+        if not self.timeout >= 2 * self.heartbeat_interval:
+            return [f"FastRecovery(timeout={self.timeout!r}) must be at least twice heartbeat_interval="
+                    f"{self.heartbeat_interval!r} (>= {2 * self.heartbeat_interval!r} s), so that one late "
+                    f"refresh does not declare a live worker dead"]
+        return []
+
+    @property
+    def expected_recovery_seconds(self) -> float:
+        """Worst case from SIGKILL to the message being back on its queue."""
+        return self.timeout + self.heartbeat_interval
+
+    def install(self, app: Any, profile: Any = None) -> None:
+        visibility_timeout = getattr(profile, "visibility_timeout", None)
+        if visibility_timeout and self.expected_recovery_seconds >= visibility_timeout:
+            warnings.warn(f"recovery timeout={self.timeout!r} + heartbeat_interval={self.heartbeat_interval!r} "
+                          f"is not below visibility_timeout={visibility_timeout!r}: kombu's sweep would redeliver "
+                          f"first and fast recovery would never act", stacklevel=2)
+        from celery import bootsteps
+
+        settings = self
+
+        class FastRecoveryStep(bootsteps.StartStopStep):
+            """Started before the consumer, so the lease exists before anything is delivered."""
+
+            label = "taskherd fast recovery"
+
+            def start(self, worker):
+                broker_url = first_broker_url(worker.app)
+                if broker_kind(broker_url) != "redis":
+                    return
+                if broker_url.lower().startswith("sentinel"):
+                    logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages "
+                                   "of a killed worker wait for visibility_timeout")
+                    return
+                options = worker.app.conf.broker_transport_options or {}
+                activate(broker_url=broker_url, hostname=worker.hostname, settings=settings,
+                         prefix=options.get("global_keyprefix", "") or "")
+
+        app.steps["worker"].add(FastRecoveryStep)
+
+
+# KEYS: owner, held.<me>, unacked, unacked_index. ARGV: tag, me.
+# Deletes kombu's entries unless another worker owns the delivery now (our lease lapsed, the
+# message was restored and redelivered): that entry is theirs.
+ACK_SCRIPT = """
+local owner = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if owner == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if owner == false or owner == ARGV[2] then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+# KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers. ARGV: w.
+# Returns -1 if the worker is alive (nothing done), else the number of messages restored.
+# Queue list keys come from the held records (computed by kombu's own lookup at delivery time);
+# they are not in KEYS, which kombu's Redis transport (no cluster support) does not need.
+RESTORE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+local entries = redis.call('HGETALL', KEYS[2])
+local restored = 0
+for i = 1, #entries, 2 do
+  local tag, record = entries[i], entries[i + 1]
+  if redis.call('HGET', KEYS[3], tag) == ARGV[1] then
+    redis.call('HDEL', KEYS[3], tag)
+    if redis.call('HEXISTS', KEYS[4], tag) == 1 then
+      local held = cjson.decode(record)
+      for _, list in ipairs(held['lists']) do redis.call('RPUSH', list, held['message']) end
+      redis.call('HDEL', KEYS[4], tag)
+      redis.call('ZREM', KEYS[5], tag)
+      restored = restored + 1
+    end
+  end
+end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[6], ARGV[1])
+return restored
+"""
+
+
+class Keys:
+    """Fully prefixed key names (kombu's ``global_keyprefix`` applies to ours too)."""
+
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix
+
+    def __call__(self, name: str) -> str:
+        return self.prefix + name
+
+    def restore_keys(self, worker_id: str) -> list[str]:
+        return [self(alive_key(worker_id)), self(held_key(worker_id)), self(OWNER_KEY),
+                self(UNACKED_KEY), self(UNACKED_INDEX_KEY), self(WORKERS_KEY)]
+
+
+def restore_worker(client: redis.Redis, worker_id: str, *, prefix: str = "") -> int:
+    """Restores ``worker_id``'s unacked messages if its lease is gone: count, or -1 if alive."""
+    return int(client.register_script(RESTORE_SCRIPT)(keys=Keys(prefix).restore_keys(worker_id), args=[worker_id]))
+
+
+def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iterable[str] = ()) -> dict[str, int]:
+    """One restorer pass: worker id → messages restored, for each registered worker found dead."""
+    keys = Keys(prefix)
+    excluded = set(exclude)
+    workers = [w.decode() if isinstance(w, bytes) else w for w in client.smembers(keys(WORKERS_KEY))]
+    workers = [w for w in workers if w not in excluded]
+    if not workers:
+        return {}
+    with client.pipeline(transaction=False) as pipe:
+        for worker_id in workers:
+            pipe.exists(keys(alive_key(worker_id)))
+        alive = pipe.execute()
+    restored = {}
+    for worker_id, is_alive in zip(workers, alive):
+        if not is_alive:
+            count = restore_worker(client, worker_id, prefix=prefix)
+            if count >= 0:  # -1: it came back between our EXISTS and the script
+                restored[worker_id] = count
+    return restored
+
+
+def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float) -> bool:
+    """Whether this worker may act as a restorer now (monotonic clock).
+
+    Only after a full lease period of talking to Redis without error: after a Redis outage every
+    lease may have lapsed, and the first worker back must give the others time to renew theirs
+    before it takes their leases' absence for their death. A new worker waits the same way.
+    """
+    return redis_healthy_since is not None and now - redis_healthy_since >= timeout
+
+
+class Lease(threading.Thread):
+    """Keeps this worker's lease alive and restores dead workers' messages, every interval."""
+
+    def __init__(self, *, client: redis.Redis, worker_id: str, settings: FastRecovery, prefix: str = "",
+                 clock: Callable[[], float] = time.time):
+        super().__init__(name="taskherd-recovery-lease", daemon=True)
+        self.client = client
+        self.worker_id = worker_id
+        self.settings = settings
+        self.keys = Keys(prefix)
+        self.clock = clock
+        self._stopped = threading.Event()
+        self._held_once = False
+        self._pid = os.getpid()  # atexit handlers are inherited by forked pool children
+        self._redis_healthy_since: float | None = None
+
+    def refresh(self) -> None:
+        record = json.dumps({"pid": os.getpid(), "refreshed_at": self.clock()})
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys(alive_key(self.worker_id)), record, px=int(self.settings.timeout * 1000), get=True)
+            pipe.sadd(self.keys(WORKERS_KEY), self.worker_id)
+            previous, _ = pipe.execute()
+        if previous is None and self._held_once:
+            logger.warning("taskherd recovery: the lease of %s had lapsed (no refresh for %.0f s); other workers may "
+                           "have restored its messages", self.worker_id, self.settings.timeout)
+        self._held_once = True
+
+    def restore_others(self) -> dict[str, int]:
+        restored = restore_dead_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id])
+        for worker_id, count in restored.items():
+            logger.warning("taskherd recovery: worker %s lost its lease; restored %d unacked message(s)",
+                           worker_id, count)
+        return restored
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            started = time.monotonic()
+            try:
+                self.refresh()
+                if self._redis_healthy_since is None:
+                    self._redis_healthy_since = time.monotonic()
+                # Half an interval of slack: the pass that falls on the boundary must not miss it by
+                # a millisecond and wait a whole interval more.
+                if may_restore(now=time.monotonic() + self.settings.heartbeat_interval / 2,
+                               redis_healthy_since=self._redis_healthy_since, timeout=self.settings.timeout):
+                    self.restore_others()
+            except redis.RedisError as exc:
+                self._redis_healthy_since = None
+                logger.warning("taskherd recovery: Redis error (%s); retrying in %.1f s", exc,
+                               self.settings.heartbeat_interval)
+            self._stopped.wait(max(0.0, self.settings.heartbeat_interval - (time.monotonic() - started)))
+
+    def release(self) -> None:
+        """At process exit: drop the lease and give back whatever is still held, at once."""
+        if os.getpid() != self._pid:
+            return
+        self._stopped.set()
+        try:
+            self.client.delete(self.keys(alive_key(self.worker_id)))
+            restore_worker(self.client, self.worker_id, prefix=self.keys.prefix)
+        except redis.RedisError as exc:
+            logger.warning("taskherd recovery: could not release the lease of %s (%s); it expires in %.0f s",
+                           self.worker_id, exc, self.settings.timeout)
+
+
+class Destinations:
+    """The Redis lists kombu's own restore would push a delivered message back to (binding lookup,
+    priority sub-list, key prefix), cached briefly: bindings rarely change, and the cache saves one
+    SMEMBERS per delivery."""
+
+    def __init__(self, keys: Keys):
+        self.keys = keys
+        self._cache: dict[tuple[str, str, int], tuple[float, list[str]]] = {}
+
+    def of(self, channel: Any, message: Any) -> list[str]:
+        delivery = message.delivery_info
+        priority = channel._get_message_priority(message._raw, reverse=False)
+        key = (delivery["exchange"], delivery["routing_key"], priority)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached and now - cached[0] < 30:
+            return cached[1]
+        lists = [self.keys(channel._q_for_pri(queue, priority))
+                 for queue in channel._lookup(delivery["exchange"], delivery["routing_key"])]
+        self._cache[key] = (now, lists)
+        return lists
+
+
+class Tracker:
+    """This process's identity and key names, used by TrackingQoS."""
+
+    def __init__(self, *, worker_id: str, prefix: str = ""):
+        self.worker_id = worker_id
+        self.keys = Keys(prefix)
+        self.destinations = Destinations(self.keys)
+
+    def held_record(self, channel: Any, message: Any) -> str:
+        """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed)."""
+        payload = json.loads(json.dumps(message._raw))  # a copy: the consumer keeps reading the original
+        try:
+            payload["headers"]["redelivered"] = True
+            payload["properties"]["delivery_info"]["redelivered"] = True
+        except (KeyError, TypeError):
+            pass
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
+
+
+def _tracking_qos_class():
+    from kombu.transport import virtual
+    from kombu.utils.json import dumps, loads
+    from kombu.utils.encoding import bytes_to_str
+
+    class TrackingQoS(compat.redis_qos_base()):
+        """kombu's Redis QoS, also recording which worker holds each delivery (see module doc)."""
+
+        tracker: Tracker | None = None
+
+        def _plain_client(self) -> redis.Redis:
+            # kombu's prefixed client prefixes only the first key of EVALSHA; ours are prefixed already.
+            client = getattr(self, "_taskherd_plain_client", None)
+            if client is None:
+                client = self._taskherd_plain_client = redis.Redis(connection_pool=self.channel.pool)
+                self._taskherd_ack = client.register_script(ACK_SCRIPT)
+            return client
+
+        def append(self, message, delivery_tag):
+            tracker = self.tracker
+            if tracker is None:
+                return super().append(message, delivery_tag)
+            delivery = message.delivery_info
+            record = tracker.held_record(self.channel, message)
+            with self.pipe_or_acquire() as pipe:  # one MULTI/EXEC: kombu's entries and ours
+                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                    .hset(self.unacked_key, delivery_tag,
+                          dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                    .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
+                    .hset(held_key(tracker.worker_id), delivery_tag, record) \
+                    .execute()
+                virtual.QoS.append(self, message, delivery_tag)
+
+        def _fenced_remove(self, delivery_tag) -> None:
+            tracker = self.tracker
+            keys = tracker.keys
+            client = self._plain_client()
+            self._taskherd_ack(keys=[keys(OWNER_KEY), keys(held_key(tracker.worker_id)),
+                                     keys(self.unacked_key), keys(self.unacked_index_key)],
+                               args=[delivery_tag, tracker.worker_id], client=client)
+
+        def ack(self, delivery_tag):
+            if self.tracker is None:
+                return super().ack(delivery_tag)
+            self._fenced_remove(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+
+        def reject(self, delivery_tag, requeue=False):
+            if self.tracker is None:
+                return super().reject(delivery_tag, requeue=requeue)
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)
+            else:
+                self._fenced_remove(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+
+        def restore_by_tag(self, tag, client=None, leftmost=False):
+            if self.tracker is None:
+                return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+
+            def restore_transaction(pipe):
+                payload = pipe.hget(self.unacked_key, tag)
+                owner = pipe.hget(OWNER_KEY, tag)
+                pipe.multi()
+                self._remove_from_indices(tag, pipe)
+                if owner:  # whoever held it, it is back on the queue now
+                    pipe.hdel(OWNER_KEY, tag)
+                    pipe.hdel(held_key(bytes_to_str(owner)), tag)
+                if payload:
+                    message, exchange, routing_key = loads(bytes_to_str(payload))
+                    self.channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+
+            with self.channel.conn_or_acquire(client) as client:
+                client.transaction(restore_transaction, self.unacked_key, OWNER_KEY)
+
+    return TrackingQoS
+
+
+_installed_lease: Lease | None = None
+
+
+def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: str = "") -> Lease:
+    """In a worker process: start tracking deliveries and keeping the lease (once per process)."""
+    global _installed_lease
+    if _installed_lease is not None:
+        return _installed_lease
+    worker_id = f"{hostname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(broker_url, socket_timeout=max(1.0, settings.heartbeat_interval),
+                                  socket_connect_timeout=max(1.0, settings.heartbeat_interval))
+    lease = Lease(client=client, worker_id=worker_id, settings=settings, prefix=prefix)
+    lease.refresh()  # the lease exists before the first delivery is tracked
+    qos_class = _tracking_qos_class()
+    qos_class.tracker = Tracker(worker_id=worker_id, prefix=prefix)
+    compat.set_redis_qos_class(qos_class)
+    lease.start()
+    atexit.register(lease.release)
+    _installed_lease = lease
+    logger.info("taskherd recovery: worker %s holds a %.0f s lease refreshed every %.0f s", worker_id,
+                settings.timeout, settings.heartbeat_interval)
+    return lease
+
+
+def first_broker_url(app: Any) -> str:
+    """The app's broker URL (the first, when several are given for failover)."""
+    url = app.conf.broker_url or app.conf.broker_write_url or ""
+    return url[0] if isinstance(url, (list, tuple)) else url.split(";")[0]
