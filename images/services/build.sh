@@ -10,10 +10,10 @@
 # Kubernetes service discovery, which is how Prometheus finds pods to scrape.
 #
 # Prints the path of the docker-archive tarball. Its tag, taskherd.local/services:<key>, is the
-# content key of the inputs (this script, the entrypoint, the base, the package list): a change
-# makes a new tag, and the pods roll to it. The tarball is listed in $IMAGES_CACHE/app-images.list
-# (what the local cluster imports when it starts and what kind loads) and imported into the local
-# cluster's containerd when that runs.
+# content key of the inputs (this script, the entrypoint, the base, the package list, Prometheus'
+# version): a change makes a new tag, and the pods roll to it. The tarball is listed in
+# $IMAGES_CACHE/app-images.list (what the local cluster imports when it starts and what kind loads)
+# and imported into the local cluster's containerd when that runs.
 source "$(dirname "$0")/../lib.sh"
 need_root
 take_lock services-image
@@ -21,55 +21,43 @@ PACKAGES=(tini redis-server rabbitmq-server postgresql-15 prometheus-alertmanage
 # Prometheus 3.x: module versions v0.3MM.P are Prometheus 3.MM.P
 PROMETHEUS_MODULE=github.com/prometheus/prometheus
 PROMETHEUS_MODULE_VERSION=v0.316.0
+PROMETHEUS_BIN_DIR="$BIN_ROOT/prometheus-$PROMETHEUS_MODULE_VERSION"
 SERVICES_UID=10002   # the pods' runAsUser; initdb needs it to have a passwd entry
 HERE="$IMAGES_SRC/services"
 APP_LIST="$IMAGES_CACHE/app-images.list"
 
 # The prometheus binary with the service discovery mechanisms the e2e suite uses (Kubernetes; file
-# and HTTP are always in): the build tags leave out the cloud providers' SDKs. Cached by version.
+# and HTTP are always in): the build tags leave out the cloud providers' SDKs.
 build_prometheus() {
-    local out="$BIN_ROOT/prometheus-$PROMETHEUS_MODULE_VERSION" minor patch t0=$SECONDS
-    if [ ! -f "$out/.complete" ]; then
-        minor=${PROMETHEUS_MODULE_VERSION#v0.3}; minor=$((10#${minor%%.*})); patch=${PROMETHEUS_MODULE_VERSION##*.}
-        go_env
-        rm -rf "$out"
-        mkdir -p "$out"
-        log "building prometheus 3.$minor.$patch ($PROMETHEUS_MODULE@$PROMETHEUS_MODULE_VERSION) -> $out (log: $out/build.log)"
-        # `go install pkg@version` builds with the module's own go.mod and go.sum; -mod must be unset
-        GOFLAGS= GOBIN="$out" go install -trimpath -tags remove_all_sd,enable_kubernetes_sd \
-            -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.$minor.$patch -X github.com/prometheus/common/version.Branch=$PROMETHEUS_MODULE_VERSION" \
-            "$PROMETHEUS_MODULE/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" >"$out/build.log" 2>&1 ||
-            { tail -20 "$out/build.log" >&2; die "building prometheus failed (log: $out/build.log)"; }
-        touch "$out/.complete"
-        log "prometheus built in $((SECONDS - t0)) s"
-    fi
-    echo "$out/prometheus"
+    local minor patch
+    minor=${PROMETHEUS_MODULE_VERSION#v0.3}; minor=$((10#${minor%%.*})); patch=${PROMETHEUS_MODULE_VERSION##*.}
+    go_env
+    rm -rf "$PROMETHEUS_BIN_DIR"
+    mkdir -p "$PROMETHEUS_BIN_DIR"
+    # `go install pkg@version` builds with the module's own go.mod and go.sum; -mod must be unset
+    GOFLAGS='' GOBIN="$PROMETHEUS_BIN_DIR" go install -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+        -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.$minor.$patch -X github.com/prometheus/common/version.Branch=$PROMETHEUS_MODULE_VERSION" \
+        "$PROMETHEUS_MODULE/cmd/prometheus@$PROMETHEUS_MODULE_VERSION"
+    touch "$PROMETHEUS_BIN_DIR/.complete"
 }
 
-BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
-PROMETHEUS_BIN=$(build_prometheus)
-key=$(content_key "$HERE/build.sh" "$HERE/taskherd-service" "$IMAGES_SRC/mkimage.py" \
-    "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$PROMETHEUS_MODULE_VERSION" "$SERVICES_UID")
-tag="taskherd.local/services:$key"
-out="$IMAGES_CACHE/services-$key.tar"
-
-if [ ! -f "$out" ]; then
-    work="$IMAGES_CACHE/services-work"
-    root="$work/rootfs"
+# services_image OUT: the base's root filesystem, the packages, the binaries, then the image.
+services_image() {
+    local out=$1 work="$IMAGES_CACHE/services-work" layer
+    local root="$work/rootfs"
     safe_rmtree "$work"   # an interrupted run's (it may have left /proc mounted in the chroot)
     mkdir -p "$root"
-    trap 'safe_rmtree "$work"' EXIT
-    t0=$SECONDS
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "safe_rmtree $(printf %q "$work")" EXIT
     layer=$(tar -xOf "$BASE_TAR" manifest.json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["Layers"][0])')
     tar -xOf "$BASE_TAR" "$layer" | tar -C "$root" --numeric-owner -xpf -
     cp /etc/resolv.conf "$root/etc/resolv.conf"   # for apt in the chroot; emptied again below
     printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
     chmod 755 "$root/usr/sbin/policy-rc.d"
     mount -t proc proc "$root/proc"
-    log "services image: apt-get install ${PACKAGES[*]} into the base (log: $work/apt.log)"
-    { chroot "$root" apt-get update -q &&
-        chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
-    } >"$work/apt.log" 2>&1 || { tail -30 "$work/apt.log" >&2; cp "$work/apt.log" "$IMAGES_CACHE/services-apt.log"; die "apt-get in the services chroot failed (log: $IMAGES_CACHE/services-apt.log)"; }
+    echo "apt-get install ${PACKAGES[*]} into the base"
+    chroot "$root" apt-get update -q
+    chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
     umount "$root/proc"
     chroot "$root" apt-get clean
     # what the packages' maintainer scripts set up for a system service, which the pods do not use:
@@ -85,17 +73,24 @@ if [ ! -f "$out" ]; then
     echo "taskherd-services:x:$SERVICES_UID:$SERVICES_UID:taskherd services:/data:/usr/sbin/nologin" >>"$root/etc/passwd"
     echo "taskherd-services:x:$SERVICES_UID:" >>"$root/etc/group"
     install -m 755 "$HERE/taskherd-service" "$root/usr/local/bin/taskherd-service"
-    install -m 755 "$PROMETHEUS_BIN" "$root/usr/local/bin/prometheus"
+    install -m 755 "$PROMETHEUS_BIN_DIR/prometheus" "$root/usr/local/bin/prometheus"
     install -d -m 775 -o "$SERVICES_UID" -g "$SERVICES_UID" "$root/data"
     tar -C "$root" --numeric-owner -cf "$work/rootfs.tar" .
     python3 "$IMAGES_SRC/mkimage.py" --tag "$tag" --rootfs-tar "$work/rootfs.tar" \
         --entrypoint /usr/bin/tini /usr/local/bin/taskherd-service --user "$SERVICES_UID:$SERVICES_UID" \
         --workdir /data -o "$out"
-    log "services image $tag: $out ($((SECONDS - t0)) s, $(du -m "$out" | cut -f1) MB)"
-    # Superseded builds go, but not the last few: checkouts sharing $TASKHERD_HOME may build
-    # different versions, and each would otherwise delete the other's and rebuild its own.
-    ls -t "$IMAGES_CACHE"/services-*.tar | tail -n +4 | xargs -r rm -f
+}
+
+BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
+if [ -f "$PROMETHEUS_BIN_DIR/.complete" ]; then
+    step_done "prometheus $PROMETHEUS_MODULE_VERSION" reused 0
+else
+    run_step "prometheus $PROMETHEUS_MODULE_VERSION" go-prometheus build_prometheus
 fi
+key=$(content_key "$HERE/build.sh" "$HERE/taskherd-service" "$IMAGES_SRC/mkimage.py" \
+    "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$PROMETHEUS_MODULE_VERSION" "$SERVICES_UID")
+tag="taskherd.local/services:$key"
+out=$(cached_image services "$IMAGES_CACHE/services-$key.tar" services_image)
 
 # One line per image in the list the local cluster imports at start-up and kind loads.
 if ! grep -qxF "$out" "$APP_LIST" 2>/dev/null; then
