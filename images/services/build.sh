@@ -90,7 +90,20 @@ fi
 key=$(content_key "$HERE/build.sh" "$HERE/taskherd-service" "$IMAGES_SRC/mkimage.py" \
     "$(basename "$BASE_TAR")" "${PACKAGES[*]}" "$PROMETHEUS_MODULE_VERSION" "$SERVICES_UID")
 tag="taskherd.local/services:$key"
-out=$(cached_image services "$IMAGES_CACHE/services-$key.tar" services_image)
+out="$IMAGES_CACHE/services-$key.tar"
+# Like cached_image, except that superseded builds go only beyond the last three: checkouts sharing
+# $TASKHERD_HOME build different versions, and each would otherwise delete the other's and rebuild.
+keep_last_three() {
+    services_image "$out.partial"
+    mv "$out.partial" "$out"
+    find "$IMAGES_CACHE" -maxdepth 1 -name 'services-*.tar' -printf '%T@ %p\n' | sort -rn | tail -n +4 |
+        cut -d' ' -f2- | xargs -r rm -f
+}
+if [ -f "$out" ]; then
+    step_done "services image" reused 0
+else
+    run_step "services image" image-services keep_last_three
+fi
 
 # One line per image in the list the local cluster imports at start-up and kind loads.
 if ! grep -qxF "$out" "$APP_LIST" 2>/dev/null; then
