@@ -23,6 +23,11 @@ PY=/usr/bin/python3
 
 BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 
+# ---- the e2e services image (Redis, RabbitMQ, PostgreSQL, Alertmanager, Prometheus): built, listed
+# in $APP_LIST and imported by its own script (cached: a no-op when its inputs are unchanged)
+SERVICES_TAR=$(bash "$IMAGES_SRC/services/build.sh")
+# ----
+
 # Skip the build when nothing that goes into the images changed since the last one (the sources
 # of the distribution, the Dockerfiles, this script, the base image); FORCE=1 rebuilds anyway.
 src_key=$( (cd "$REPO_ROOT" && find worker operator \
@@ -97,7 +102,7 @@ for name in worker operator; do
     imported+=("$IMAGES_CACHE/$name.tar")
 done
 "${DOCKER[@]}" image prune -f >/dev/null   # superseded builds of the same tags
-printf '%s\n' "${imported[@]}" >"$APP_LIST"
+printf '%s\n' "${imported[@]}" "$SERVICES_TAR" >"$APP_LIST"
 echo "$src_key" >"$IMAGES_CACHE/app-images.key"
 
 if proc_pid containerd >/dev/null; then

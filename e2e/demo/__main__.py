@@ -7,6 +7,7 @@ something failed, the cluster's view of it (pods, events, operator log).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,6 +19,10 @@ from pathlib import Path
 import psycopg
 
 from e2e.lib import cluster as clusters
+from e2e.services import access
+from e2e.services import deploy as services
+from e2e.services.forward import ForwardError
+from e2e.services.image import ImageError
 
 from . import deploy, environment, ledger, timeline
 from .config import BROKERS, DEAD_LETTER_QUEUE, DEFAULT_BROKER, FULL, NAMESPACE, RUNS, SHORT, Plan
@@ -49,13 +54,19 @@ def down() -> int:
     cluster = clusters.resolve()
     try:
         cluster.check_reachable()
-        deploy.uninstall(cluster, say.say)
-        deploy.delete_namespace(cluster, say.say)
     except clusters.ClusterUnavailable as exc:
         say.say(f"cluster not reachable, nothing to remove there: {str(exc).splitlines()[0]}")
-    environment.tear_down(say.say)
-    say.say("done: the demo's namespace, release, vhost, database, Redis database and forwarders are gone "
-            "(the cluster, the services and the WorkerPool CRD stay)")
+        return 0
+    deploy.uninstall(cluster, say.say)
+    deploy.delete_namespace(cluster, say.say)
+    deployed = services.current(cluster)
+    if deployed is None:
+        say.say("no in-cluster services: no vhost, database or Redis database to remove")
+    else:
+        with access.reach(cluster, deployed, log=say.say) as host:
+            environment.tear_down(host, say.say)
+    say.say("done: the demo's namespace, release, vhost, database, Redis database and pages are gone "
+            "(the cluster, the services in taskherd-services and the WorkerPool CRD stay)")
     return 0
 
 
@@ -69,15 +80,18 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
     cluster = scenario = world = None
     verdict: Verdict | None = None
     error: str | None = None
+    # the tunnels to the services live until the verdict is written
+    forwards = contextlib.ExitStack()
     try:
         say.phase(f"0. Setting up ({plan.name} demo, broker {broker})")
         cluster = deploy.pick_cluster(say.say)
         summary["cluster"] = cluster.source
         deploy.uninstall(cluster, say.say)  # a previous run's pool, so this one starts from rest
-        address = deploy.pod_address(cluster)
-        world = environment.prepare(broker=broker, pod_address=address, log=say.say)
-        say.say(f"services on this host, reached by the pods at {address}: broker {broker}, PostgreSQL, "
-                f"Alertmanager {world.pods.alertmanager_url}")
+        deployed = services.up(cluster, log=say.say)
+        host = forwards.enter_context(access.reach(cluster, deployed, log=say.say))
+        world = environment.prepare(broker=broker, host=host, pods=deployed.pods, log=say.say)
+        say.say(f"services in the cluster, reached by the pods by name: broker {world.pods.broker_url.split('@')[-1]}, "
+                f"PostgreSQL, Alertmanager {world.pods.alertmanager_url}")
         deploy.ensure_images(cluster, say.say)
         create_schema(world)
         deploy.install(cluster, world, run_dir, say.say)
@@ -87,8 +101,8 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
         outcome = scenario.run()
         summary["timings"].update({f"{k}_seconds": v for k, v in outcome.phase_seconds.items()})
         verdict = judge_run(scenario, outcome, world)
-    except (ScenarioError, deploy.DeployError, environment.ServiceError, clusters.ClusterUnavailable,
-            clusters.CommandFailed, clusters.WaitTimeout) as exc:
+    except (ScenarioError, deploy.DeployError, services.ServicesError, ImageError,
+            ForwardError, clusters.ClusterUnavailable, clusters.CommandFailed, clusters.WaitTimeout) as exc:
         error = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - reported with its traceback, never swallowed
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
@@ -99,7 +113,10 @@ def run(plan: Plan, broker: str, runs_dir: Path) -> int:
             except Exception as exc:  # noqa: BLE001 - the error above is the story; this is a bonus
                 summary["verdict_error"] = f"{type(exc).__name__}: {exc}"
         summary["timings"]["total_seconds"] = round(time.time() - started, 1)
-        write_results(run_dir, summary, scenario, verdict, error, cluster, say)
+        try:
+            write_results(run_dir, summary, scenario, verdict, error, cluster, say)
+        finally:
+            forwards.close()
     return 0 if verdict is not None and verdict.ok and error is None else 1
 
 

@@ -45,7 +45,7 @@ SHORT = Plan(name="short", charges=60, kills=1, trickle_seconds=8.0, drain_timeo
 
 
 def state_dir() -> Path:
-    """Where the demo keeps what it must find again (forwarder PIDs): outside the checkout."""
+    """Where the demo keeps what it must find again (the key of the last image build): outside the checkout."""
     home = Path(os.environ.get("TASKHERD_HOME") or Path.home() / ".cache" / "taskherd")
     path = home / "demo"
     path.mkdir(parents=True, exist_ok=True)

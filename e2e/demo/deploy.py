@@ -14,13 +14,13 @@ from typing import Callable
 import yaml
 
 from e2e.lib import cluster as clusters
+from e2e.services.config import NAMESPACE as SERVICES_NAMESPACE
+from e2e.services.config import PORTS
 
 from .config import CHART, NAMESPACE, POOL, RELEASE, REPO_ROOT, SHOP, SHOP_VALUES, state_dir
-from .environment import PORTS, World
+from .environment import World
 
 Log = Callable[[str], None]
-#: the local cluster's pod bridge (e2e/cluster/up.sh): the host's address as the pods see it
-LOCAL_BRIDGE = "taskherd0"
 #: what the worker and operator images are built from: a change here means `make images`
 IMAGE_INPUTS = ("worker", "operator", "images/worker", "images/operator",
                 "images/build.sh", "e2e/cluster/versions.env")
@@ -57,26 +57,6 @@ def pick_cluster(log: Log) -> clusters.Cluster:
     cluster.check_reachable()
     log(f"cluster: {cluster.source} ({cluster.kubeconfig})")
     return cluster
-
-
-def pod_address(cluster: clusters.Cluster) -> str:
-    """The address of this host as the cluster's pods reach it."""
-    explicit = os.environ.get("TASKHERD_DEMO_HOST_ADDRESS")
-    if explicit:
-        return explicit
-    if cluster.source == "local":
-        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", LOCAL_BRIDGE], capture_output=True,
-                             text=True).stdout.split()
-        if "inet" in out:
-            return out[out.index("inet") + 1].split("/")[0]
-        raise DeployError(f"the local cluster's bridge {LOCAL_BRIDGE} has no IPv4 address: is `make cluster` up?")
-    if cluster.source == "kind":
-        r = subprocess.run(["docker", "network", "inspect", "kind", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
-                           capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip()
-    raise DeployError(f"cannot tell how pods of the {cluster.source} cluster reach this host: set "
-                      f"TASKHERD_DEMO_HOST_ADDRESS to an address of this host the pods can connect to")
 
 
 def _images_key() -> str:
@@ -144,19 +124,29 @@ def ensure_images(cluster: clusters.Cluster, log: Log) -> None:
             "taskherd.local/operator:dev (push them to your registry and set the image values)")
 
 
+def services_peer(component: str) -> dict:
+    """A NetworkPolicy peer: the pods of one in-cluster service (e2e/services)."""
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SERVICES_NAMESPACE}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": component}}}
+
+
+def _egress(component: str, port: str) -> dict:
+    return {"to": [services_peer(component)], "ports": [{"port": PORTS[component][port], "protocol": "TCP"}]}
+
+
 def demo_values(world: World) -> dict:
-    """examples/shop/values.yaml plus what depends on this machine."""
+    """examples/shop/values.yaml plus what depends on where the services are."""
     values = yaml.safe_load(SHOP_VALUES.read_text())
     values = copy.deepcopy(values)
-    peer = [{"ipBlock": {"cidr": f"{world.pod_address}/32"}}]
     broker = values["broker"]
     broker["type"] = world.broker
     if world.broker == "redis":
         broker["existingSecret"].pop("managementUrlKey", None)
-        broker["ports"] = [PORTS["redis"]]
+        broker["ports"] = [PORTS["redis"]["redis"]]
+        broker["networkPeers"] = [services_peer("redis")]
     else:
-        broker["ports"] = [PORTS["amqp"], PORTS["management"]]
-    broker["networkPeers"] = peer
+        broker["ports"] = [PORTS["rabbitmq"]["amqp"], PORTS["rabbitmq"]["management"]]
+        broker["networkPeers"] = [services_peer("rabbitmq")]
     [pool] = [p for p in values["workerPools"] if p["name"] == POOL]
     # The shop's code reaches the pods as a ConfigMap; your own app would be in its image instead
     # (examples/shop/Dockerfile).
@@ -164,10 +154,11 @@ def demo_values(world: World) -> dict:
     pool["extraVolumes"] = [{"name": "shop-code", "configMap": {"name": "shop-code"}}]
     pool["extraVolumeMounts"] = [{"name": "shop-code", "mountPath": "/app/shop", "readOnly": True}]
     pool["autoscaling"]["deadLetter"]["alertmanagerUrl"] = world.pods.alertmanager_url
-    egress_ports = [PORTS["postgres"]] + ([PORTS["redis"]] if world.broker == "rabbitmq" else [])
+    # the charges' database; on RabbitMQ, the Redis that counts deliveries
+    worker_egress = [_egress("postgres", "postgres")] + ([_egress("redis", "redis")] if world.broker == "rabbitmq" else [])
     values["networkPolicy"] = {
-        "workerExtraEgress": [{"to": peer, "ports": [{"port": p, "protocol": "TCP"} for p in egress_ports]}],
-        "operatorExtraEgress": [{"to": peer, "ports": [{"port": PORTS["alertmanager"], "protocol": "TCP"}]}],
+        "workerExtraEgress": worker_egress,
+        "operatorExtraEgress": [_egress("alertmanager", "http")],
         # the operator reads each worker's in-flight gauge to remove idle workers first
         "metricsIngress": {"enabled": True},
     }
