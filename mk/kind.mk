@@ -29,3 +29,14 @@ kind-env:
 workflow-lint:
 	bash e2e/cluster/build.sh actionlint
 	bash -c 'source e2e/cluster/lib.sh; "$$BIN_ROOT/actionlint-$$ACTIONLINT_VERSION/actionlint" -color=never'
+
+# The tests that need kind (marker kind: node faults) or a network that enforces NetworkPolicy
+# (marker networkpolicy) fail on other clusters, saying why; `make test` deselects them there, and
+# says so. E2E_CLUSTER=kind make test runs everything on the kind cluster.
+ifneq ($(E2E_CLUSTER),kind)
+test: PYTEST_ARGS += -m 'not kind and not networkpolicy'
+TEST_PREREQS += kind-tests-deselected
+endif
+.PHONY: kind-tests-deselected
+kind-tests-deselected:
+	@echo "make test: tests marked kind and networkpolicy are deselected: they need the kind cluster (E2E_CLUSTER=kind make test)"

@@ -148,11 +148,13 @@ def node_ready(cluster: Cluster, name: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
 
 
-def drain(cluster: Cluster, name: str, timeout: float = 300) -> None:
+def drain(cluster: Cluster, name: str, timeout: float = 300) -> str:
     """`kubectl drain`: cordon the node, then evict its pods through the eviction API, which refuses
-    an eviction that would break a PodDisruptionBudget and is retried until it is allowed."""
-    cluster.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data",
-                    f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    an eviction that would break a PodDisruptionBudget (kubectl retries it every 5 s until allowed).
+    Returns kubectl's output, which names each eviction a budget held back."""
+    r = cluster.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data",
+                        f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    return r.stdout + r.stderr
 
 
 def uncordon(cluster: Cluster, name: str) -> None:
