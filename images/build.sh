@@ -17,9 +17,9 @@ APP_LIST="$IMAGES_CACHE/app-images.list"   # tarballs up.sh imports
 DOCKER_HOME="$TASKHERD_HOME/docker"
 DOCKER_SOCK="$DOCKER_HOME/docker.sock"
 DOCKER=(docker -H "unix://$DOCKER_SOCK")
-PY=/usr/bin/python3
+PY=${TASKHERD_IMAGE_PYTHON:-/usr/bin/python3}   # another Python 3.11 where the system's is not (CI runners)
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' ||
-    die "$PY must be Python 3.11 (the images' Python)"
+    die "$PY must be Python 3.11 (the images' Python; TASKHERD_IMAGE_PYTHON names another)"
 
 BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 

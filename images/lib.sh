@@ -22,8 +22,10 @@ safe_rmtree() {
 }
 
 # The Debian mirror apt uses on this machine: the first http(s) URI of a deb source for $BASE_SUITE
-# with component main (one-line or deb822 format).
+# with component main (one-line or deb822 format); TASKHERD_DEBIAN_MIRROR where apt has none (a
+# machine that is not Debian bookworm, e.g. a hosted CI runner).
 debian_mirror() {
+    if [ -n "${TASKHERD_DEBIAN_MIRROR:-}" ]; then echo "$TASKHERD_DEBIAN_MIRROR"; return 0; fi
     python3 - "$BASE_SUITE" <<'PY'
 import glob, re, sys
 suite = sys.argv[1]

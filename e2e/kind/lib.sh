@@ -147,3 +147,11 @@ stop_kind_dockerd() {
     fi
     ip link show "$KIND_BRIDGE" >/dev/null 2>&1 && ip link delete "$KIND_BRIDGE" 2>/dev/null || true
 }
+
+# Remove the routes to pod ranges e2e/kind/up.sh added (listed in $KIND_HOME/routes).
+unroute_pods() {
+    local cidr
+    [ -f "$KIND_HOME/routes" ] || return 0
+    while read -r cidr; do ip route del "$cidr" 2>/dev/null || true; done <"$KIND_HOME/routes"
+    rm -f "$KIND_HOME/routes"
+}

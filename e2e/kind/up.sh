@@ -69,8 +69,32 @@ load_images() {
     done
 }
 
+# route_pods: each node's pod range is routed from this host through the node, so that processes here
+# reach pods by their IP as they do on the local cluster (the operator's cluster tests run the
+# operator on this host and read its workers' metrics). Only with root, and never over a route
+# this host already has to an address in those ranges.
+route_pods() {
+    [ "$(id -u)" = 0 ] || { kind_log "not root: pod addresses are not routed from this host"; return 0; }
+    local node cidr node_ip via
+    : >"$KIND_HOME/routes.new"
+    while read -r node cidr node_ip; do
+        [ -n "$cidr" ] && [ -n "$node_ip" ] || continue
+        via=$(ip -4 route show exact "$cidr" | awk '{for (i = 1; i < NF; i++) if ($i == "via") print $(i + 1)}')
+        if [ -z "$via" ] && ip -4 route show match "${cidr%/*}" | grep -qv '^default'; then
+            kind_log "WARNING: this host already routes $cidr elsewhere: pods of $node are not routed from it"
+            continue
+        fi
+        [ "$via" = "$node_ip" ] || ip route replace "$cidr" via "$node_ip"
+        echo "$cidr" >>"$KIND_HOME/routes.new"
+    done < <(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}')
+    sort -u "$KIND_HOME/routes.new" "$KIND_HOME/routes" 2>/dev/null >"$KIND_HOME/routes.all" || true
+    mv "$KIND_HOME/routes.all" "$KIND_HOME/routes"
+    rm -f "$KIND_HOME/routes.new"
+}
+
 if healthy; then
     kind_log "kind cluster $KIND_CLUSTER_NAME is up and healthy (kubeconfig: $KIND_KUBECONFIG)"
+    route_pods
     load_images
     exit 0
 fi
@@ -80,6 +104,7 @@ if "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER_NAME"; then
     "$KIND" delete cluster --name "$KIND_CLUSTER_NAME" >&2
 fi
 rm -f "$KIND_HOME/ready" "$LOADED" "$KIND_KUBECONFIG"
+unroute_pods
 
 kind_log "kind create cluster --name $KIND_CLUSTER_NAME --image $KIND_NODE_IMAGE"
 # No --wait: with the default CNI disabled the nodes become Ready only once kube-router runs.
@@ -96,6 +121,7 @@ wait_for "every node Ready (kube-router running)" 240 nodes_ready ||
     { kc get nodes -o wide >&2; kc -n kube-system get pods -o wide >&2; die "nodes not Ready"; }
 wait_for "kube-router on every node" 120 rolled_out kube-system daemonset/kube-router || die "kube-router not ready"
 wait_for "CoreDNS" 120 rolled_out kube-system deployment/coredns || die "CoreDNS not ready"
+route_pods
 load_images
 echo "$CONFIG_KEY" >"$KIND_HOME/ready"
 kind_log "kind cluster up in $((SECONDS - T0)) s; kubeconfig: $KIND_KUBECONFIG"
