@@ -87,9 +87,7 @@ route_pods() {
         [ "$via" = "$node_ip" ] || ip route replace "$cidr" via "$node_ip"
         echo "$cidr" >>"$KIND_HOME/routes.new"
     done < <(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name} {.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}')
-    sort -u "$KIND_HOME/routes.new" "$KIND_HOME/routes" 2>/dev/null >"$KIND_HOME/routes.all" || true
-    mv "$KIND_HOME/routes.all" "$KIND_HOME/routes"
-    rm -f "$KIND_HOME/routes.new"
+    mv "$KIND_HOME/routes.new" "$KIND_HOME/routes"
 }
 
 if healthy; then
