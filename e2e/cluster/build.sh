@@ -5,7 +5,7 @@
 #
 #   build.sh                 kubernetes etcd helm coredns crictl (what `make cluster` needs)
 #   build.sh kind            also: sigs.k8s.io/kind (see docs/cluster.md)
-#   build.sh kubeadm kube-router local-path-provisioner   what the kind node image adds (images/kind)
+#   build.sh kubeadm kind-containerd kube-router local-path-provisioner   what the kind node image adds (images/kind)
 #   build.sh kubernetes etcd only those
 source "$(dirname "$0")/lib.sh"
 go_env
@@ -34,6 +34,9 @@ spec() {
               OUT=$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION PKGS=(github.com/cloudnativelabs/kube-router/v2/cmd/kube-router) ;;
     local-path-provisioner) MOD=github.com/rancher/local-path-provisioner VER=$LOCAL_PATH_PROVISIONER_VERSION
               OUT=$BIN_ROOT/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION PKGS=(github.com/rancher/local-path-provisioner) ;;
+    kind-containerd) MOD=github.com/containerd/containerd/v2 VER=$KIND_CONTAINERD_VERSION
+              OUT=$BIN_ROOT/containerd-$KIND_CONTAINERD_VERSION PKGS=(github.com/containerd/containerd/v2/cmd/containerd
+              github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2) ;;
     actionlint) MOD=github.com/rhysd/actionlint VER=$ACTIONLINT_VERSION OUT=$BIN_ROOT/actionlint-$ACTIONLINT_VERSION
               PKGS=(github.com/rhysd/actionlint/cmd/actionlint) ;;
     *) die "unknown component $1" ;;
@@ -82,6 +85,8 @@ ldflags() {
         echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$VER" ;;
     crictl) echo "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$VER" ;;
     kube-router) echo "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$VER" ;;
+    kind-containerd) echo "-s -w -X github.com/containerd/containerd/v2/version.Version=$VER" \
+        "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2" ;;
     local-path-provisioner) echo "-s -w -X main.VERSION=$VER" ;;
     actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=${VER#v}" ;;
     *) echo "-s -w" ;;

@@ -2,10 +2,10 @@
 #
 # Two ways to run kind, chosen by the node image:
 #   built here  taskherd.local/kind-node:<kubernetes version> (make kind-image), in a docker daemon of
-#               our own (below); pod network kube-router, which enforces NetworkPolicy.
-#   pulled      TASKHERD_KIND_NODE_IMAGE=kindest/node:<tag> (needs a registry): the docker daemon
-#               of the environment (DOCKER_HOST or the default socket); kind's own CNI, kindnetd,
-#               which enforces NetworkPolicy too.
+#               our own (below), with the kube-router image built into the node image;
+#   pulled      TASKHERD_KIND_NODE_IMAGE=kindest/node:<tag> (needs a registry), in the docker daemon
+#               of the environment (DOCKER_HOST or the default socket), kube-router's public image.
+# Either way the pod network is kube-router, which enforces NetworkPolicy.
 source "$(dirname "${BASH_SOURCE[0]}")/../cluster/lib.sh"
 
 KIND_SCRIPTS="$REPO_ROOT/e2e/kind"

@@ -22,7 +22,7 @@ ensure_apt docker.io debootstrap debian-archive-keyring jq pigz
 T0=$SECONDS
 
 run_with_progress "e2e/cluster/build.sh" bash "$CLUSTER_SCRIPTS/build.sh" \
-    kubernetes etcd coredns crictl kind kubeadm kube-router local-path-provisioner >&2
+    kubernetes etcd coredns crictl kind kubeadm kind-containerd kube-router local-path-provisioner >&2
 KUBEADM_BIN="$BIN_ROOT/kubeadm-$KUBERNETES_VERSION"
 KUBE_ROUTER_BIN="$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION"
 LPP_BIN="$BIN_ROOT/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Root filesystem of the kind *base* image (what `kind build node-image --base-image` starts from),
-# made the way kind's images/base/Dockerfile makes it, but from Debian packages instead of release
-# downloads: systemd, containerd and runc (Debian's), the CNI plugins (Debian's
-# containernetworking-plugins, linked into /opt/cni/bin), crictl (built by e2e/cluster/build.sh),
-# and kind's own files (entrypoint, systemd units, containerd config) from the kind module source.
+# made the way kind's images/base/Dockerfile makes it, without its downloads from GitHub: systemd,
+# runc and the CNI plugins from Debian (containernetworking-plugins, linked into /opt/cni/bin);
+# containerd at the version kind's base has and crictl, both built from the Go module proxy by
+# e2e/cluster/build.sh (Debian's containerd 1.6 cannot run kind's builder: its ctr lacks
+# `images import --label`); kind's own files (entrypoint, systemd units, containerd config) from
+# the kind module source.
 # Prints the path of the rootfs tarball, cached by content of its inputs.
 #
 #   node-base.sh KIND_MODULE_DIR
@@ -14,13 +16,15 @@ ensure_apt debootstrap debian-archive-keyring systemd jq
 KIND_SRC=$1
 FILES="$KIND_SRC/images/base/files"
 [ -d "$FILES" ] || die "$FILES not found: is $KIND_SRC the sigs.k8s.io/kind module ($KIND_VERSION)?"
+CONTAINERD_BIN="$BIN_ROOT/containerd-$KIND_CONTAINERD_VERSION"
 # kind's package list (images/base/Dockerfile), less what only rootless or network storage needs
-# (fuse-overlayfs, nfs-common, open-iscsi), plus the runtime kind builds from source.
+# (fuse-overlayfs, nfs-common, open-iscsi), plus runc and the CNI plugins kind builds from source.
 PACKAGES=systemd,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz
-PACKAGES+=,bash,ca-certificates,curl,jq,procps,containerd,runc,containernetworking-plugins
+PACKAGES+=,bash,ca-certificates,curl,jq,procps,runc,containernetworking-plugins
 [ -x "$CRICTL_BIN/crictl" ] || die "crictl missing in $CRICTL_BIN (e2e/cluster/build.sh crictl)"
+[ -x "$CONTAINERD_BIN/containerd" ] || die "containerd missing in $CONTAINERD_BIN (e2e/cluster/build.sh kind-containerd)"
 
-key=$(content_key "$0" "$PACKAGES" "$BASE_SUITE" "$KIND_VERSION" "$CRICTL_VERSION" \
+key=$(content_key "$0" "$PACKAGES" "$BASE_SUITE" "$KIND_VERSION" "$CRICTL_VERSION" "$KIND_CONTAINERD_VERSION" \
     $(cd "$FILES" && find . -type f | sort | xargs sha256sum | sha256sum))
 out="$IMAGES_CACHE/kind-base-$key.rootfs.tar"
 if [ -f "$out" ]; then echo "$out"; exit 0; fi
@@ -54,8 +58,8 @@ systemctl --root="$R" enable kubelet.service containerd.service undo-mount-hacks
 systemctl --root="$R" mask systemd-binfmt.service >/dev/null 2>&1
 mkdir -p "$R/etc/kubernetes/manifests"
 
-# Debian's runtime where kind's units and builder look for it
-ln -sf /usr/bin/containerd "$R/usr/local/bin/containerd"
+# the runtime where kind's units and builder look for it
+install -m 0755 "$CONTAINERD_BIN"/{containerd,ctr,containerd-shim-runc-v2} "$R/usr/local/bin/"
 mkdir -p "$R/opt/cni/bin"
 for p in "$R"/usr/lib/cni/*; do ln -sf "/usr/lib/cni/${p##*/}" "$R/opt/cni/bin/${p##*/}"; done
 install -m 0755 "$CRICTL_BIN/crictl" "$R/usr/local/bin/crictl"
