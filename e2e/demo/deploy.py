@@ -14,6 +14,7 @@ from typing import Callable
 import yaml
 
 from e2e.lib import cluster as clusters
+from e2e.lib import kind as kindlib
 
 from .config import CHART, NAMESPACE, POOL, RELEASE, REPO_ROOT, SHOP, SHOP_VALUES, state_dir
 from .environment import PORTS, World
@@ -72,7 +73,7 @@ def pod_address(cluster: clusters.Cluster) -> str:
         raise DeployError(f"the local cluster's bridge {LOCAL_BRIDGE} has no IPv4 address: is `make cluster` up?")
     if cluster.source == "kind":
         r = subprocess.run(["docker", "network", "inspect", "kind", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=kindlib.docker_env())
         if r.returncode == 0 and r.stdout.strip():
             return r.stdout.strip()
     raise DeployError(f"cannot tell how pods of the {cluster.source} cluster reach this host: set "

@@ -215,7 +215,9 @@ def resolve() -> Cluster:
         # Chosen by E2E_CLUSTER: the node image of TASKHERD_KIND_NODE_IMAGE, else the one built here.
         # Chosen by the default order: the kindest/node image found in docker.
         image = None if os.environ.get("E2E_CLUSTER") else kindlib.pulled_image_in_docker()
-        log.info("cluster: kind (node image %s)", image or kindlib.node_image())
+        if image:  # from now on this process's docker and kind commands are about that cluster
+            os.environ["TASKHERD_KIND_NODE_IMAGE"] = image
+        log.info("cluster: kind (node image %s)", kindlib.node_image())
         try:
             return Cluster("kind", kindlib.ensure_cluster(image), kubectl, helm)
         except kindlib.KindError as e:

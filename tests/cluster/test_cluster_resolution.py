@@ -4,6 +4,7 @@ are small scripts on PATH standing in for the real CLIs, and bringing kind up (e
 exercised for real by `make kind-cluster` and the kind-marked tests) is recorded, not run."""
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -89,6 +90,9 @@ def test_default_order_picks_kind_with_binary_and_pulled_node_image(env, tmp_pat
     assert c.source == "kind"
     assert c.kubeconfig == str(tmp_path / "kind-kubeconfig")
     assert ensured == ["kindest/node:v1.34.0"], "the found image is the one the cluster is made from"
+    assert kindlib.node_image() == "kindest/node:v1.34.0"
+    assert kindlib.docker_env().get("DOCKER_HOST") == os.environ.get("DOCKER_HOST"), \
+        "a pulled image's cluster lives in the environment's docker"
 
 
 def test_e2e_cluster_overrides_the_default_order(env, monkeypatch, tmp_path, ensured):
@@ -99,6 +103,9 @@ def test_e2e_cluster_overrides_the_default_order(env, monkeypatch, tmp_path, ens
     assert clusterlib.selected_source() == "kind"
     assert clusterlib.resolve().source == "kind"
     assert ensured == [None], "E2E_CLUSTER=kind uses TASKHERD_KIND_NODE_IMAGE or the image built here"
+    home, _ = env
+    assert kindlib.docker_env()["DOCKER_HOST"] == f"unix://{home}/kind/docker/docker.sock", \
+        "the image built here runs in the project's own docker daemon"
     monkeypatch.setenv("E2E_CLUSTER", "explicit")
     assert clusterlib.resolve().kubeconfig == "/some/where/config"
     monkeypatch.delenv("KUBECONFIG")
