@@ -24,13 +24,12 @@ help:
 	@echo "make services    install and start Redis, RabbitMQ, PostgreSQL on loopback"
 	@echo "make bench       benchmarks (figures beside their baselines)"
 
-# The virtualenv is rebuilt when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# The virtualenv is rebuilt when a pyproject.toml changes: the two distributions (worker/ and
+# operator/, editable) and the workspace's test and demo tools.
+$(VENV)/.installed: pyproject.toml worker/pyproject.toml operator/pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# compat mode puts a plain path in a .pth file: the default mode's import hook would load `re`
-	# and friends into every interpreter, `taskherd probe` included (it must stay import-light).
-	$(PY) -m pip install -q -e '.[operator,test,demo]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e ./worker -e ./operator -e '.[test,demo]'
 	touch $@
 
 venv: $(VENV)/.installed

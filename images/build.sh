@@ -25,7 +25,7 @@ BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 
 # Skip the build when nothing that goes into the images changed since the last one (the sources
 # of the distribution, the Dockerfiles, this script, the base image); FORCE=1 rebuilds anyway.
-src_key=$( (cd "$REPO_ROOT" && find pyproject.toml setup.cfg setup.py README.md worker operator \
+src_key=$( (cd "$REPO_ROOT" && find worker operator \
         images/worker images/operator images/build.sh -type f \
         ! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -path '*/build/*' -print0 2>/dev/null |
         sort -z | xargs -0 sha256sum; echo "$BASE_TAR $WORKER_IMAGE $OPERATOR_IMAGE") | sha256sum | cut -c1-16)
@@ -49,14 +49,13 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$work/src" "$work/wheels"
-(cd "$REPO_ROOT" && for f in pyproject.toml setup.cfg setup.py README.md LICENSE worker operator; do
-    [ -e "$f" ] && cp -r "$f" "$work/src/"
-done)
+cp -r "$REPO_ROOT/worker" "$REPO_ROOT/operator" "$work/src/"
 find "$work/src" \( -name '*.egg-info' -o -name __pycache__ -o -name build \) -prune -exec rm -rf {} +
-log "resolving wheels for taskherd[operator] with $("$PY" --version)"
+log "resolving wheels for taskherd and taskherd-operator with $("$PY" --version)"
 "$PY" -m pip wheel -q --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" \
-    "$work/src[operator]" 2>&1 | grep -v '^$' >&2 || true
-ls "$work/wheels"/taskherd-*.whl >/dev/null 2>&1 || die "building the taskherd wheel failed"
+    "$work/src/worker" "$work/src/operator" 2>&1 | grep -v '^$' >&2 || true
+ls "$work/wheels"/taskherd-0*.whl "$work/wheels"/taskherd_operator-*.whl >/dev/null 2>&1 ||
+    die "building the taskherd and taskherd-operator wheels failed"
 
 # ---- private dockerd
 stop_dockerd() {

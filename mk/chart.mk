@@ -1,6 +1,7 @@
 # The Helm chart (issue 6): see docs/chart.md.
 #   make chart-test          the chart's fast tests (lint, rendering, validation, promtool, checkov)
-#   make chart-readme        regenerate the values table of charts/taskherd/README.md
+#   make chart-readme        regenerate the values table of charts/taskherd/README.md and the
+#                            contract table of docs/chart.md
 #   make chart-test-prereqs  what those tests need: the pinned helm, promtool, checkov's own venv
 .PHONY: helm-binary promtool checkov-venv chart-test-prereqs chart-test chart-readme
 
@@ -37,3 +38,4 @@ chart-test: venv chart-test-prereqs
 
 chart-readme: venv
 	$(PY) charts/taskherd/hack/gen-readme.py
+	$(PY) charts/taskherd/hack/gen-contract-table.py

@@ -23,7 +23,7 @@ Log = Callable[[str], None]
 #: the local cluster's pod bridge (e2e/cluster/up.sh): the host's address as the pods see it
 LOCAL_BRIDGE = "taskherd0"
 #: what the worker and operator images are built from: a change here means `make images`
-IMAGE_INPUTS = ("worker", "operator", "pyproject.toml", "setup.py", "images/worker", "images/operator",
+IMAGE_INPUTS = ("worker", "operator", "images/worker", "images/operator",
                 "images/build.sh", "e2e/cluster/versions.env")
 
 

@@ -14,7 +14,9 @@ import time
 import redis
 from celery import Celery
 
-from taskherd.worker import recovery, stamping
+from taskherd.worker import components
+from taskherd.worker.components.publish_stamps import PublishStamps
+from taskherd.worker.components.recovery import FastRecovery
 
 app = Celery("recovery_app", broker=os.environ["TEST_BROKER_URL"])
 transport_options = {"visibility_timeout": float(os.environ.get("TEST_VISIBILITY_TIMEOUT", "3600"))}
@@ -31,10 +33,10 @@ app.conf.update(
     task_serializer="json",
     result_serializer="json",
 )
-stamping.install(app)
+components.install(app, [PublishStamps()])
 if os.environ.get("TEST_RECOVERY") == "1":
-    recovery.install(app, heartbeat_interval=float(os.environ.get("TEST_RECOVERY_HEARTBEAT", "5")),
-                     timeout=float(os.environ.get("TEST_RECOVERY_TIMEOUT", "15")))
+    components.install(app, [FastRecovery(heartbeat_interval=float(os.environ.get("TEST_RECOVERY_HEARTBEAT", "5")),
+                                          timeout=float(os.environ.get("TEST_RECOVERY_TIMEOUT", "15")))])
 
 _ledger = redis.Redis.from_url(os.environ["TEST_LEDGER_URL"]) if os.environ.get("TEST_LEDGER_URL") else None
 

@@ -1,7 +1,7 @@
-"""A Celery app with taskherd's runtime modules (heartbeat, drain, metrics) installed by hand.
+"""A Celery app with only taskherd's runtime components (heartbeat, drain, metrics), without the profile.
 
 Configured like taskherd's reliability profile (acks_late, reject_on_worker_lost, prefetch 1, time
-limits) until `taskherd.worker.configure` wires these installers itself. Environment:
+limits) by hand, so the runtime parts are tested on their own. Environment:
 TEST_BROKER_URL, TEST_QUEUE, TEST_LEDGER_URL (a Redis URL where tasks record what they did),
 TASKHERD_HEARTBEAT_DIR, TASKHERD_HEARTBEAT_INTERVAL, TEST_METRICS_PORT (metrics when set).
 """
@@ -11,7 +11,10 @@ import time
 import redis
 from celery import Celery
 
-from taskherd.worker import draining, heartbeat
+from taskherd.worker import components
+from taskherd.worker.components.drain import Drain
+from taskherd.worker.components.heartbeat import Heartbeat
+from taskherd.worker.components.metrics import Metrics, record_outcome
 
 app = Celery("runtime_app", broker=os.environ["TEST_BROKER_URL"])
 app.conf.update(
@@ -26,12 +29,9 @@ app.conf.update(
     accept_content=["json"],
     worker_cancel_long_running_tasks_on_connection_loss=False,
 )
-heartbeat.install(app)
-draining.install(app, drain_poll=0.1)
+components.install(app, [Heartbeat.from_env(), Drain(poll=0.1)])
 if os.environ.get("TEST_METRICS_PORT"):
-    from taskherd.worker import metrics
-
-    metrics.install(app, metrics_port=int(os.environ["TEST_METRICS_PORT"]), metrics_addr="127.0.0.1")
+    components.install(app, [Metrics(port=int(os.environ["TEST_METRICS_PORT"]), address="127.0.0.1")])
 
 _ledger = None
 
@@ -68,7 +68,6 @@ def retry_once(self, key: str) -> str:
 @app.task(name="runtime.record")
 def record(key: str, outcome: str) -> None:
     """Stands in for the DLQ/delivery-limit modules, which call metrics.record_outcome themselves."""
-    from taskherd.worker import metrics
 
     ledger().incr(f"runs:{key}")
-    metrics.record_outcome("runtime.record", outcome)
+    record_outcome("runtime.record", outcome)

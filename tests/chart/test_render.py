@@ -60,7 +60,7 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     spec = pools["th-taskherd-default"]["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "th-taskherd-default"}
     assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
-                              "queues": ["celery"]}
+                              "queues": ["celery"], "deadLetterQueues": ["celery.dlq"]}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
     assert spec["deadLetter"] == {"threshold": 1}
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
@@ -72,7 +72,8 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     worker = by_kind(render(values=BROKER), "Deployment")["th-taskherd-default"]
     pod = worker["spec"]["template"]["spec"]
     c = container(worker, WORKER)
-    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain", "--deadline", "320"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain"]
+    assert env_of(c)["TASKHERD_DRAIN_DEADLINE"] == "320"
     assert c["startupProbe"]["exec"]["command"] == ["taskherd", "probe", "startup"]
     assert c["readinessProbe"]["exec"]["command"] == ["taskherd", "probe", "readiness"]
     assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness"]
@@ -87,8 +88,8 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     volumes = {v["name"]: v for v in pod["volumes"]}
     for path in ("/tmp", "/run/taskherd/heartbeat", env["TASKHERD_METRICS_DIR"]):
         assert "emptyDir" in volumes[mounts[path]], path
-    assert {"name": "metrics", "containerPort": 9808, "protocol": "TCP"} in c["ports"]
-    assert env["TASKHERD_METRICS_PORT"] == "9808"
+    assert {"name": "metrics", "containerPort": 9891, "protocol": "TCP"} in c["ports"]
+    assert env["TASKHERD_METRICS_PORT"] == "9891"
     assert c["command"][:4] == ["celery", "--app=tasks", "worker", "--queues=celery"]
     # Workers never talk to the API server: no token in their pods.
     assert pod["automountServiceAccountToken"] is False
@@ -110,10 +111,10 @@ def test_grace_period_is_derived_from_the_same_limits_the_worker_gets():
         assert grace == hard + margin + shutdown
         assert int(env["TASKHERD_TIME_LIMIT"]) == hard
         assert int(env["TASKHERD_SOFT_TIME_LIMIT"]) == soft
-        assert int(env["TASKHERD_DRAIN_SECONDS"]) == hard + margin
+        assert int(env["TASKHERD_DRAIN_DEADLINE"]) == hard + margin
         # The drain deadline leaves the shutdown allowance before SIGKILL.
-        assert grace - int(env["TASKHERD_DRAIN_SECONDS"]) == shutdown
-        assert c["lifecycle"]["preStop"]["exec"]["command"][-2:] == ["--deadline", str(hard + margin)]
+        assert grace - int(env["TASKHERD_DRAIN_DEADLINE"]) == shutdown
+        assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain"]
         assert f"--time-limit={hard}" in c["command"] and f"--soft-time-limit={soft}" in c["command"]
         assert int(env["TASKHERD_VISIBILITY_TIMEOUT"]) == 7200 > hard
 
@@ -180,13 +181,13 @@ def test_network_policies_allow_only_dns_broker_api_server_and_the_operator_read
         "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "taskherd",
                                                    "app.kubernetes.io/instance": "th",
                                                    "app.kubernetes.io/component": "operator"}}}],
-        "ports": [{"port": 9808, "protocol": "TCP"}]}]
+        "ports": [{"port": 9891, "protocol": "TCP"}]}]
     ports = [p for r in worker["egress"] for p in r["ports"]]
     assert sorted((p["port"], p["protocol"]) for p in ports) == [(53, "TCP"), (53, "UDP"), (6379, "TCP")]
     operator = policies["th-taskherd-operator"]["spec"]
     assert operator["ingress"] == []  # no metrics ingress unless asked for
     op_ports = sorted({p["port"] for r in operator["egress"] for p in r["ports"]})
-    assert op_ports == [53, 443, 6379, 6443, 9808]
+    assert op_ports == [53, 443, 6379, 6443, 9891]
 
 
 def test_operator_runs_two_replicas_with_a_leader_lease_and_a_namespaced_role_without_wildcards():
@@ -195,12 +196,12 @@ def test_operator_runs_two_replicas_with_a_leader_lease_and_a_namespaced_role_wi
     assert op["spec"]["replicas"] == 2
     c = container(op, "taskherd-operator")
     assert c["command"] == ["python3", "-m", "taskherd.operator"]
-    assert c["args"] == ["--namespace=$(POD_NAMESPACE)", "--liveness=http://0.0.0.0:8080/healthz",
-                         "--metrics-port=9809"]
+    assert c["args"] == ["--namespace=$(POD_NAMESPACE)", "--liveness=http://0.0.0.0:9894/healthz",
+                         "--metrics-port=9893"]
     env = env_of(c)
     assert env["TASKHERD_LEASE_NAME"] == "th-taskherd-operator"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-    assert env["TASKHERD_WORKER_METRICS_PORT"] == "9808"
+    assert env["TASKHERD_WORKER_METRICS_PORT"] == "9891"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
     role = by_kind(objects, "Role")["th-taskherd-operator"]
@@ -251,7 +252,7 @@ def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["taskherd.json"])["uid"] == "taskherd"
     ingress = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["ingress"]
-    assert {"port": 9808, "protocol": "TCP"} in ingress[-1]["ports"]
+    assert {"port": 9891, "protocol": "TCP"} in ingress[-1]["ports"]
     assert ingress[-1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 
 
@@ -337,7 +338,7 @@ def test_the_exporter_watches_every_pools_queues_with_the_broker_from_the_secret
     assert c["command"] == ["taskherd", "exporter"]
     env = env_of(c)
     assert env["TASKHERD_QUEUES"] == "orders,emails,reports"
-    assert env["TASKHERD_DLQ_SUFFIX"] == ".dlq"
+    assert env["TASKHERD_DEAD_LETTER_QUEUES"] == "orders.dlq,emails.dlq,reports.dlq"
     assert env["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "rabbitmq-broker", "key": "amqp-url"}}
     assert env["TASKHERD_MANAGEMENT_URL"] == {"secretKeyRef": {"name": "rabbitmq-broker", "key": "management-url"}}
     policy = by_kind(objects, "NetworkPolicy")["th-taskherd-exporter"]["spec"]

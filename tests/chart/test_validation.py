@@ -39,7 +39,7 @@ CASES = {
         "autoscaling.deadLetter.alertmanagerUrl and autoscaling.deadLetter.webhookUrl are both set"),
     "autoscaled pool on another metrics port": (
         values_with(pool(metrics={"port": 9100})),
-        "workerPools[0] (p): metrics.port (9100) differs from workerPoolDefaults.metrics.port (9808)"),
+        "workerPools[0] (p): metrics.port (9100) differs from workerPoolDefaults.metrics.port (9891)"),
     "duplicate pool names": (
         values_with(pool(), pool()),
         'workerPools[1] (p): name "p" is used by another pool'),

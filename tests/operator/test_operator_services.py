@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from taskherd.worker import stamping
+from taskherd.worker.components import publish_stamps
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -40,7 +40,7 @@ class SecretKube(FakeKube):
 def publish(url: str, queue: str, count: int, *, age: float) -> None:
     # The stamps below fake an old backlog; the stamping hook (process-wide once any test in this
     # process called configure()) would overwrite them with "now".
-    stamping.uninstall()
+    publish_stamps.disconnect()
     app = Celery(broker=url)
     for i in range(count):
         app.send_task("t.noop", args=(i,), queue=queue, headers={"taskherd_published_at": time.time() - age},

@@ -12,9 +12,9 @@ from celery import Celery
 from kombu import Connection, Exchange, Queue
 from prometheus_client.parser import text_string_to_metric_families
 
-from taskherd.exporter import Snapshot, metric_families
+from taskherd.commands.exporter import Snapshot, metric_families
 from taskherd.queues import QueueStats
-from taskherd.worker import stamping
+from taskherd.worker.components import publish_stamps
 
 
 def free_port() -> int:
@@ -48,7 +48,7 @@ def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name
     amqp = broker_url.startswith("amqp")
     app = Celery(broker=broker_url)
     app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue), Queue(dlq, routing_key=dlq)]
-    stamping.install()
+    publish_stamps.connect()
     try:
         before = time.time()
         for priority in (0, 0, 6):
@@ -56,7 +56,7 @@ def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name
         for _ in range(2):
             app.send_task("t.dead", queue=dlq)
     finally:
-        stamping.uninstall()
+        publish_stamps.disconnect()
     app.close()
     port = free_port()
     env = {**os.environ, "TASKHERD_BROKER_URL": broker_url, "TASKHERD_QUEUES": queue}
@@ -91,15 +91,15 @@ def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name
 
 def test_a_failed_poll_exports_no_stale_queue_figures():
     stats = {"q": QueueStats("q", 3, 1, None, 5.0, 2.0, 3600.0), "q.dlq": QueueStats("q.dlq", 7, 0, None, None, None)}
-    ok = {m.name: m.samples for m in metric_families(Snapshot(stats, True, 100.0, 0.1), ["q"], ".dlq")}
+    ok = {m.name: m.samples for m in metric_families(Snapshot(stats, True, 100.0, 0.1), {"q": "q.dlq"})}
     assert [s.value for s in ok["taskherd_queue_messages"]] == [3, 1]
     assert ok["taskherd_dlq_messages"][0].value == 7 and ok["taskherd_dlq_messages"][0].labels["dlq"] == "q.dlq"
-    failed = {m.name: m.samples for m in metric_families(Snapshot(stats, False, 200.0, 0.1), ["q"], ".dlq")}
+    failed = {m.name: m.samples for m in metric_families(Snapshot(stats, False, 200.0, 0.1), {"q": "q.dlq"})}
     assert failed["taskherd_queue_messages"] == [] and failed["taskherd_exporter_poll_success"][0].value == 0
 
 
 def test_exporter_refuses_missing_settings():
-    result = subprocess.run([sys.executable, "-m", "taskherd.cli", "exporter", "--queue", "q"],
+    result = subprocess.run([sys.executable, "-m", "taskherd.cli", "exporter", "-Q", "q"],
                             env={k: v for k, v in os.environ.items() if k != "TASKHERD_BROKER_URL"},
                             capture_output=True, text=True, timeout=30)
-    assert result.returncode != 0 and "--broker-url" in result.stderr
+    assert result.returncode != 0 and "-b/--broker is required" in result.stderr

@@ -10,7 +10,7 @@ from kombu import Exchange, Queue
 
 from taskherd.queues import BrokerUnreachable, inspect_queues
 from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER
-from taskherd.worker import stamping
+from taskherd.worker.components import publish_stamps
 
 #: The management statistics refresh every 5 s; a new quorum queue reports nothing for ~10 s.
 STATS_WAIT = 40
@@ -18,9 +18,9 @@ STATS_WAIT = 40
 
 @pytest.fixture
 def stamped():
-    stamping.install()
+    publish_stamps.connect()
     yield
-    stamping.uninstall()
+    publish_stamps.disconnect()
 
 
 def declared_app(amqp_url: str, queue: str, queue_type: str) -> Celery:

@@ -9,9 +9,9 @@ import redis
 from celery import Celery
 
 from taskherd.queues import BrokerUnreachable, inspect_queues
-from taskherd.worker import stamping
+from taskherd.worker.components import publish_stamps
 
-PUBLISHED_AT = stamping.PUBLISHED_AT_HEADER
+PUBLISHED_AT = publish_stamps.PUBLISHED_AT_HEADER
 
 
 def producer(redis_url: str, prefix: str) -> Celery:
@@ -23,9 +23,9 @@ def producer(redis_url: str, prefix: str) -> Celery:
 
 @pytest.fixture
 def stamped():
-    stamping.install()
+    publish_stamps.connect()
     yield
-    stamping.uninstall()
+    publish_stamps.disconnect()
 
 
 @pytest.mark.parametrize("prefix", ["", "tenant-a:"])
@@ -33,9 +33,9 @@ def test_ready_depth_counts_every_priority_list_and_age_skips_eta(redis_url, uni
     app = producer(redis_url, prefix)
     queue = unique_name
     old_stamp = time.time() - 300
-    stamping.uninstall()  # one message with a known, old stamp, in the priority-6 list
+    publish_stamps.disconnect()  # one message with a known, old stamp, in the priority-6 list
     app.send_task("t.old", queue=queue, priority=6, headers={PUBLISHED_AT: old_stamp})
-    stamping.install()
+    publish_stamps.connect()
     app.send_task("t.eta", queue=queue, countdown=3600)  # the oldest of list 0, but waits on purpose
     before = time.time()
     app.send_task("t.a", queue=queue)

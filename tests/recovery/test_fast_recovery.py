@@ -10,7 +10,7 @@ import redis
 from celery import Celery
 
 from support.waiting import wait_until
-from taskherd.worker import recovery
+from taskherd.worker.components import recovery
 
 pytestmark = pytest.mark.slow
 

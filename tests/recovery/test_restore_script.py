@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Exchange, Queue
 
-from taskherd.worker import recovery
+from taskherd.worker.components import recovery
 
 
 class FakeWorker:
@@ -29,7 +29,7 @@ class FakeWorker:
         self.channel.QoS = qos  # before the channel's qos is first built
         client = redis.Redis.from_url(url)
         self.lease = recovery.Lease(client=client, worker_id=worker_id, prefix=prefix,
-                                    settings=recovery.RecoverySettings(heartbeat_interval=timeout / 2, timeout=timeout))
+                                    settings=recovery.FastRecovery(heartbeat_interval=timeout / 2, timeout=timeout))
         self.lease.refresh()
 
     def get(self, queue: str):
@@ -138,9 +138,9 @@ def test_reject_with_requeue_gives_the_message_back_and_forgets_it(redis_url, un
 
 
 def test_settings_refuse_a_timeout_shorter_than_two_heartbeats():
-    with pytest.raises(ValueError, match=r"timeout=4 .*heartbeat_interval=5"):
-        recovery.RecoverySettings(heartbeat_interval=5, timeout=4)
-    assert recovery.RecoverySettings().expected_recovery_seconds == 20
+    (problem,) = recovery.FastRecovery(heartbeat_interval=5, timeout=4).problems()
+    assert "FastRecovery(timeout=4) must be at least twice heartbeat_interval=5" in problem
+    assert recovery.FastRecovery().expected_recovery_seconds == 20
 
 
 def test_restorer_waits_a_full_lease_period_of_healthy_redis():
@@ -150,12 +150,11 @@ def test_restorer_waits_a_full_lease_period_of_healthy_redis():
 
 
 def test_settings_come_from_the_environment_when_not_given(monkeypatch):
-    from celery import Celery
+    from taskherd.contract import ContractError
 
     monkeypatch.setenv("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", "2")
     monkeypatch.setenv("TASKHERD_RECOVERY_TIMEOUT", "7")
-    assert recovery.install(Celery(broker="redis://127.0.0.1:1/9")) == \
-        recovery.RecoverySettings(heartbeat_interval=2, timeout=7)
+    assert recovery.FastRecovery.from_env() == recovery.FastRecovery(heartbeat_interval=2, timeout=7)
     monkeypatch.setenv("TASKHERD_RECOVERY_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="TASKHERD_RECOVERY_TIMEOUT='soon'"):
-        recovery.install(Celery(broker="redis://127.0.0.1:1/9"))
+    with pytest.raises(ContractError, match="TASKHERD_RECOVERY_TIMEOUT='soon' is invalid"):
+        recovery.FastRecovery.from_env()

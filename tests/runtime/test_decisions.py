@@ -1,12 +1,14 @@
 """Pure decisions of the probes, the drain and the metrics: no worker, no broker."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from taskherd import drain, probe
-from taskherd.worker import draining, metrics
+from taskherd.pod import prestop, probe
+from taskherd.worker.components import drain, metrics
 
 NOW = 1_000_000.0
 
@@ -82,11 +84,15 @@ def test_probe_reports_a_corrupt_heartbeat_file(tmp_path, capsys):
 
 
 def test_the_probe_imports_neither_celery_nor_kombu(tmp_path):
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "taskherd.cli", "probe", "liveness",
-                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    # -S: only the probe's own imports. An installed wheel (the worker image) adds nothing at start-up,
+    # but the development venv's editable-install finders import pathlib and re in every interpreter.
+    worker_root = Path(__file__).resolve().parents[2] / "worker"
+    done = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "taskherd.cli", "probe", "liveness",
+                           "--dir", str(tmp_path)], capture_output=True, text=True, timeout=30,
+                          env={"PYTHONPATH": str(worker_root), "PATH": os.environ.get("PATH", "")})
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     # importlib.import_module (the CLI's lazy dispatch) hides the probe's own line; its import shows.
-    assert "taskherd.heartbeat_file" in imported and "liveness failed" in done.stdout
+    assert "taskherd.pod.shared_files" in imported and "liveness failed" in done.stdout
     heavy = {name for name in imported if name.split(".")[0] in ("celery", "kombu", "prometheus_client", "redis",
                                                                    "dataclasses", "typing", "argparse", "json", "re")}
     assert not heavy, f"the probe imports {sorted(heavy)}"
@@ -94,31 +100,31 @@ def test_the_probe_imports_neither_celery_nor_kombu(tmp_path):
 
 def test_drain_state_follows_acknowledgement_then_idleness():
     requested = NOW - 5
-    assert drain.drain_state(record(), requested_at=requested, now=NOW)[0] == "waiting"
+    assert prestop.drain_state(record(), requested_at=requested, now=NOW)[0] == "waiting"
     # A drain of an earlier request does not count as acknowledging this one.
-    assert drain.drain_state(record(draining_since=requested - 1), requested_at=requested, now=NOW)[0] == "waiting"
+    assert prestop.drain_state(record(draining_since=requested - 1), requested_at=requested, now=NOW)[0] == "waiting"
     busy = record(draining_since=requested + 0.1, active=[task(10, 100)])
-    assert drain.drain_state(busy, requested_at=requested, now=NOW) == ("draining", "1 task(s) still running: app.slow[abc]")
-    assert drain.drain_state(record(draining_since=requested + 0.1), requested_at=requested, now=NOW)[0] == "idle"
-    assert drain.drain_state(record(written_at=NOW - 60), requested_at=requested, now=NOW)[0] == "gone"
-    assert drain.drain_state(None, requested_at=requested, now=NOW)[0] == "gone"
+    assert prestop.drain_state(busy, requested_at=requested, now=NOW) == ("draining", "1 task(s) still running: app.slow[abc]")
+    assert prestop.drain_state(record(draining_since=requested + 0.1), requested_at=requested, now=NOW)[0] == "idle"
+    assert prestop.drain_state(record(written_at=NOW - 60), requested_at=requested, now=NOW)[0] == "gone"
+    assert prestop.drain_state(None, requested_at=requested, now=NOW)[0] == "gone"
 
 
 def test_a_drain_request_applies_only_to_this_worker_and_only_after_it_started():
-    assert draining.request_applies({"requested_at": 20.0, "pid": 7}, pid=7, started_at=10.0)
-    assert draining.request_applies({"requested_at": 20.0}, pid=7, started_at=10.0)
-    assert not draining.request_applies({"requested_at": 20.0, "pid": 8}, pid=7, started_at=10.0)
-    assert not draining.request_applies({"requested_at": 5.0, "pid": 7}, pid=7, started_at=10.0)
-    assert not draining.request_applies(None, pid=7, started_at=10.0)
+    assert drain.request_applies({"requested_at": 20.0, "pid": 7}, pid=7, started_at=10.0)
+    assert drain.request_applies({"requested_at": 20.0}, pid=7, started_at=10.0)
+    assert not drain.request_applies({"requested_at": 20.0, "pid": 8}, pid=7, started_at=10.0)
+    assert not drain.request_applies({"requested_at": 5.0, "pid": 7}, pid=7, started_at=10.0)
+    assert not drain.request_applies(None, pid=7, started_at=10.0)
 
 
 def test_drain_usage_errors(capsys):
-    assert drain.main(["--deadline", "-3"]) == 2
+    assert prestop.main(["--deadline", "-3"]) == 2
     assert "deadline='-3' must be a positive number" in capsys.readouterr().err
 
 
 def test_drain_without_a_worker_returns_at_once(tmp_path, capsys):
-    assert drain.main(["--dir", str(tmp_path)]) == 0
+    assert prestop.main(["--dir", str(tmp_path)]) == 0
     assert "no worker to drain" in capsys.readouterr().out
 
 
@@ -151,18 +157,18 @@ def test_published_at_reads_the_stamp_and_skips_missing_or_garbage():
 
 
 def test_heartbeat_records_round_trip_and_corruption_is_named(tmp_path):
-    from taskherd import heartbeat_file
+    from taskherd.pod import shared_files
 
     path = str(tmp_path / "heartbeat.json")
-    heartbeat_file.write_json_atomically(path, record(active=[task(1, 2.5)]))
-    assert heartbeat_file.read_json(path) == record(active=[task(1, 2.5)])
+    shared_files.write_json_atomically(path, record(active=[task(1, 2.5)]))
+    assert shared_files.read_json(path) == record(active=[task(1, 2.5)])
     (tmp_path / "heartbeat.json").write_text('{"format": 1} trailing')
     with pytest.raises(ValueError, match="heartbeat.json is not valid JSON: Extra data"):
-        heartbeat_file.read_json(path)
+        shared_files.read_json(path)
     (tmp_path / "heartbeat.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="holds a list, expected a JSON object"):
-        heartbeat_file.read_json(path)
-    assert heartbeat_file.read_json(str(tmp_path / "missing.json")) is None
+        shared_files.read_json(path)
+    assert shared_files.read_json(str(tmp_path / "missing.json")) is None
 
 
 def test_the_metrics_directory_is_per_worker_and_dead_workers_directories_go(tmp_path, monkeypatch):
@@ -199,18 +205,18 @@ def test_a_warm_shutdown_keeps_liveness_passing_and_readiness_failing():
 
 
 def test_drain_gives_up_at_its_deadline_naming_the_tasks_still_running(tmp_path, capsys):
-    from taskherd import heartbeat_file
+    from taskherd.pod import shared_files
 
     import time as clock
 
     # A worker that acknowledged the drain (draining_since after any request) but stays busy.
     busy = record(written_at=clock.time() + 3600, draining_since=clock.time() + 3600, active=[task(10, None)])
-    heartbeat_file.write_json_atomically(str(tmp_path / "heartbeat.json"), busy)
+    shared_files.write_json_atomically(str(tmp_path / "heartbeat.json"), busy)
     started = clock.monotonic()
-    assert drain.main(["--dir", str(tmp_path), "--deadline", "0.5", "--poll", "0.05"]) == 1
+    assert prestop.main(["--dir", str(tmp_path), "--deadline", "0.5", "--poll", "0.05"]) == 1
     assert 0.5 <= clock.monotonic() - started < 3
     assert "deadline of 0.5s reached: 1 task(s) still running: app.slow[abc]" in capsys.readouterr().out
-    request = heartbeat_file.read_json(str(tmp_path / "drain-request.json"))
+    request = shared_files.read_json(str(tmp_path / "drain-request.json"))
     assert request["pid"] == 42 and request["requested_at"] > 0
 
 

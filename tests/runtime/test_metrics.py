@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.helpers import free_port
 from support.waiting import wait_until
-from taskherd.worker import stamping
+from taskherd.worker.components import publish_stamps
 
 QUEUE_WAIT = 5.0  # the stamped tasks claim to have been published this long ago
 
@@ -32,7 +32,7 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     first_children = set(worker.child_pids())
     # The test stamps (or leaves unstamped) on purpose; the stamping hook, process-wide once any
     # earlier test in this process called configure(), would restamp every message with "now".
-    stamping.uninstall()
+    publish_stamps.disconnect()
     producer = Celery(broker=redis_url)
 
     def send(name, *args, stamped=True):

@@ -40,7 +40,7 @@ class WorkerProcess:
         self.name = uuid.uuid4().hex[:6]
         # configure() installs the heartbeat and the metrics server: give each worker its own
         # heartbeat directory and no metrics port unless the test asks for them, so that workers
-        # running side by side never share a file or fight over port 9808.
+        # running side by side never share a file or fight over the metrics port.
         defaults = {"TASKHERD_HEARTBEAT_DIR": str(Path(log_dir) / f"heartbeat-{self.name}"),
                     "TASKHERD_METRICS_PORT": "0"}
         self.env = {**os.environ, **defaults, **(env or {})}

@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from taskherd.worker.consumer import broken_headers
+from taskherd.worker.components.bad_messages import broken_headers
 from taskherd.worker.deadletter import ENVELOPE_HEADER, Envelope, Reason, json_safe
 from taskherd.worker.deliveries import delivery_key, exceeds
-from taskherd.worker.dlq_cli import parse, redrive_message
+from taskherd.commands.dlq import parse, redrive_message
 
 
 def _envelope(**overrides) -> Envelope:

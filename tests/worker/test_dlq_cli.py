@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from taskherd.worker.dlq_cli import main
+from taskherd.commands.dlq import main
 from taskherd.worker.deadletter import dead_letter_queue_declaration
 
 from worker_support import core_env, dead_letters, wait_for  # noqa: F401
@@ -29,7 +29,7 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
     first = producer.send_task("core.fails_while_flag", args=("a", "bug"), queue=q)
     second = producer.send_task("core.fails_while_flag", args=("b", "bug"), queue=q)
     wait_for(lambda: len(dead_letters(broker_url, q)) == 2, timeout=30, what="two dead letters")
-    where = ["--broker", broker_url, "--queue", q]
+    where = ["-b", broker_url, "-Q", q]
 
     code, out, _ = dlq("list", *where)
     assert code == 0
@@ -39,12 +39,20 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
         [first.id, "core.fails_while_flag", "permanent-error", q, "1"],
         [second.id, "core.fails_while_flag", "permanent-error", q, "1"]]
     code, out, _ = dlq("list", "--json", *where)
-    assert [json.loads(line)["task_id"] for line in out.splitlines()] == [first.id, second.id]
+    listed = [json.loads(line) for line in out.splitlines()]  # JSON Lines
+    assert [entry["task_id"] for entry in listed] == [first.id, second.id]
+    assert listed[0]["args"] == ["a", "bug"] and listed[0]["kwargs"] == {}
+    assert listed[0]["reason"] == "permanent-error" and listed[0]["attempts"] == 1
+    assert listed[0]["first_failure_at"] <= listed[0]["last_failure_at"] <= listed[0]["dead_lettered_at"]
 
-    code, out, _ = dlq("show", first.id, *where)
-    shown = json.loads(out)
-    assert code == 0 and shown["envelope"]["args"] == ["a", "bug"]
-    assert shown["envelope"]["exception_type"] == "taskherd.worker.transient.PermanentError"
+    code, out, _ = dlq("show", "--json", first.id, second.id, *where)
+    shown = [json.loads(line) for line in out.splitlines()]  # one whole dead letter per line
+    assert code == 0 and [s["task_id"] for s in shown] == [first.id, second.id]
+    assert shown[0]["envelope"]["args"] == ["a", "bug"]
+    assert shown[0]["envelope"]["exception_type"] == "taskherd.worker.transient.PermanentError"
+    code, out, _ = dlq("show", first.id, *where)  # for a person: fields, then the traceback
+    assert code == 0 and "reason:           \"permanent-error\"" in out
+    assert "traceback:" in out and "PermanentError: bug is set" in out
     code, _, err = dlq("show", "no-such-id", *where)
     assert code == 1 and "no-such-id is not in" in err
     assert len(dead_letters(broker_url, q)) == 2, "list and show change nothing"
@@ -58,7 +66,7 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
 
     # purge asks first (through the real `taskherd` entry point); "n" keeps everything
     env = {**os.environ, "TASKHERD_BROKER_URL": broker_url}
-    asked = subprocess.run([sys.executable, "-m", "taskherd.cli", "dlq", "purge", "--queue", q],
+    asked = subprocess.run([sys.executable, "-m", "taskherd.cli", "dlq", "purge", "-Q", q],
                            input="n\n", capture_output=True, text=True, env=env, timeout=60)
     assert asked.returncode == 1
     assert f"Purge every message in {q}.dlq?" in asked.stdout and "aborted: nothing purged" in asked.stdout
@@ -91,11 +99,11 @@ def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
 
     (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=10, what="native dead letter")
     assert letter.kind == "native" and letter.reason == "rabbitmq:rejected" and letter.queue == q
-    code, out, _ = dlq("list", "--broker", broker_url, "--queue", q)
+    code, out, _ = dlq("list", "-b", broker_url, "-Q", q)
     assert task.id in out and "rabbitmq:rejected" in out
 
     worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
-    code, out, _ = dlq("redrive", "--all", "--broker", broker_url, "--queue", q)
+    code, out, _ = dlq("redrive", "--all", "-b", broker_url, "-Q", q)
     assert code == 0 and f"redriven {task.id}" in out
     wait_for(lambda: recorded("native"), timeout=30, what="the redriven task to run")
     assert recorded("native")[0][2] == "back"
@@ -104,15 +112,15 @@ def test_natively_dead_lettered_rabbitmq_message_is_listed_and_redriven(
 
 @pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
 def test_a_dlq_that_does_not_exist_is_a_clear_error(broker_url, unique_name):
-    code, _, err = dlq("list", "--broker", broker_url, "--queue", unique_name)
+    code, _, err = dlq("list", "-b", broker_url, "-Q", unique_name)
     assert code == 1 and f"there is no queue '{unique_name}.dlq' on the broker" in err
 
 
 def test_missing_arguments_are_usage_errors(monkeypatch, capsys):
     monkeypatch.delenv("TASKHERD_BROKER_URL", raising=False)
     with pytest.raises(SystemExit):
-        main(["list", "--queue", "q"])
-    assert "--broker is required (or set TASKHERD_BROKER_URL)" in capsys.readouterr().err
+        main(["list", "-Q", "q"])
+    assert "-b/--broker is required (or set TASKHERD_BROKER_URL)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["redrive", "--broker", "redis://127.0.0.1:6390/1", "--queue", "q"])
+        main(["redrive", "-b", "redis://127.0.0.1:6390/1", "-Q", "q"])
     assert "redrive: name at least one ID, or pass --all" in capsys.readouterr().err

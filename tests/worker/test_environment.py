@@ -1,9 +1,15 @@
-"""The chart <-> worker contract: the pod's TASKHERD_* environment configures the profile."""
+"""The pod's environment (taskherd.contract) configures the profile and its components."""
+import warnings
+
 import pytest
 from celery import Celery
 
-from taskherd.worker import ProfileError, configure
-from taskherd.worker.environment import settings_from_env
+from taskherd import contract
+from taskherd.worker import ProfileError, ProfileWarning, configure
+from taskherd.worker.components import default_components, without
+from taskherd.worker.components.heartbeat import Heartbeat
+from taskherd.worker.components.metrics import Metrics
+from worker_support import dead_letters, wait_for
 
 
 def test_the_pods_limits_override_the_apps_so_grace_period_and_worker_agree(monkeypatch, redis_url):
@@ -13,7 +19,8 @@ def test_the_pods_limits_override_the_apps_so_grace_period_and_worker_agree(monk
     monkeypatch.setenv("TASKHERD_QUEUES", "orders, emails")
     monkeypatch.setenv("TASKHERD_BROKER_URL", redis_url)
     app = Celery("env-test", broker="redis://127.0.0.1:1/0")
-    profile = configure(app, soft_time_limit=200, time_limit=300)
+    with pytest.warns(ProfileWarning, match="TASKHERD_TIME_LIMIT='60' overrides time_limit=300"):
+        profile = configure(app, soft_time_limit=200, time_limit=300)
     assert (profile.soft_time_limit, profile.time_limit) == (50, 60)
     assert app.conf.task_time_limit == 60 and app.conf.task_soft_time_limit == 50
     assert profile.max_tasks_per_child is None  # 0 means no limit
@@ -25,25 +32,98 @@ def test_the_pods_limits_override_the_apps_so_grace_period_and_worker_agree(monk
 def test_every_bad_variable_is_named_with_its_valid_range(monkeypatch, redis_url):
     monkeypatch.setenv("TASKHERD_TIME_LIMIT", "-5")
     monkeypatch.setenv("TASKHERD_MAX_MEMORY_PER_CHILD_KB", "lots")
+    monkeypatch.setenv("TASKHERD_HEARTBEAT_INTERVAL", "0")
+    monkeypatch.setenv("TASKHERD_METRICS_PORT", "70000")
     with pytest.raises(ProfileError) as error:
         configure(Celery("env-test", broker=redis_url))
     message = str(error.value)
     assert "TASKHERD_TIME_LIMIT='-5' is invalid: expected a number of seconds > 0" in message
     assert "TASKHERD_MAX_MEMORY_PER_CHILD_KB='lots' is invalid: expected a whole number of KiB >= 0" in message
+    assert "TASKHERD_HEARTBEAT_INTERVAL='0' is invalid: expected a number of seconds > 0" in message
+    assert "TASKHERD_METRICS_PORT='70000' is invalid: expected a port number 0-65535" in message
 
 
 def test_empty_variables_count_as_unset():
-    values, problems = settings_from_env({"TASKHERD_TIME_LIMIT": "", "TASKHERD_QUEUES": " "})
-    assert values == {} and problems == []
+    values, problems = contract.read(("TASKHERD_TIME_LIMIT", "TASKHERD_QUEUES"),
+                                     {"TASKHERD_TIME_LIMIT": "", "TASKHERD_QUEUES": " "})
+    assert values == {"TASKHERD_TIME_LIMIT": None, "TASKHERD_QUEUES": None} and problems == []
 
 
-def test_configure_twice_installs_each_runtime_part_once(redis_url):
+def test_a_broker_url_of_another_kind_than_the_charts_broker_type_is_refused(monkeypatch, redis_url):
+    monkeypatch.setenv("TASKHERD_BROKER_TYPE", "rabbitmq")
+    monkeypatch.setenv("TASKHERD_BROKER_URL", redis_url)
+    with pytest.raises(ProfileError, match="TASKHERD_BROKER_TYPE='rabbitmq' but the broker URL is 'redis'"):
+        configure(Celery("env-test"))
+
+
+def test_an_unknown_setting_is_named_with_the_valid_ones(redis_url):
+    with pytest.raises(ProfileError, match="configure\\(\\) has no setting 'time_limits' \\(valid: soft_time_limit"):
+        configure(Celery("env-test", broker=redis_url), time_limits=30)
+
+
+def test_dead_letter_queues_one_per_queue_and_never_a_work_queue(redis_url):
+    app = Celery("env-test", broker=redis_url)
+    profile = configure(app, queues=["orders", "mail"], dead_letter_queues=["orders-failed", "mail-failed"])
+    assert profile.dead_letter_queue_for("mail") == "mail-failed"
+    with pytest.raises(ProfileError) as error:
+        configure(Celery("env-test", broker=redis_url), queues=["orders", "mail"], dead_letter_queues=["mail", "x"])
+    assert "'mail' is a work queue and the dead-letter queue of 'orders'" in str(error.value)
+    with pytest.raises(ProfileError, match="names 1 dead-letter queue\\(s\\) for 2 queue\\(s\\)"):
+        configure(Celery("env-test", broker=redis_url), queues=["orders", "mail"], dead_letter_queues=["x"])
+
+
+def test_components_come_from_the_environment_and_can_be_left_out_or_replaced(monkeypatch, redis_url, tmp_path):
+    monkeypatch.setenv("TASKHERD_HEARTBEAT_INTERVAL", "2")
+    monkeypatch.setenv("TASKHERD_HEARTBEAT_DIR", str(tmp_path))
+    profile = configure(Celery("env-test", broker=redis_url))
+    assert profile.component(Heartbeat) == Heartbeat(directory=str(tmp_path), interval=2.0)
+    assert profile.component(Metrics).port == contract.WORKER_METRICS_PORT
+
+    app = Celery("env-test", broker=redis_url)
+    profile = configure(app, components=[*without(default_components(), Metrics), Metrics(port=9100)])
+    assert profile.component(Metrics).port == 9100
+    no_metrics = configure(Celery("env-test", broker=redis_url), components=without(default_components(), Metrics))
+    assert no_metrics.component(Metrics) is None
+
+
+def test_a_component_missing_what_it_needs_is_refused(redis_url):
+    from taskherd.worker.components.drain import Drain
+
+    with pytest.raises(ProfileError, match="Drain needs Heartbeat before it in the list"):
+        configure(Celery("env-test", broker=redis_url), components=[Drain()])
+    with pytest.raises(ProfileError, match="Heartbeat\\(interval=-1\\) must be a positive number of seconds"):
+        configure(Celery("env-test", broker=redis_url), components=[Heartbeat(interval=-1)])
+
+
+def test_configure_twice_installs_each_component_once(redis_url):
     from celery import signals
 
     app = Celery("env-test", broker=redis_url)
     configure(app)
     receivers = {name: len(getattr(signals, name).receivers) for name in
                  ("task_prerun", "task_postrun", "worker_init", "before_task_publish")}
-    configure(app)
+    steps = {name: len(app.steps[name]) for name in ("worker", "consumer")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same settings: nothing to warn about
+        configure(app)
     assert {name: len(getattr(signals, name).receivers) for name in receivers} == receivers
-    assert "taskherd.worker.metrics" in app.taskherd_installed
+    assert {name: len(app.steps[name]) for name in ("worker", "consumer")} == steps
+
+
+def test_the_charts_dead_letter_queues_are_where_the_worker_dead_letters(
+        broker_url, record_url, unique_name, worker_factory):
+    """A custom `deadLetterQueues` in the chart reaches the worker as TASKHERD_DEAD_LETTER_QUEUES: the
+    envelope lands in the queue the operator and the alerts watch, not in `<queue>.dlq`."""
+    failed = f"{unique_name}-failed"
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    producer.conf.broker_connection_retry_on_startup = True
+    configure(producer, queues=[unique_name], dead_letter_queues=[failed], delivery_counter_url=record_url)
+    env = {"TEST_BROKER_URL": broker_url, "TEST_QUEUE": unique_name, "TEST_RECORD_URL": record_url,
+           "TEST_COUNTER_URL": record_url, "TASKHERD_DEAD_LETTER_QUEUES": failed}
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    result = producer.send_task("core.validation", args=("runs", -5), queue=unique_name)
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name, dlq=failed), timeout=30,
+                         what=f"the envelope in {failed}")
+    assert letter.envelope.task_id == result.id and letter.envelope.reason == "permanent-error"
+    assert dead_letters(broker_url, unique_name) == [], f"nothing in {unique_name}.dlq"
+    producer.close()

@@ -9,7 +9,7 @@ from celery import Celery
 
 from support.waiting import wait_until as wait_for  # noqa: F401 - the name tests/worker use
 from taskherd.worker import configure
-from taskherd.worker.dlq_cli import DeadLetter, open_dead_letters
+from taskherd.commands.dlq import DeadLetter, open_dead_letters
 
 
 @pytest.fixture
@@ -51,11 +51,12 @@ def core_env(broker_url: str, queue: str, record_url: str, **knobs: str) -> dict
     return env
 
 
-def dead_letters(broker_url: str, queue: str) -> list[DeadLetter]:
-    """The DLQ's messages, left in place; [] while the DLQ does not exist yet."""
+def dead_letters(broker_url: str, queue: str, dlq: str | None = None) -> list[DeadLetter]:
+    """The messages of ``queue``'s DLQ (``<queue>.dlq`` unless ``dlq`` names it), left in place;
+    [] while the DLQ does not exist yet."""
     from amqp.exceptions import NotFound
 
-    store = open_dead_letters(broker_url, f"{queue}.dlq")
+    store = open_dead_letters(broker_url, dlq or f"{queue}.dlq")
     try:
         return store.letters()
     except NotFound:

@@ -81,7 +81,8 @@ The effective pools: each `workerPools` entry merged over `workerPoolDefaults`, 
 and the derived durations computed once, here, so that every template (and the validation)
 uses the same numbers. Returns YAML: `pools: [...]`; use with fromYaml.
   fullname            Deployment / WorkerPool / PDB name
-  drainSeconds        drain deadline = hard + drainMargin (TASKHERD_DRAIN_SECONDS)
+  deadLetterQueues    one DLQ per queue: as written, or `<queue>.dlq` (taskherd.contract's default)
+  drainSeconds        drain deadline = hard + drainMargin (TASKHERD_DRAIN_DEADLINE)
   minGraceSeconds     drain deadline + shutdown
   graceSeconds        terminationGracePeriodSeconds, explicit or derived (= minGraceSeconds)
 */}}
@@ -93,6 +94,11 @@ uses the same numbers. Returns YAML: `pools: [...]`; use with fromYaml.
 {{- include "taskherd.deepMerge" (list $pool (deepCopy $entry)) }}
 {{- $_ := set $pool "index" $index }}
 {{- $_ := set $pool "fullname" (printf "%s-%s" (include "taskherd.fullname" $root) (toString $pool.name) | trunc 63 | trimSuffix "-") }}
+{{- if empty $pool.deadLetterQueues }}
+{{- $dlqs := list }}
+{{- range $pool.queues }}{{ $dlqs = append $dlqs (printf "%s.dlq" (toString .)) }}{{ end }}
+{{- $_ := set $pool "deadLetterQueues" $dlqs }}
+{{- end }}
 {{- $hard := int $pool.timeLimits.hardSeconds }}
 {{- $drain := add $hard (int $pool.drainMarginSeconds) }}
 {{- $minGrace := add $drain (int $pool.shutdownSeconds) }}
@@ -165,6 +171,17 @@ render fails once with one line per problem, each naming the key, its value and 
 {{- end }}
 {{- if empty $pool.queues }}
 {{- $errors = append $errors (printf "%s: queues is empty; list at least one queue to consume" $at) }}
+{{- else if ne (len $pool.deadLetterQueues) (len $pool.queues) }}
+{{- $errors = append $errors (printf "%s: deadLetterQueues names %d queue(s) for %d queue(s) %s; give one dead-letter queue per queue, in the same order, or none for <queue>.dlq" $at (len $pool.deadLetterQueues) (len $pool.queues) (toJson $pool.queues)) }}
+{{- else }}
+{{- range $dlq := $pool.deadLetterQueues }}
+{{- if has $dlq $pool.queues }}
+{{- $errors = append $errors (printf "%s: deadLetterQueues contains %q, which is also one of its queues; a dead-letter queue must not be consumed as work" $at (toString $dlq)) }}
+{{- end }}
+{{- end }}
+{{- if ne (len (uniq $pool.deadLetterQueues)) (len $pool.deadLetterQueues) }}
+{{- $errors = append $errors (printf "%s: deadLetterQueues %s names a queue twice; each queue needs its own dead-letter queue" $at (toJson $pool.deadLetterQueues)) }}
+{{- end }}
 {{- end }}
 {{- $as := $pool.autoscaling }}
 {{- if $as.enabled }}

@@ -1,7 +1,8 @@
 """taskherd.worker — what runs inside a user's Celery worker.
 
-The reliability profile, retries, dead-lettering, the delivery counter, idempotency, the outbox,
-the heartbeat, the drain and metrics. Each concern is one module; `configure(app)` wires them.
+The reliability profile, retries, dead-lettering, the delivery counter, idempotency and the outbox;
+the runtime components configure() installs (taskherd.worker.components: heartbeat, drain,
+metrics, publish stamps, Redis fast recovery). Each concern is one module.
 
     from taskherd.worker import configure
     profile = configure(app, soft_time_limit=50, time_limit=60, queues=["orders"])
@@ -22,6 +23,9 @@ _EXPORTS: dict[str, str] = {
     "ProfileError": "taskherd.worker.profile",
     "ProfileWarning": "taskherd.worker.profile",
     "get_profile": "taskherd.worker.profile",
+    "Settings": "taskherd.worker.profile",
+    "default_components": "taskherd.worker.components",
+    "without": "taskherd.worker.components",
     "Task": "taskherd.worker.task",
     "DeadLettered": "taskherd.worker.task",
     "TransientError": "taskherd.worker.transient",
@@ -29,13 +33,12 @@ _EXPORTS: dict[str, str] = {
     "ErrorClassifier": "taskherd.worker.transient",
     "backoff_delay": "taskherd.worker.backoff",
     "Envelope": "taskherd.worker.deadletter",
-    # --- other areas' public names (idempotent, outbox, …) are added below this line ---
     "idempotent": "taskherd.worker.idempotency",
     "RedisStore": "taskherd.worker.idempotency",
     "PostgresStore": "taskherd.worker.idempotency",
     "InProgress": "taskherd.worker.idempotency",
     "enqueue": "taskherd.worker.outbox",
-    "record_outcome": "taskherd.worker.metrics",
+    "record_outcome": "taskherd.worker.components.metrics",
 }
 
 __all__ = sorted(_EXPORTS)

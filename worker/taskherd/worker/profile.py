@@ -1,9 +1,9 @@
 """The reliability profile: one call that makes a Celery app lose no task, validated as a whole.
 
-``configure(app, ...)`` applies the settings below, checks that they hold together, stores the
-resulting :class:`Profile` on the app and then runs every module listed in ``_INSTALLERS``
-(each exposes ``install(app, profile)``) to hook the runtime parts in: the base Task class that
-retries and dead-letters, the consumer that dead-letters bad messages, and so on.
+``configure(app, **settings)`` applies the :class:`Settings` below, checks that they hold together,
+stores the resulting :class:`Profile` on the app and then installs its components
+(taskherd.worker.components: the base Task class that retries and dead-letters, the consumer that
+dead-letters bad messages, publish stamps, heartbeat, drain, metrics, Redis fast recovery).
 
 Settings applied and why (docs/reliability.md has the long form):
 
@@ -36,36 +36,22 @@ idle) and makes the ready count undercount the backlog — a trade-off a user ma
 """
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
-from urllib.parse import urlsplit
+from typing import Any, Mapping, Sequence
+
+from taskherd import contract
+from taskherd.contract import broker_kind
 
 from .backoff import Rng
-from .environment import BROKER_URL_VARIABLE, settings_from_env
+from .components import Component, default_components, missing_requirements
+from .components import install as install_components
 from .transient import ErrorClassifier, make_classifier
-
-#: Dotted module paths whose ``install(app, profile)`` configure() calls last, in order.
-#: The lead adds the runtime modules of other areas here (idempotency, heartbeat, metrics, …).
-_INSTALLERS: list[str] = [
-    "taskherd.worker.task",  # base Task class: retries, dead-lettering, delivery counting
-    "taskherd.worker.consumer",  # bad messages to the DLQ; DLQ declaration on RabbitMQ
-    # --- other areas' installers go below this line ---
-    "taskherd.worker.stamping",  # publish time on every message (queue age, queue-wait metric)
-    "taskherd.worker.heartbeat",  # heartbeat file read by `taskherd probe`
-    "taskherd.worker.draining",  # `taskherd drain` (preStop) support
-    "taskherd.worker.metrics",  # Prometheus metrics on TASKHERD_METRICS_PORT (default 9808)
-    "taskherd.worker.recovery",  # Redis: a killed worker's deliveries come back in seconds
-]
-#: Attribute of the Celery app listing the installers already run (configure() may run twice).
-INSTALLED_ATTRIBUTE = "taskherd_installed"
 
 JSON_CONTENT = "json"
 _JSON_ALIASES = {"json", "application/json"}
-REDIS_SCHEMES = {"redis", "rediss", "sentinel", "redis+socket"}
-AMQP_SCHEMES = {"amqp", "amqps", "pyamqp", "librabbitmq"}
 QUEUE_TYPES = ("classic", "quorum")
 #: Attribute of the Celery app holding its Profile (read by get_profile()).
 APP_ATTRIBUTE = "taskherd_profile"
@@ -84,32 +70,82 @@ class ProfileWarning(UserWarning):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Profile:
-    """The validated reliability settings of one app. Other modules read these, never app.conf."""
+class Settings:
+    """What ``configure(app, **settings)`` accepts: each field once, with its unit and default."""
+
+    #: seconds before SoftTimeLimitExceeded is raised in the task; must be < time_limit
+    soft_time_limit: float = 240
+    #: seconds before the pool kills the task's process (Celery task_time_limit)
+    time_limit: float = 300
+    #: tasks a pool process runs before it is replaced; None: no limit
+    max_tasks_per_child: int | None = 1000
+    #: KiB of resident memory after which a pool process is replaced (checked after a task); None: off
+    max_memory_per_child_kb: int | None = None
+    #: messages reserved per pool process; 1 (see the prefetch rule in the module docstring)
+    prefetch_multiplier: int = 1
+    #: Redis only, seconds a delivered unacked message stays invisible; None: derived (see module doc)
+    visibility_timeout: float | None = None
+    #: seconds between AMQP heartbeats; 0 disables them
+    broker_heartbeat: float = 30
+    #: retries of a transient error before it is dead-lettered
+    max_retries: int = 5
+    #: seconds: the backoff ceiling of the first retry (doubling each retry, full jitter)
+    backoff_base: float = 1.0
+    #: seconds: the longest backoff
+    backoff_cap: float = 120.0
+    #: source of uniform floats in [0, 1] for the jitter; None: random.random
+    backoff_rng: Rng | None = field(default=None, compare=False, repr=False)
+    #: exception classes retried with backoff, in addition to the defaults (taskherd.worker.transient)
+    transient_errors: Sequence[type[BaseException]] = ()
+    #: exception classes never retried, in addition to PermanentError; they win over transient ones
+    permanent_errors: Sequence[type[BaseException]] = ()
+    #: the work queues, declared with dead-lettering; None: [app.conf.task_default_queue]
+    queues: Sequence[str] | None = None
+    #: DLQ name pattern; ``{queue}`` is replaced by the work queue's name
+    dead_letter_queue: str = contract.DEFAULT_DEAD_LETTER_PATTERN
+    #: one DLQ name per queue, in the order of ``queues``; None: from ``dead_letter_queue``
+    dead_letter_queues: Sequence[str] | None = None
+    #: deliveries of one (task id, retry) allowed before it is dead-lettered unrun
+    max_deliveries: int = 5
+    #: Redis URL of the delivery counter; None: the broker on Redis, off on RabbitMQ (a warning says so)
+    delivery_counter_url: str | None = None
+    #: RabbitMQ queue type of the work queues and DLQs: "classic" or "quorum"
+    queue_type: str = "classic"
+    #: content types accepted from the broker: JSON only (pickle is remote code execution)
+    accept_content: Sequence[str] = ("json",)
+
+
+#: configure() keywords
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+#: contract variable -> the setting it overrides (the pod's environment wins: see taskherd.contract)
+ENVIRONMENT: dict[str, str] = {
+    "TASKHERD_SOFT_TIME_LIMIT": "soft_time_limit",
+    "TASKHERD_TIME_LIMIT": "time_limit",
+    "TASKHERD_VISIBILITY_TIMEOUT": "visibility_timeout",
+    "TASKHERD_MAX_TASKS_PER_CHILD": "max_tasks_per_child",
+    "TASKHERD_MAX_MEMORY_PER_CHILD_KB": "max_memory_per_child_kb",
+    "TASKHERD_QUEUES": "queues",
+    "TASKHERD_DEAD_LETTER_QUEUES": "dead_letter_queues",
+    "TASKHERD_DELIVERY_COUNTER_URL": "delivery_counter_url",
+}
+BROKER_URL_VARIABLE = "TASKHERD_BROKER_URL"
+BROKER_TYPE_VARIABLE = "TASKHERD_BROKER_TYPE"
+#: the chart's broker.type -> broker_kind() of its URL
+_BROKER_TYPE_KINDS = {"redis": "redis", "rabbitmq": "amqp"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile(Settings):
+    """The validated settings of one app, resolved. Other modules read these, never app.conf."""
 
     broker_url: str
-    soft_time_limit: float
-    time_limit: float
-    max_tasks_per_child: int | None
-    max_memory_per_child_kb: int | None
-    prefetch_multiplier: int
-    #: Redis only: seconds a delivered, unacked message stays invisible. None on RabbitMQ.
-    visibility_timeout: float | None
-    broker_heartbeat: float
-    max_retries: int
-    backoff_base: float
-    backoff_cap: float
-    backoff_rng: Rng | None = field(default=None, compare=False, repr=False)
-    classifier: ErrorClassifier = field(default_factory=ErrorClassifier)
-    #: the work queues declared with dead-lettering, e.g. ("orders",)
     queues: tuple[str, ...]
-    #: DLQ name pattern; ``{queue}`` is replaced by the work queue's name
-    dead_letter_queue: str
-    #: deliveries of one (task id, retry) allowed before it is dead-lettered unrun
-    max_deliveries: int
-    #: Redis URL of the delivery counter; None disables counting (quorum x-delivery-limit remains)
-    delivery_counter_url: str | None
-    queue_type: str
+    #: work queue -> its DLQ
+    dead_letters: Mapping[str, str] = field(default_factory=dict)
+    classifier: ErrorClassifier = field(default_factory=ErrorClassifier)
+    #: the installed components, in order
+    components: tuple[Component, ...] = ()
     #: seconds a delivery counter key lives (long enough to outlast any redelivery loop)
     delivery_counter_ttl: float = 7 * 24 * 3600
 
@@ -122,18 +158,10 @@ class Profile:
         return broker_kind(self.broker_url) == "amqp"
 
     def dead_letter_queue_for(self, queue: str) -> str:
-        return self.dead_letter_queue.format(queue=queue)
+        return self.dead_letters.get(queue) or self.dead_letter_queue.format(queue=queue)
 
-
-def broker_kind(url: str | None) -> str:
-    """'redis', 'amqp' or 'other' from a broker URL (its first URL when several are given)."""
-    first = (url or "").split(";")[0].strip()
-    scheme = urlsplit(first).scheme.lower()
-    if scheme in REDIS_SCHEMES:
-        return "redis"
-    if scheme in AMQP_SCHEMES:
-        return "amqp"
-    return "other"
+    def component(self, kind: type[Component]) -> Component | None:
+        return next((c for c in self.components if isinstance(c, kind)), None)
 
 
 def derived_visibility_timeout(*, time_limit: float, backoff_cap: float) -> float:
@@ -162,78 +190,78 @@ def _non_json(values: Any) -> list[str]:
     return [v for v in values if str(v).lower() not in _JSON_ALIASES]
 
 
-def validate(*, broker_url: str, soft_time_limit: float, time_limit: float,
-             max_tasks_per_child: int | None, max_memory_per_child_kb: int | None,
-             prefetch_multiplier: int, visibility_timeout: float | None, broker_heartbeat: float,
-             max_retries: int, backoff_base: float, backoff_cap: float, max_deliveries: int,
-             queue_type: str, dead_letter_queue: str, queues: Sequence[str],
-             accept_content: Sequence[str], app_serialization: dict[str, Any]) -> tuple[list[str], list[str]]:
+def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
+             app_serialization: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """Every problem with the combination (errors, warnings); pure, so tests call it directly."""
+    s = settings
     errors: list[str] = []
     warns: list[str] = []
     kind = broker_kind(broker_url)
 
-    if not time_limit > 0:
-        errors.append(f"time_limit={time_limit!r} must be > 0 seconds")
-    if not soft_time_limit > 0:
-        errors.append(f"soft_time_limit={soft_time_limit!r} must be > 0 seconds")
-    elif soft_time_limit >= time_limit:
-        errors.append(f"soft_time_limit={soft_time_limit!r} must be less than time_limit={time_limit!r} "
-                      f"(valid: 0 < soft_time_limit < {time_limit!r}); the soft limit lets the task "
+    if not s.time_limit > 0:
+        errors.append(f"time_limit={s.time_limit!r} must be > 0 seconds")
+    if not s.soft_time_limit > 0:
+        errors.append(f"soft_time_limit={s.soft_time_limit!r} must be > 0 seconds")
+    elif s.soft_time_limit >= s.time_limit:
+        errors.append(f"soft_time_limit={s.soft_time_limit!r} must be less than time_limit={s.time_limit!r} "
+                      f"(valid: 0 < soft_time_limit < {s.time_limit!r}); the soft limit lets the task "
                       f"clean up before the hard limit kills its process")
-    if visibility_timeout is not None and time_limit > 0 and visibility_timeout <= time_limit:
-        errors.append(f"visibility_timeout={visibility_timeout!r} must be greater than time_limit={time_limit!r} "
-                      f"(valid: > {time_limit!r}, derived default "
-                      f"{derived_visibility_timeout(time_limit=time_limit, backoff_cap=max(backoff_cap, 0))!r}); "
+    visibility = s.visibility_timeout if kind == "redis" else None
+    if visibility is not None and s.time_limit > 0 and visibility <= s.time_limit:
+        errors.append(f"visibility_timeout={visibility!r} must be greater than time_limit={s.time_limit!r} "
+                      f"(valid: > {s.time_limit!r}, derived default "
+                      f"{derived_visibility_timeout(time_limit=s.time_limit, backoff_cap=max(s.backoff_cap, 0))!r}); "
                       f"otherwise Redis redelivers a task that is still running")
-    elif (visibility_timeout is not None and kind == "redis" and time_limit > 0
-          and visibility_timeout < time_limit + backoff_cap):
-        warns.append(f"visibility_timeout={visibility_timeout!r} is less than time_limit + backoff_cap = "
-                     f"{time_limit + backoff_cap!r}: a retry waiting for its countdown may be redelivered "
+    elif visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap:
+        warns.append(f"visibility_timeout={visibility!r} is less than time_limit + backoff_cap = "
+                     f"{s.time_limit + s.backoff_cap!r}: a retry waiting for its countdown may be redelivered "
                      f"and run twice")
-    bad_accept = _non_json(accept_content)
+    bad_accept = _non_json(s.accept_content)
     if bad_accept:
-        errors.append(f"accept_content={list(accept_content)!r} accepts non-JSON content {bad_accept!r} "
+        errors.append(f"accept_content={list(s.accept_content)!r} accepts non-JSON content {bad_accept!r} "
                       f"(valid: ['json']); pickle and friends from the broker are remote code execution")
     for setting, value in app_serialization.items():
         bad = _non_json(value)
         if bad:
             errors.append(f"{setting}={value!r} is not JSON (valid: 'json'); the profile accepts and "
                           f"produces JSON only")
-    if not (isinstance(prefetch_multiplier, int) and prefetch_multiplier >= 1):
-        errors.append(f"prefetch_multiplier={prefetch_multiplier!r} must be an integer >= 1 "
+    if not (isinstance(s.prefetch_multiplier, int) and s.prefetch_multiplier >= 1):
+        errors.append(f"prefetch_multiplier={s.prefetch_multiplier!r} must be an integer >= 1 "
                       f"(0 means unlimited prefetch); valid: 1")
-    elif prefetch_multiplier > 1:
-        why = (f"prefetch_multiplier={prefetch_multiplier!r} with late acks: prefetched messages sit unacked "
+    elif s.prefetch_multiplier > 1:
+        why = (f"prefetch_multiplier={s.prefetch_multiplier!r} with late acks: prefetched messages sit unacked "
                f"behind running tasks")
         if kind == "redis":
             errors.append(f"{why} and Redis redelivers them after visibility_timeout while still held "
                           f"(duplicates); valid: 1")
         else:
             warns.append(f"{why}, adding latency and hiding backlog from the ready count; 1 is recommended")
-    for name, value in (("max_tasks_per_child", max_tasks_per_child),
-                        ("max_memory_per_child_kb", max_memory_per_child_kb)):
+    for name in ("max_tasks_per_child", "max_memory_per_child_kb"):
+        value = getattr(s, name)
         if value is not None and not (isinstance(value, int) and value >= 1):
             errors.append(f"{name}={value!r} must be None (no limit) or an integer >= 1")
-    if not broker_heartbeat >= 0:
-        errors.append(f"broker_heartbeat={broker_heartbeat!r} must be >= 0 seconds (0 disables it)")
-    elif broker_heartbeat == 0 and kind == "amqp":
+    if not s.broker_heartbeat >= 0:
+        errors.append(f"broker_heartbeat={s.broker_heartbeat!r} must be >= 0 seconds (0 disables it)")
+    elif s.broker_heartbeat == 0 and kind == "amqp":
         warns.append("broker_heartbeat=0 on RabbitMQ: a dead connection may take minutes to notice")
-    if not (isinstance(max_retries, int) and max_retries >= 0):
-        errors.append(f"max_retries={max_retries!r} must be an integer >= 0")
-    if not backoff_base > 0:
-        errors.append(f"backoff_base={backoff_base!r} must be > 0 seconds")
-    elif not backoff_cap >= backoff_base:
-        errors.append(f"backoff_cap={backoff_cap!r} must be >= backoff_base={backoff_base!r}")
-    if not (isinstance(max_deliveries, int) and max_deliveries >= 1):
-        errors.append(f"max_deliveries={max_deliveries!r} must be an integer >= 1")
-    if queue_type not in QUEUE_TYPES:
-        errors.append(f"queue_type={queue_type!r} must be one of {list(QUEUE_TYPES)!r}")
-    if "{queue}" not in dead_letter_queue:
-        errors.append(f"dead_letter_queue={dead_letter_queue!r} must contain '{{queue}}' "
-                      f"(e.g. '{{queue}}.dlq') so each work queue gets its own DLQ")
+    if not (isinstance(s.max_retries, int) and s.max_retries >= 0):
+        errors.append(f"max_retries={s.max_retries!r} must be an integer >= 0")
+    if not s.backoff_base > 0:
+        errors.append(f"backoff_base={s.backoff_base!r} must be > 0 seconds")
+    elif not s.backoff_cap >= s.backoff_base:
+        errors.append(f"backoff_cap={s.backoff_cap!r} must be >= backoff_base={s.backoff_base!r}")
+    if not (isinstance(s.max_deliveries, int) and s.max_deliveries >= 1):
+        errors.append(f"max_deliveries={s.max_deliveries!r} must be an integer >= 1")
+    if s.queue_type not in QUEUE_TYPES:
+        errors.append(f"queue_type={s.queue_type!r} must be one of {list(QUEUE_TYPES)!r}")
     if not queues:
         errors.append("queues=[] must name at least one work queue")
+    else:
+        try:
+            contract.dead_letter_queues(queues, s.dead_letter_queues, s.dead_letter_queue,
+                                        source="dead_letter_queues" if s.dead_letter_queues else "dead_letter_queue")
+        except contract.ContractError as exc:
+            errors.extend(exc.problems)
     return errors, warns
 
 
@@ -269,70 +297,83 @@ def _queue_declarations(profile: Profile, existing: Sequence[Any] = ()) -> list:
     return declared
 
 
-def configure(
-    app: Any,
-    *,
-    soft_time_limit: float = 240,
-    time_limit: float = 300,
-    max_tasks_per_child: int | None = 1000,
-    max_memory_per_child_kb: int | None = None,
-    prefetch_multiplier: int = 1,
-    visibility_timeout: float | None = None,
-    broker_heartbeat: float = 30,
-    max_retries: int = 5,
-    backoff_base: float = 1.0,
-    backoff_cap: float = 120.0,
-    backoff_rng: Rng | None = None,
-    transient_errors: Sequence[type[BaseException]] = (),
-    permanent_errors: Sequence[type[BaseException]] = (),
-    queues: Sequence[str] | None = None,
-    dead_letter_queue: str = "{queue}.dlq",
-    max_deliveries: int = 5,
-    delivery_counter_url: str | None = None,
-    queue_type: str = "classic",
-    accept_content: Sequence[str] = ("json",),
-) -> Profile:
+def _from_environment(explicit: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """(settings the pod's environment overrides, problems); warns where it overrides the code."""
+    values, problems = contract.read(ENVIRONMENT, environ)
+    overrides = {}
+    for name, setting in ENVIRONMENT.items():
+        if not contract.is_set(name, environ) or name not in values:
+            continue
+        given = explicit.get(setting)
+        if setting in explicit and (tuple(given) if isinstance(given, list) else given) != values[name]:
+            warnings.warn(f"{name}={environ[name].strip()!r} overrides {setting}={explicit[setting]!r} given to "
+                          f"configure(): the pod's environment wins (the chart derived the pod from it)",
+                          ProfileWarning, stacklevel=3)
+        overrides[setting] = values[name]
+    return overrides, problems
+
+
+def _broker_url(app: Any, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    values, problems = contract.read((BROKER_URL_VARIABLE, BROKER_TYPE_VARIABLE), environ)
+    if values[BROKER_URL_VARIABLE]:
+        app.conf.broker_url = values[BROKER_URL_VARIABLE]
+    broker_url = app.conf.broker_url or ""
+    wanted = values[BROKER_TYPE_VARIABLE]
+    if wanted and broker_kind(broker_url) != _BROKER_TYPE_KINDS[wanted]:
+        problems.append(f"{BROKER_TYPE_VARIABLE}={wanted!r} but the broker URL is "
+                        f"{broker_kind(broker_url)!r} ({broker_url.partition('://')[0]}://…): the chart's "
+                        f"broker.type must match the URL in the broker Secret")
+    return broker_url, problems
+
+
+def configure(app: Any, *, components: Sequence[Component] | None = None, **settings: Any) -> Profile:
     """Apply the reliability profile to ``app`` and return the validated :class:`Profile`.
 
-    ``queues`` defaults to ``[app.conf.task_default_queue]``; workers must consume only queues
-    listed here (they are declared with their dead-letter arguments). ``delivery_counter_url``
-    defaults to the broker URL on Redis; on RabbitMQ without it, per-delivery counting is off
-    (a warning says so) and only a quorum queue's ``x-delivery-limit`` bounds a poison message.
-    The broker URL must be set before (``Celery(broker=...)``, ``broker_url`` or
-    ``CELERY_BROKER_URL``): the Redis-only settings and checks depend on it.
-    Raises :class:`ProfileError` listing every invalid setting, its value and the valid range.
+    ``settings`` are the fields of :class:`Settings` (each documented there). The pod's environment
+    (``TASKHERD_*``, see taskherd.contract) overrides them. ``components`` defaults to
+    :func:`taskherd.worker.components.default_components`; give a list to leave one out, replace or
+    configure one. Workers must consume only the profiled ``queues`` (they are declared with their
+    dead-letter arguments). The broker URL must be set before (``Celery(broker=...)``,
+    ``broker_url``, ``CELERY_BROKER_URL`` or ``TASKHERD_BROKER_URL``): the Redis-only settings and
+    checks depend on it. Raises :class:`ProfileError` listing every invalid setting, its value and
+    the valid range.
     """
+    unknown = sorted(set(settings) - set(SETTING_NAMES))
+    if unknown:
+        raise ProfileError([f"configure() has no setting {name!r} (valid: {', '.join(SETTING_NAMES)})"
+                            for name in unknown])
+    environ = os.environ
     conf = app.conf
-    # The pod's environment (set by the chart) wins over the code's values: see environment.py.
-    env_values, env_problems = settings_from_env(os.environ)
-    soft_time_limit = env_values.get("soft_time_limit", soft_time_limit)
-    time_limit = env_values.get("time_limit", time_limit)
-    visibility_timeout = env_values.get("visibility_timeout", visibility_timeout)
-    max_tasks_per_child = env_values.get("max_tasks_per_child", max_tasks_per_child)
-    max_memory_per_child_kb = env_values.get("max_memory_per_child_kb", max_memory_per_child_kb)
-    queues = env_values.get("queues", queues)
-    if os.environ.get(BROKER_URL_VARIABLE, "").strip():
-        conf.broker_url = os.environ[BROKER_URL_VARIABLE].strip()
-    broker_url = conf.broker_url or ""
-    queue_names = tuple(queues) if queues is not None else (conf.task_default_queue,)
+    overrides, errors = _from_environment(settings, environ)
+    broker_url, broker_problems = _broker_url(app, environ)
+    errors += broker_problems
+    chosen = default_components() if components is None else list(components)
+    resolved: list[Component] = []
+    for component in chosen:
+        try:
+            component = component.with_environment(environ)
+        except contract.ContractError as exc:
+            errors += exc.problems
+        errors += component.problems()
+        resolved.append(component)
+    errors += missing_requirements(resolved)
+
+    wanted = Settings(**{**settings, **overrides})
+    queue_names = tuple(wanted.queues) if wanted.queues is not None else (conf.task_default_queue,)
     app_serialization = {name: conf.get(name) for name in
                          ("task_serializer", "result_serializer", "event_serializer",
                           "accept_content", "result_accept_content")}
-    errors, warns = validate(
-        broker_url=broker_url, soft_time_limit=soft_time_limit, time_limit=time_limit,
-        max_tasks_per_child=max_tasks_per_child, max_memory_per_child_kb=max_memory_per_child_kb,
-        prefetch_multiplier=prefetch_multiplier, visibility_timeout=visibility_timeout,
-        broker_heartbeat=broker_heartbeat, max_retries=max_retries, backoff_base=backoff_base,
-        backoff_cap=backoff_cap, max_deliveries=max_deliveries, queue_type=queue_type,
-        dead_letter_queue=dead_letter_queue, queues=queue_names, accept_content=accept_content,
-        app_serialization=app_serialization)
-    errors = env_problems + errors
+    more_errors, warns = validate(wanted, broker_url=broker_url, queues=queue_names,
+                                  app_serialization=app_serialization)
+    errors += more_errors
     if errors:
         raise ProfileError(errors)
 
     kind = broker_kind(broker_url)
+    visibility_timeout = wanted.visibility_timeout
     if kind == "redis" and visibility_timeout is None:
-        visibility_timeout = derived_visibility_timeout(time_limit=time_limit, backoff_cap=backoff_cap)
+        visibility_timeout = derived_visibility_timeout(time_limit=wanted.time_limit, backoff_cap=wanted.backoff_cap)
+    delivery_counter_url = wanted.delivery_counter_url
     if delivery_counter_url is None and kind == "redis":
         delivery_counter_url = broker_url.split(";")[0].strip()
     if delivery_counter_url is None:
@@ -342,16 +383,14 @@ def configure(
         warnings.warn(message, ProfileWarning, stacklevel=2)
 
     profile = Profile(
-        broker_url=broker_url, soft_time_limit=soft_time_limit, time_limit=time_limit,
-        max_tasks_per_child=max_tasks_per_child, max_memory_per_child_kb=max_memory_per_child_kb,
-        prefetch_multiplier=prefetch_multiplier,
-        visibility_timeout=visibility_timeout if kind == "redis" else None,
-        broker_heartbeat=broker_heartbeat, max_retries=max_retries, backoff_base=backoff_base,
-        backoff_cap=backoff_cap, backoff_rng=backoff_rng,
-        classifier=make_classifier(transient=transient_errors, permanent=permanent_errors),
-        queues=queue_names, dead_letter_queue=dead_letter_queue, max_deliveries=max_deliveries,
-        delivery_counter_url=delivery_counter_url, queue_type=queue_type,
+        **{name: getattr(wanted, name) for name in SETTING_NAMES if name not in ("queues",)},
+        broker_url=broker_url, queues=queue_names,
+        dead_letters=contract.dead_letter_queues(queue_names, wanted.dead_letter_queues, wanted.dead_letter_queue),
+        classifier=make_classifier(transient=wanted.transient_errors, permanent=wanted.permanent_errors),
+        components=tuple(resolved),
     )
+    profile = dataclasses.replace(profile, visibility_timeout=visibility_timeout if kind == "redis" else None,
+                                  delivery_counter_url=delivery_counter_url)
 
     transport_options = dict(conf.broker_transport_options or {})
     if profile.visibility_timeout is not None:
@@ -360,17 +399,17 @@ def configure(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=prefetch_multiplier,
-        task_soft_time_limit=soft_time_limit,
-        task_time_limit=time_limit,
-        worker_max_tasks_per_child=max_tasks_per_child,
-        worker_max_memory_per_child=max_memory_per_child_kb,
+        worker_prefetch_multiplier=profile.prefetch_multiplier,
+        task_soft_time_limit=profile.soft_time_limit,
+        task_time_limit=profile.time_limit,
+        worker_max_tasks_per_child=profile.max_tasks_per_child,
+        worker_max_memory_per_child=profile.max_memory_per_child_kb,
         accept_content=[JSON_CONTENT],
         result_accept_content=[JSON_CONTENT],
         task_serializer=JSON_CONTENT,
         result_serializer=JSON_CONTENT,
         event_serializer=JSON_CONTENT,
-        broker_heartbeat=broker_heartbeat,
+        broker_heartbeat=profile.broker_heartbeat,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         broker_transport_options=transport_options,
         task_queues=_queue_declarations(profile, list(conf.task_queues or ())),
@@ -378,10 +417,5 @@ def configure(
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
-    installed = getattr(app, INSTALLED_ATTRIBUTE, set())
-    setattr(app, INSTALLED_ATTRIBUTE, installed)
-    for module_path in _INSTALLERS:
-        if module_path not in installed:  # a second configure() must not add bootsteps twice
-            importlib.import_module(module_path).install(app, profile)
-            installed.add(module_path)
+    install_components(app, profile.components, profile)  # each class once: configure() may run twice
     return profile

@@ -1,6 +1,6 @@
 """The base Task class: only transient errors retry, everything else ends in the DLQ with an envelope.
 
-``configure(app)`` makes this the app's default task class (``app.task_cls``), so a plain
+``configure(app)`` makes this the app's default task class (the TaskClass component), so a plain
 ``@app.task`` gets it; ``@app.task(base=taskherd.worker.Task)`` works as well.
 
 On each delivery, in the pool child, before the task body runs:
@@ -257,15 +257,3 @@ class Request(CeleryRequest):
             routing_key=self.delivery_info.get("routing_key"),
         )
         _dead_letter(app, profile, envelope)
-
-
-def install(app: Any, profile: Profile) -> None:
-    """Make :class:`Task` the app's default task class (tasks defined before finalize included)."""
-    app.task_cls = Task
-    app.__dict__.pop("Task", None)  # `app.Task` is a cached_property built from task_cls
-    if app.finalized:
-        plain = [name for name, task in app.tasks.items()
-                 if not name.startswith("celery.") and not isinstance(task, Task)]
-        if plain:
-            logger.warning("taskherd: tasks %s were created before configure(app) and do not retry/"
-                           "dead-letter; call configure() before the app is finalized", plain)

@@ -4,7 +4,8 @@ Polls the broker every ``--interval`` seconds with taskherd.queues (the same ins
 operator uses) and serves the last poll on ``--port``. A failed poll exports no queue figures
 (stale ones would look healthy) and sets ``taskherd_exporter_poll_success`` to 0.
 
-Metrics (label ``queue``; the DLQ of ``q`` is ``q`` + ``--dlq-suffix``, reported under ``q``):
+Metrics (label ``queue``; the DLQ of each queue, from ``--dead-letter-queues`` or
+``--dead-letter-pattern``, is reported under its work queue):
 
 - ``taskherd_queue_messages{queue,state="ready"|"unacked"}``
 - ``taskherd_queue_oldest_message_age_seconds`` — oldest READY message (publish stamp; RabbitMQ
@@ -19,23 +20,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from taskherd import contract
 from taskherd.queues import BrokerUnreachable, QueueStats, inspect_queues
 
-logger = logging.getLogger("taskherd.exporter")
+from . import options
 
-DEFAULT_PORT = 9809  # 9808 is the worker metrics port (taskherd.worker.metrics)
-DEFAULT_INTERVAL = 15.0
-DEFAULT_DLQ_SUFFIX = ".dlq"
+logger = logging.getLogger("taskherd.exporter")
 
 
 @dataclass(frozen=True)
@@ -46,11 +45,7 @@ class Snapshot:
     duration_seconds: float = 0.0
 
 
-def dlq_name(queue: str, suffix: str) -> str | None:
-    return queue + suffix if suffix and not queue.endswith(suffix) else None
-
-
-def metric_families(snapshot: Snapshot, queues: Iterable[str], dlq_suffix: str) -> list[GaugeMetricFamily]:
+def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[GaugeMetricFamily]:
     """The exported metrics for one snapshot. Pure: tested without a broker or a server."""
     messages = GaugeMetricFamily("taskherd_queue_messages", "Messages in the queue by state (ready: waiting; "
                                  "unacked: delivered to a worker, not yet acknowledged)", labels=["queue", "state"])
@@ -69,7 +64,7 @@ def metric_families(snapshot: Snapshot, queues: Iterable[str], dlq_suffix: str) 
     success.add_metric([], 1.0 if snapshot.success else 0.0)
     polled.add_metric([], snapshot.polled_at)
     duration.add_metric([], snapshot.duration_seconds)
-    for queue in queues if snapshot.success else []:
+    for queue in dead_letters if snapshot.success else []:
         stats = snapshot.stats.get(queue)
         if stats is None:
             continue
@@ -83,8 +78,8 @@ def metric_families(snapshot: Snapshot, queues: Iterable[str], dlq_suffix: str) 
             visibility.add_metric([queue], stats.visibility_timeout_seconds)
         if stats.consumers is not None:
             consumers.add_metric([queue], stats.consumers)
-        name = dlq_name(queue, dlq_suffix)
-        if name and name in snapshot.stats:
+        name = dead_letters[queue]
+        if name in snapshot.stats:
             dlq.add_metric([queue, name], snapshot.stats[name].ready)
     return [messages, age, unacked_age, visibility, consumers, dlq, success, polled, duration]
 
@@ -92,18 +87,17 @@ def metric_families(snapshot: Snapshot, queues: Iterable[str], dlq_suffix: str) 
 class QueuePoller(Collector):
     """Polls the broker on demand (``poll``) and exposes the last snapshot to Prometheus."""
 
-    def __init__(self, *, queues: list[str], dlq_suffix: str = DEFAULT_DLQ_SUFFIX,
+    def __init__(self, *, dead_letters: dict[str, str],
                  inspect: Callable[[list[str]], dict[str, QueueStats]], clock: Callable[[], float] = time.time):
-        self.queues = queues
-        self.dlq_suffix = dlq_suffix
+        #: work queue -> its DLQ
+        self.dead_letters = dict(dead_letters)
         self.inspect = inspect
         self.clock = clock
         self.snapshot = Snapshot()
         self._lock = threading.Lock()
 
     def names_to_inspect(self) -> list[str]:
-        dlqs = [dlq_name(q, self.dlq_suffix) for q in self.queues]
-        return list(dict.fromkeys(self.queues + [d for d in dlqs if d]))
+        return list(dict.fromkeys([*self.dead_letters, *self.dead_letters.values()]))
 
     def poll(self) -> Snapshot:
         started = time.monotonic()
@@ -121,36 +115,37 @@ class QueuePoller(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
             snapshot = self.snapshot
-        yield from metric_families(snapshot, self.queues, self.dlq_suffix)
+        yield from metric_families(snapshot, self.dead_letters)
+
+
+def _from_contract(name: str):
+    return contract.read((name,))[0][name]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    env = os.environ.get
     parser = argparse.ArgumentParser(prog="taskherd exporter", description=__doc__.split("\n")[0])
-    parser.add_argument("--broker-url", default=env("TASKHERD_BROKER_URL"),
-                        help="redis://… or amqp://… (env TASKHERD_BROKER_URL)")
-    parser.add_argument("--management-url", default=env("TASKHERD_MANAGEMENT_URL"),
-                        help="RabbitMQ management API, http://user:pass@host:15672 (env TASKHERD_MANAGEMENT_URL; "
-                             "default: the AMQP host on port 15672)")
-    parser.add_argument("--queue", "-Q", action="append", default=[],
-                        help="queue to watch; repeat or comma-separate (env TASKHERD_QUEUES)")
-    parser.add_argument("--dlq-suffix", default=env("TASKHERD_DLQ_SUFFIX", DEFAULT_DLQ_SUFFIX),
-                        help="the DLQ of queue q is q+SUFFIX; empty: no DLQ (default %(default)s)")
-    parser.add_argument("--port", type=int, default=int(env("TASKHERD_EXPORTER_PORT", DEFAULT_PORT)))
-    parser.add_argument("--address", default=env("TASKHERD_EXPORTER_ADDRESS", "0.0.0.0"))
-    parser.add_argument("--interval", type=float, default=float(env("TASKHERD_EXPORTER_INTERVAL", DEFAULT_INTERVAL)),
-                        help="seconds between broker polls (default %(default)s)")
-    parser.add_argument("--global-keyprefix", default=env("TASKHERD_GLOBAL_KEYPREFIX", ""),
-                        help="Redis: kombu's global_keyprefix transport option")
-    parser.add_argument("--visibility-timeout", type=float, default=float(env("TASKHERD_VISIBILITY_TIMEOUT", 3600)),
-                        help="Redis: kombu's visibility_timeout transport option (default %(default)s)")
+    options.add_broker(parser)
+    parser.add_argument("--management-url", default=_from_contract("TASKHERD_MANAGEMENT_URL"),
+                        help="RabbitMQ management API, http://user:pass@host:15672 (default: $TASKHERD_MANAGEMENT_URL, "
+                             "else the AMQP host on port 15672)")
+    options.add_queues(parser, "queues to watch")
+    options.add_dead_letter_naming(parser)
+    options.add_keyprefix(parser)
+    parser.add_argument("--port", type=int, default=_from_contract("TASKHERD_EXPORTER_PORT"),
+                        help="port of /metrics (default: $TASKHERD_EXPORTER_PORT, else %(default)s)")
+    parser.add_argument("--address", default="0.0.0.0", help="address of /metrics (default: %(default)s)")
+    parser.add_argument("--interval", type=float, default=_from_contract("TASKHERD_EXPORTER_INTERVAL"),
+                        help="seconds between broker polls (default: $TASKHERD_EXPORTER_INTERVAL, else %(default)s)")
+    parser.add_argument("--visibility-timeout", type=float,
+                        default=_from_contract("TASKHERD_VISIBILITY_TIMEOUT") or 3600.0,
+                        help="Redis: kombu's visibility_timeout transport option (default: "
+                             "$TASKHERD_VISIBILITY_TIMEOUT, else %(default)s)")
     args = parser.parse_args(argv)
-    raw_queues = args.queue or [env("TASKHERD_QUEUES", "")]
-    args.queues = [q.strip() for item in raw_queues for q in item.split(",") if q.strip()]
-    if not args.broker_url:
-        parser.error("--broker-url (or TASKHERD_BROKER_URL) is required")
+    options.broker(parser, args)
+    args.queues = options.queues(parser, args)
     if not args.queues:
-        parser.error("at least one --queue (or TASKHERD_QUEUES) is required")
+        parser.error("at least one -Q/--queues (or TASKHERD_QUEUES) is required")
+    args.dead_letters = options.dead_letter_queues(parser, args, args.queues)
     if not args.interval > 0:
         parser.error(f"--interval={args.interval!r} must be > 0 seconds")
     if not 0 < args.port < 65536:
@@ -165,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def inspect(names: list[str]) -> dict[str, QueueStats]:
-        return inspect_queues(args.broker_url, names, management_url=args.management_url,
+        return inspect_queues(args.broker, names, management_url=args.management_url,
                               global_keyprefix=args.global_keyprefix, visibility_timeout=args.visibility_timeout)
 
-    poller = QueuePoller(queues=args.queues, dlq_suffix=args.dlq_suffix, inspect=inspect)
+    poller = QueuePoller(dead_letters=args.dead_letters, inspect=inspect)
     registry = CollectorRegistry()
     registry.register(poller)
     poller.poll()  # the first scrape already has figures

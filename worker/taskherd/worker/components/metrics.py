@@ -19,13 +19,14 @@ Metrics (all labelled by ``task`` name):
 Prefork: every process writes its samples to mmap files in a per-worker
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
 ``worker_init`` — before the pool forks — and wiped there, since files of a previous run would be
-summed in. The main process serves ``/metrics`` on `port` (default 9808) and, at every scrape,
+summed in. The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT) and, at every scrape,
 marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away,
 and folds their counter and histogram files into one archive file per type: their counts stay
 (counters never go back) while the number of files stays bounded however often children recycle.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import os
@@ -36,23 +37,21 @@ import time
 from typing import Any, Iterable
 
 from celery import Celery, signals
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.registry import REGISTRY, Collector
 
-from taskherd import heartbeat_file
-from taskherd.worker.stamping import PUBLISHED_AT_HEADER  # float epoch seconds
+from taskherd import compat, contract
+from taskherd.pod import shared_files
+
+from . import Component, installed
+from .heartbeat import Heartbeat
+from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
 
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "rejected")
-PORT_ENV = "TASKHERD_METRICS_PORT"
-ADDR_ENV = "TASKHERD_METRICS_ADDR"
-#: Parent of the per-worker multiprocess directories (default: <heartbeat dir>/prometheus).
-DIR_ENV = "TASKHERD_METRICS_DIR"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-DEFAULT_PORT = 9808
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -128,7 +127,7 @@ def prepare_multiprocess_dir(*, base: str | None = None, pid: int | None = None)
     pid = os.getpid() if pid is None else pid
     directory = os.environ.get(MULTIPROC_ENV)
     if not directory:
-        base = base or os.environ.get(DIR_ENV) or os.path.join(heartbeat_file.heartbeat_dir(), "prometheus")
+        base = base or os.path.join(shared_files.heartbeat_dir(), "prometheus")
         os.makedirs(base, exist_ok=True)
         for stale in glob.glob(os.path.join(base, "worker-*")):
             match = re.fullmatch(r"worker-(\d+)", os.path.basename(stale))
@@ -138,9 +137,7 @@ def prepare_multiprocess_dir(*, base: str | None = None, pid: int | None = None)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
     os.environ[MULTIPROC_ENV] = directory
-    # prometheus_client picks its value class at import time; metrics created from now on
-    # (here and, after fork, in the pool children) write to the directory.
-    values.ValueClass = values.get_value_class()
+    compat.use_multiprocess_value_class()
     return directory
 
 
@@ -175,10 +172,10 @@ def compact_dead_processes(directory: str) -> int:
         archive = os.path.join(directory, f"{kind}_archive.db")
         totals: dict[str, float] = {}
         for path in ([archive] if os.path.exists(archive) else []) + paths:
-            for key, value, _timestamp, _position in MmapedDict.read_all_values_from_file(path):
+            for key, value, _timestamp, _position in compat.read_metric_file(path):
                 totals[key] = totals.get(key, 0.0) + value
         temporary = archive + ".tmp"  # not *.db: the collector never reads it
-        merged = MmapedDict(temporary)
+        merged = compat.metric_file_writer(temporary)
         for key, value in totals.items():
             merged.write_value(key, value, 0.0)
         merged.close()
@@ -209,7 +206,7 @@ class WorkerCollector(Collector):
         yield from families
         age = GaugeMetricFamily("taskherd_heartbeat_age_seconds", "Age of the worker's heartbeat file, seconds.")
         try:
-            record = heartbeat_file.read_json(self.heartbeat_path)
+            record = shared_files.read_json(self.heartbeat_path)
         except (OSError, ValueError):
             record = None
         if record and record.get("written_at"):
@@ -264,48 +261,56 @@ def _on_unknown(sender: Any = None, name: str | None = None, **_: Any) -> None:
     record_outcome(name or "unknown", "rejected")
 
 
-def install(app: Celery, profile: Any = None, *, metrics_port: int | None = None, metrics_addr: str | None = None,
-            metrics_dir: str | None = None, **_: Any) -> None:
-    """Records task metrics in `app`'s workers and serves them on `metrics_port` from the main process.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Metrics(Component):
+    """Records task metrics in the app's workers and serves them from the main process.
 
-    `metrics_port` defaults to $TASKHERD_METRICS_PORT, else 9808; 0 disables the HTTP server.
-    `metrics_dir` is the parent of the per-worker multiprocess directories ($TASKHERD_METRICS_DIR,
-    default <heartbeat dir>/prometheus). Nothing happens at install time beyond connecting
-    signals: a producer importing the app never touches the worker's files.
+    Nothing happens at install time beyond connecting signals: a producer importing the app never
+    touches the worker's files or ports.
     """
-    port, addr, directory = metrics_port, metrics_addr, metrics_dir
-    if port is None:
-        raw = os.environ.get(PORT_ENV)
-        try:
-            port = int(raw) if raw else DEFAULT_PORT
-        except ValueError:
-            raise ValueError(f"{PORT_ENV}={raw!r} is not a port number (0-65535)") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"metrics port={port!r} is not a port number (0-65535)")
-    addr = addr or os.environ.get(ADDR_ENV) or "0.0.0.0"
-    state: dict[str, Any] = {}
 
-    def on_worker_init(sender: Any = None, **_: Any) -> None:  # main process, before the pool forks
-        if getattr(sender, "app", app) is not app:
-            return
-        global _default
-        state["directory"] = prepare_multiprocess_dir(base=directory)
-        _default = TaskMetrics(registry=None)
+    environment = {"TASKHERD_METRICS_PORT": "port", "TASKHERD_METRICS_ADDR": "address",
+                   "TASKHERD_METRICS_DIR": "directory"}
 
-    def on_worker_ready(sender: Any = None, **_: Any) -> None:  # main process, consumer connected
-        if getattr(sender, "app", app) is not app or not port or "server" in state or "directory" not in state:
-            return
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_file.heartbeat_path(
-            getattr(getattr(app, "taskherd_heartbeat_settings", None), "directory", None))))
-        state["server"] = start_http_server(port, addr=addr, registry=registry)
-        logger.info("taskherd: metrics on http://%s:%d/metrics (multiprocess dir %s)", addr, port, state["directory"])
+    #: port of /metrics; 0: no HTTP server (the samples are still recorded)
+    port: int = contract.WORKER_METRICS_PORT
+    #: address /metrics listens on
+    address: str = "0.0.0.0"
+    #: parent of the per-worker multiprocess directories; None: <heartbeat dir>/prometheus
+    directory: str | None = None
 
-    uid = f"taskherd.metrics.{id(app)}"
-    signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=uid + ".init")
-    signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=uid + ".ready")
-    for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun),
-                            (signals.task_success, _on_success), (signals.task_failure, _on_failure),
-                            (signals.task_retry, _on_retry), (signals.task_received, _on_received),
-                            (signals.task_rejected, _on_rejected), (signals.task_unknown, _on_unknown)):
-        signal.connect(handler, weak=False, dispatch_uid=f"taskherd.metrics.{signal.name}")
+    def problems(self) -> list[str]:
+        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+            return [f"Metrics(port={self.port!r}) is not a port number (valid: 0-65535, 0 disables the server)"]
+        return []
+
+    def install(self, app: Celery, profile: Any = None) -> None:
+        port, addr, directory = self.port, self.address, self.directory
+        state: dict[str, Any] = {}
+
+        def on_worker_init(sender: Any = None, **_: Any) -> None:  # main process, before the pool forks
+            if getattr(sender, "app", app) is not app:
+                return
+            global _default
+            state["directory"] = prepare_multiprocess_dir(base=directory)
+            _default = TaskMetrics(registry=None)
+
+        def on_worker_ready(sender: Any = None, **_: Any) -> None:  # main process, consumer connected
+            if getattr(sender, "app", app) is not app or not port or "server" in state or "directory" not in state:
+                return
+            heartbeat = installed(app, Heartbeat)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=shared_files.heartbeat_path(
+                heartbeat.resolved_directory if heartbeat else None)))
+            state["server"] = start_http_server(port, addr=addr, registry=registry)
+            logger.info("taskherd: metrics on http://%s:%d/metrics (multiprocess dir %s)", addr, port,
+                        state["directory"])
+
+        uid = f"taskherd.metrics.{id(app)}"
+        signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=uid + ".init")
+        signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=uid + ".ready")
+        for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun),
+                                (signals.task_success, _on_success), (signals.task_failure, _on_failure),
+                                (signals.task_retry, _on_retry), (signals.task_received, _on_received),
+                                (signals.task_rejected, _on_rejected), (signals.task_unknown, _on_unknown)):
+            signal.connect(handler, weak=False, dispatch_uid=f"taskherd.metrics.{signal.name}")

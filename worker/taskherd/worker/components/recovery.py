@@ -18,8 +18,8 @@ periodic sweep put it back. Nothing records WHICH worker holds it. This module a
   whose lease is gone and runs ``RESTORE_SCRIPT`` for each: in one atomic script it re-checks the
   lease, RPUSHes each still-unacked message it owns to its queue list(s) (the consuming end, as
   kombu's restore does), deletes kombu's entries, and forgets the worker. Two restorers racing
-  restore nothing twice: the second finds the worker already forgotten. ``taskherd-recover``
-  (``python -m taskherd.worker.recovery``) does the same standalone.
+  restore nothing twice: the second finds the worker already forgotten. ``taskherd recover``
+  does the same standalone.
 
 Target: SIGKILL of a whole worker → its task runs elsewhere within ``timeout`` + one restorer
 period (≤ 25 s with the defaults) instead of ``visibility_timeout``.
@@ -35,21 +35,23 @@ Kombu's visibility-timeout sweep stays in place as the fallback for anything not
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
-from urllib.parse import urlsplit
 
 import redis
+
+from taskherd import compat
+from taskherd.contract import broker_kind
+
+from . import Component
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,6 @@ WORKERS_KEY = KEY_NAMESPACE + "workers"
 OWNER_KEY = KEY_NAMESPACE + "owner"
 UNACKED_KEY = "unacked"  # kombu.transport.redis.Channel defaults
 UNACKED_INDEX_KEY = "unacked_index"
-REDIS_SCHEMES = {"redis", "rediss"}
 
 
 def alive_key(worker_id: str) -> str:
@@ -70,24 +71,63 @@ def held_key(worker_id: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RecoverySettings:
-    #: Seconds between lease refreshes, and between restorer passes.
+class FastRecovery(Component):
+    """Redis only: a killed worker's unacknowledged messages return in seconds (module docstring).
+
+    On other brokers it does nothing: a closed AMQP connection requeues on its own. Producers that
+    install it are unaffected: its bootstep only runs inside ``celery worker``.
+    """
+
+    environment = {"TASKHERD_RECOVERY_HEARTBEAT_INTERVAL": "heartbeat_interval",
+                   "TASKHERD_RECOVERY_TIMEOUT": "timeout"}
+
+    #: seconds between lease refreshes, and between restorer passes
     heartbeat_interval: float = 5.0
-    #: Seconds without a refresh after which a worker is dead and its messages are restored.
+    #: seconds without a refresh after which a worker is dead and its messages are restored
     timeout: float = 15.0
 
-    def __post_init__(self) -> None:
+    def problems(self) -> list[str]:
         if not self.heartbeat_interval > 0:
-            raise ValueError(f"recovery heartbeat_interval={self.heartbeat_interval!r} must be > 0 seconds")
+            return [f"FastRecovery(heartbeat_interval={self.heartbeat_interval!r}) must be > 0 seconds"]
         if not self.timeout >= 2 * self.heartbeat_interval:
-            raise ValueError(f"recovery timeout={self.timeout!r} must be at least twice heartbeat_interval="
-                             f"{self.heartbeat_interval!r} (>= {2 * self.heartbeat_interval!r} s), so that one late "
-                             f"refresh does not declare a live worker dead")
+            return [f"FastRecovery(timeout={self.timeout!r}) must be at least twice heartbeat_interval="
+                    f"{self.heartbeat_interval!r} (>= {2 * self.heartbeat_interval!r} s), so that one late "
+                    f"refresh does not declare a live worker dead"]
+        return []
 
     @property
     def expected_recovery_seconds(self) -> float:
         """Worst case from SIGKILL to the message being back on its queue."""
         return self.timeout + self.heartbeat_interval
+
+    def install(self, app: Any, profile: Any = None) -> None:
+        visibility_timeout = getattr(profile, "visibility_timeout", None)
+        if visibility_timeout and self.expected_recovery_seconds >= visibility_timeout:
+            warnings.warn(f"recovery timeout={self.timeout!r} + heartbeat_interval={self.heartbeat_interval!r} "
+                          f"is not below visibility_timeout={visibility_timeout!r}: kombu's sweep would redeliver "
+                          f"first and fast recovery would never act", stacklevel=2)
+        from celery import bootsteps
+
+        settings = self
+
+        class FastRecoveryStep(bootsteps.StartStopStep):
+            """Started before the consumer, so the lease exists before anything is delivered."""
+
+            label = "taskherd fast recovery"
+
+            def start(self, worker):
+                broker_url = _broker_url(worker.app)
+                if broker_kind(broker_url) != "redis":
+                    return
+                if broker_url.lower().startswith("sentinel"):
+                    logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages "
+                                   "of a killed worker wait for visibility_timeout")
+                    return
+                options = worker.app.conf.broker_transport_options or {}
+                activate(broker_url=broker_url, hostname=worker.hostname, settings=settings,
+                         prefix=options.get("global_keyprefix", "") or "")
+
+        app.steps["worker"].add(FastRecoveryStep)
 
 
 # KEYS: owner, held.<me>, unacked, unacked_index. ARGV: tag, me.
@@ -185,7 +225,7 @@ def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float
 class Lease(threading.Thread):
     """Keeps this worker's lease alive and restores dead workers' messages, every interval."""
 
-    def __init__(self, *, client: redis.Redis, worker_id: str, settings: RecoverySettings, prefix: str = "",
+    def __init__(self, *, client: redis.Redis, worker_id: str, settings: FastRecovery, prefix: str = "",
                  clock: Callable[[], float] = time.time):
         super().__init__(name="taskherd-recovery-lease", daemon=True)
         self.client = client
@@ -282,12 +322,11 @@ class Tracker:
 
 
 def _tracking_qos_class():
-    from kombu.transport import redis as kombu_redis
     from kombu.transport import virtual
     from kombu.utils.json import dumps, loads
     from kombu.utils.encoding import bytes_to_str
 
-    class TrackingQoS(kombu_redis.QoS):
+    class TrackingQoS(compat.redis_qos_base()):
         """kombu's Redis QoS, also recording which worker holds each delivery (see module doc)."""
 
         tracker: Tracker | None = None
@@ -363,13 +402,11 @@ def _tracking_qos_class():
 _installed_lease: Lease | None = None
 
 
-def activate(*, broker_url: str, hostname: str, settings: RecoverySettings, prefix: str = "") -> Lease:
+def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: str = "") -> Lease:
     """In a worker process: start tracking deliveries and keeping the lease (once per process)."""
     global _installed_lease
     if _installed_lease is not None:
         return _installed_lease
-    from kombu.transport import redis as kombu_redis
-
     worker_id = f"{hostname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(broker_url, socket_timeout=max(1.0, settings.heartbeat_interval),
                                   socket_connect_timeout=max(1.0, settings.heartbeat_interval))
@@ -377,7 +414,7 @@ def activate(*, broker_url: str, hostname: str, settings: RecoverySettings, pref
     lease.refresh()  # the lease exists before the first delivery is tracked
     qos_class = _tracking_qos_class()
     qos_class.tracker = Tracker(worker_id=worker_id, prefix=prefix)
-    kombu_redis.Channel.QoS = qos_class
+    compat.set_redis_qos_class(qos_class)
     lease.start()
     atexit.register(lease.release)
     _installed_lease = lease
@@ -389,82 +426,3 @@ def activate(*, broker_url: str, hostname: str, settings: RecoverySettings, pref
 def _broker_url(app: Any) -> str:
     url = app.conf.broker_url or app.conf.broker_write_url or ""
     return url[0] if isinstance(url, (list, tuple)) else url.split(";")[0]
-
-
-def _setting(value: float | None, env_name: str, default: float) -> float:
-    """An explicit argument, else the environment (the chart's contract), else the default."""
-    if value is not None:
-        return value
-    raw = os.environ.get(env_name)
-    if raw in (None, ""):
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{env_name}={raw!r} must be a number of seconds") from None
-
-
-def install(app: Any, profile: Any = None, *, heartbeat_interval: float | None = None,
-            timeout: float | None = None, **_options: Any) -> RecoverySettings:
-    """Adds a worker bootstep that turns on fast recovery in worker processes on Redis brokers.
-
-    Producers that call install() are unaffected: the bootstep only runs inside ``celery worker``.
-    The broker is looked at when the worker starts (the URL may be configured after install());
-    on RabbitMQ the step does nothing — a closed connection requeues on its own.
-    """
-    defaults = RecoverySettings()
-    settings = RecoverySettings(
-        heartbeat_interval=_setting(heartbeat_interval, "TASKHERD_RECOVERY_HEARTBEAT_INTERVAL",
-                                    defaults.heartbeat_interval),
-        timeout=_setting(timeout, "TASKHERD_RECOVERY_TIMEOUT", defaults.timeout))
-    visibility_timeout = getattr(profile, "visibility_timeout", None)
-    if visibility_timeout and settings.expected_recovery_seconds >= visibility_timeout:
-        warnings.warn(f"recovery timeout={settings.timeout!r} + heartbeat_interval={settings.heartbeat_interval!r} "
-                      f"is not below visibility_timeout={visibility_timeout!r}: kombu's sweep would redeliver "
-                      f"first and fast recovery would never act", stacklevel=2)
-    from celery import bootsteps
-
-    class FastRecovery(bootsteps.StartStopStep):
-        """Started before the consumer, so the lease exists before anything is delivered."""
-
-        label = "taskherd fast recovery"
-
-        def start(self, worker):
-            broker_url = _broker_url(worker.app)
-            scheme = urlsplit(broker_url).scheme.lower()
-            if scheme not in REDIS_SCHEMES:
-                if scheme.startswith("sentinel"):
-                    logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages "
-                                   "of a killed worker wait for visibility_timeout")
-                return
-            options = worker.app.conf.broker_transport_options or {}
-            activate(broker_url=broker_url, hostname=worker.hostname, settings=settings,
-                     prefix=options.get("global_keyprefix", "") or "")
-
-    app.steps["worker"].add(FastRecovery)
-    return settings
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone restorer: one pass (default) or ``--watch`` every interval."""
-    parser = argparse.ArgumentParser(prog="python -m taskherd.worker.recovery",
-                                     description="restore the unacked messages of dead taskherd workers (Redis)")
-    parser.add_argument("--broker-url", default=os.environ.get("TASKHERD_BROKER_URL"),
-                        help="redis://… (env TASKHERD_BROKER_URL)")
-    parser.add_argument("--global-keyprefix", default="", help="kombu's global_keyprefix transport option")
-    parser.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS instead of once")
-    args = parser.parse_args(argv)
-    if not args.broker_url or urlsplit(args.broker_url).scheme not in REDIS_SCHEMES:
-        parser.error(f"--broker-url={args.broker_url!r} must be a redis:// or rediss:// URL")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    client = redis.Redis.from_url(args.broker_url, socket_timeout=10)
-    while True:
-        restored = restore_dead_workers(client, prefix=args.global_keyprefix)
-        print(json.dumps({"restored": restored, "at": time.time()}), flush=True)
-        if not args.watch:
-            return 0
-        time.sleep(args.watch)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

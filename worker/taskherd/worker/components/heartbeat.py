@@ -10,7 +10,7 @@ callback, so the heartbeat keeps being refreshed — by the main thread — with
 ``broker.state = "disconnected"``: readiness fails, liveness does not (see taskherd.probe).
 A connection attempt that hangs without timeout stops the callbacks and does go stale.
 
-The record (format 1, see taskherd.heartbeat_file): ``written_at``, ``interval_seconds``,
+The record (format 1, see taskherd.pod.shared_files): ``written_at``, ``interval_seconds``,
 ``hostname``, ``pid``, ``started_at``, ``broker`` {state, since}, ``draining_since``, ``stopping_since``,
 ``active`` [{id, name, started_at, worker_pid, time_limit, soft_time_limit}], ``reserved``,
 ``scheduled``, ``pool_pids``.
@@ -29,40 +29,38 @@ from typing import Any
 from celery import Celery, bootsteps, signals
 from celery.worker import state as worker_state
 
-from taskherd import heartbeat_file
+from taskherd.pod import shared_files
+
+from . import Component, installed
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable for the interval in seconds.
-INTERVAL_ENV = "TASKHERD_HEARTBEAT_INTERVAL"
 #: Default interval between heartbeats, in seconds.
 DEFAULT_INTERVAL = 5.0
-#: Attribute of the Celery app holding the HeartbeatSettings given to install().
-SETTINGS_ATTR = "taskherd_heartbeat_settings"
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeartbeatSettings:
-    directory: str
-    interval: float
+class Heartbeat(Component):
+    """Writes heartbeat.json from the worker's event loop, for `taskherd probe` and `taskherd drain`."""
 
-    def __post_init__(self) -> None:
-        if not self.interval > 0:
-            raise ValueError(f"heartbeat interval={self.interval!r} must be a positive number of seconds")
+    environment = {shared_files.DIR_ENV: "directory", "TASKHERD_HEARTBEAT_INTERVAL": "interval"}
 
+    #: directory of heartbeat.json (an emptyDir in the pod); None: $TASKHERD_HEARTBEAT_DIR or /tmp/taskherd
+    directory: str | None = None
+    #: seconds between writes; the liveness probe calls the worker wedged after 6 missed
+    interval: float = DEFAULT_INTERVAL
 
-def settings_from(*, directory: str | None = None, interval: float | None = None,
-                  environ: dict[str, str] | None = None) -> HeartbeatSettings:
-    """Explicit arguments win, then $TASKHERD_HEARTBEAT_DIR / $TASKHERD_HEARTBEAT_INTERVAL, then defaults."""
-    environ = os.environ if environ is None else environ
-    if interval is None:
-        raw = environ.get(INTERVAL_ENV)
-        try:
-            interval = float(raw) if raw else DEFAULT_INTERVAL
-        except ValueError:
-            raise ValueError(f"{INTERVAL_ENV}={raw!r} is not a number of seconds (e.g. 5)") from None
-    directory = directory or environ.get(heartbeat_file.DIR_ENV) or heartbeat_file.DEFAULT_DIR
-    return HeartbeatSettings(directory=directory, interval=float(interval))
+    @property
+    def resolved_directory(self) -> str:
+        return shared_files.heartbeat_dir(self.directory)
+
+    def problems(self) -> list[str]:
+        if not (isinstance(self.interval, (int, float)) and self.interval > 0):
+            return [f"Heartbeat(interval={self.interval!r}) must be a positive number of seconds"]
+        return []
+
+    def install(self, app: Celery, profile: Any = None) -> None:
+        app.steps["consumer"].add(HeartbeatStep)
 
 
 def hard_limit(request: Any, app: Celery) -> tuple[float | None, float | None]:
@@ -89,16 +87,17 @@ def pool_pids(consumer: Any) -> list[int]:
         return []
 
 
-class Heartbeat(bootsteps.StartStopStep):
+class HeartbeatStep(bootsteps.StartStopStep):
     """Consumer bootstep: refreshes heartbeat.json from the event loop's timer."""
 
-    name = "taskherd.worker.heartbeat.Heartbeat"
+    name = "taskherd.worker.components.heartbeat.HeartbeatStep"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, c: Any, **kwargs: Any):
         super().__init__(c, **kwargs)
-        self.settings: HeartbeatSettings = getattr(c.app, SETTINGS_ATTR, None) or settings_from()
-        self.path = heartbeat_file.heartbeat_path(self.settings.directory)
+        self.settings: Heartbeat = installed(c.app, Heartbeat) or Heartbeat.from_env()
+        self.directory = self.settings.resolved_directory
+        self.path = shared_files.heartbeat_path(self.directory)
         self.started_at = time.time()
         self.broker_state, self.broker_since = "connecting", self.started_at
         self.last_written = 0.0
@@ -107,11 +106,11 @@ class Heartbeat(bootsteps.StartStopStep):
         self.draining_since: float | None = None
         #: Set when a warm shutdown stops the consumer.
         self.stopping_since: float | None = None
-        os.makedirs(self.settings.directory, exist_ok=True)
+        os.makedirs(self.directory, exist_ok=True)
         self._warn_if_shared()
         # The emptyDir outlives a container restart: a previous incarnation's record must not
         # satisfy the startup probe of this one.
-        heartbeat_file.remove(self.path)
+        shared_files.remove(self.path)
         c.taskherd_heartbeat = self
         self._hook_reconnect_loop(c)
         signals.worker_shutting_down.connect(lambda **_: self.on_shutting_down(c), weak=False,
@@ -147,7 +146,7 @@ class Heartbeat(bootsteps.StartStopStep):
     def record(self, c: Any, now: float) -> dict[str, Any]:
         active = active_tasks(c.app)
         return {
-            "format": heartbeat_file.FORMAT,
+            "format": shared_files.FORMAT,
             "written_at": now,
             "interval_seconds": self.settings.interval,
             "hostname": c.hostname,
@@ -165,17 +164,17 @@ class Heartbeat(bootsteps.StartStopStep):
     def write(self, c: Any) -> None:
         now = time.time()
         record = self.record(c, now)
-        heartbeat_file.write_json_atomically(self.path, record)
+        shared_files.write_json_atomically(self.path, record)
         self.last_written = now
         if self.stopping_since and not record["stopping_since"]:
             # The shutdown signal handler ran in the middle of this write and wrote its own record,
             # which this older one just replaced: write the current state again.
-            heartbeat_file.write_json_atomically(self.path, self.record(c, time.time()))
+            shared_files.write_json_atomically(self.path, self.record(c, time.time()))
 
     # -- internals ---------------------------------------------------------------------------
     def _warn_if_shared(self) -> None:
         try:
-            previous = heartbeat_file.read_json(self.path) or {}
+            previous = shared_files.read_json(self.path) or {}
         except (OSError, ValueError):
             return
         pid = previous.get("pid")
@@ -187,8 +186,8 @@ class Heartbeat(bootsteps.StartStopStep):
             except PermissionError:
                 pass
             logger.warning("taskherd: worker pid %d also writes its heartbeat in %s: give each worker its own "
-                           "%s, or their probes and drains will mix them up", pid, self.settings.directory,
-                           heartbeat_file.DIR_ENV)
+                           "%s, or their probes and drains will mix them up", pid, self.directory,
+                           shared_files.DIR_ENV)
     def _write_quietly(self, c: Any) -> None:
         try:
             self.write(c)
@@ -249,17 +248,3 @@ class Heartbeat(bootsteps.StartStopStep):
             return original(conn)
 
         c.ensure_connected = ensure_connected
-
-
-def install(app: Celery, profile: Any = None, *, heartbeat_dir: str | None = None,
-            heartbeat_interval: float | None = None, **_: Any) -> HeartbeatSettings:
-    """Adds the heartbeat bootstep to `app`'s consumer. Idempotent; returns the settings used.
-
-    Options are prefixed (configure() may pass the same options to every installer).
-    `profile` (taskherd.worker.profile.Profile) is accepted for the uniform installer signature;
-    the time limits are read per request, so it is not needed here.
-    """
-    settings = settings_from(directory=heartbeat_dir, interval=heartbeat_interval)
-    setattr(app, SETTINGS_ATTR, settings)
-    app.steps["consumer"].add(Heartbeat)
-    return settings

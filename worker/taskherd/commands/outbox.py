@@ -9,27 +9,30 @@ import sys
 import threading
 import time
 
+from taskherd import contract
+
+from . import options
+
 #: Test hook: when set, the relay stops forever after publishing a batch and before marking it sent,
 #: so a test can SIGKILL it at exactly that point. Never set it in production.
 PAUSE_AFTER_PUBLISH_ENV = "TASKHERD_OUTBOX_TEST_PAUSE_AFTER_PUBLISH"
 
 
-def _default(*names: str) -> str | None:
-    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+def _dsn_default() -> str | None:
+    return contract.read(("TASKHERD_OUTBOX_DSN",))[0]["TASKHERD_OUTBOX_DSN"] or os.environ.get("DATABASE_URL") or None
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taskherd outbox", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dsn", default=_default("TASKHERD_OUTBOX_DSN", "DATABASE_URL"),
+    common.add_argument("--dsn", default=_dsn_default(),
                         help="PostgreSQL DSN (env TASKHERD_OUTBOX_DSN, then DATABASE_URL)")
     common.add_argument("--table", default="taskherd_outbox")
     relay = sub.add_parser("relay", parents=[common], help="publish pending rows (safe as several replicas)")
-    relay.add_argument("--broker-url", default=_default("TASKHERD_BROKER_URL", "CELERY_BROKER_URL"),
-                       help="broker URL (env TASKHERD_BROKER_URL, then CELERY_BROKER_URL)")
-    relay.add_argument("--app", help="module:attribute of your Celery app, so that its queue declarations "
-                                     "(e.g. dead-letter arguments) and publish hooks are used")
+    options.add_broker(relay)
+    options.add_app(relay, "module:attribute of your Celery app, so that its queue declarations "
+                           "(e.g. dead-letter arguments) and publish hooks are used")
     relay.add_argument("--batch-size", type=int, default=100)
     relay.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls when idle")
     relay.add_argument("--once", action="store_true", help="relay until nothing is pending, then exit")
@@ -84,11 +87,11 @@ def main(argv: list[str]) -> int:
         print(f"pending {pending}  oldest_age_seconds {float(oldest or 0):.1f}")
         return 0
 
-    if not args.broker_url and not args.app:
-        print("taskherd outbox relay: --broker-url is required (or set TASKHERD_BROKER_URL / CELERY_BROKER_URL)",
-              file=sys.stderr)
+    if not args.broker and not args.app:
+        print("taskherd outbox relay: -b/--broker is required (or set TASKHERD_BROKER_URL), or -A/--app with "
+              "its own broker_url", file=sys.stderr)
         return 2
-    publisher = outbox.CeleryPublisher(app=_load_app(args.app, args.broker_url))
+    publisher = outbox.CeleryPublisher(app=_load_app(args.app, args.broker))
     try:
         relay = outbox.Relay(connect=connect, publish=publisher.publish, batch_size=args.batch_size,
                              poll_interval_seconds=args.poll_interval, table=args.table,

@@ -13,11 +13,14 @@ one app stamps what any app of the process publishes; connecting is idempotent.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
+from . import Component
+
 PUBLISHED_AT_HEADER = "taskherd_published_at"
-_DISPATCH_UID = "taskherd.worker.stamping"
+_DISPATCH_UID = "taskherd.worker.components.publish_stamps"
 
 
 def stamp(headers: dict[str, Any], properties: dict[str, Any], *, now: float) -> None:
@@ -33,14 +36,22 @@ def _on_before_task_publish(sender=None, headers=None, properties=None, clock: C
     stamp(headers, properties, now=clock())
 
 
-def install(app: Any = None, profile: Any = None, **_options: Any) -> None:
+def connect() -> None:
     """Connects the publish hook (once per process, whatever the number of apps)."""
     from celery.signals import before_task_publish
 
     before_task_publish.connect(_on_before_task_publish, weak=False, dispatch_uid=_DISPATCH_UID)
 
 
-def uninstall() -> None:
+def disconnect() -> None:
     from celery.signals import before_task_publish
 
     before_task_publish.disconnect(dispatch_uid=_DISPATCH_UID)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublishStamps(Component):
+    """Stamps what the app publishes (the hook is process-wide: see the module docstring)."""
+
+    def install(self, app: Any, profile: Any) -> None:
+        connect()

@@ -17,7 +17,7 @@ loop's timer every `poll` seconds (default 0.25 s — one failed open() while th
 Draining is sticky: if the connection is re-established meanwhile, the new task consumer is cancelled
 before it consumes. A worker only obeys a request written after it started (a request left in the
 emptyDir by a previous container is removed at start). SIGTERM afterwards finds no running task
-and the warm shutdown is immediate. Requires the heartbeat step (taskherd.worker.heartbeat).
+and the warm shutdown is immediate. Requires the Heartbeat component.
 
 Not returned: requests held by a per-task rate limit bucket; the broker gets them back when the
 worker's connection closes at shutdown.
@@ -27,19 +27,39 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
-from taskherd import heartbeat_file
-from taskherd.worker import heartbeat
+from taskherd.pod import shared_files
+
+from . import Component, installed
+from .heartbeat import Heartbeat, HeartbeatStep
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between checks for a drain request (and heartbeat refreshes while draining).
 DEFAULT_POLL = 0.25
-SETTINGS_ATTR = "taskherd_drain_poll"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drain(Component):
+    """Obeys `taskherd drain` (the preStop hook): stop consuming, finish in-flight tasks, give back the rest."""
+
+    requires = (Heartbeat,)
+
+    #: seconds between checks for a drain request (one failed open() while there is none)
+    poll: float = DEFAULT_POLL
+
+    def problems(self) -> list[str]:
+        if not (isinstance(self.poll, (int, float)) and self.poll > 0):
+            return [f"Drain(poll={self.poll!r}) must be a positive number of seconds"]
+        return []
+
+    def install(self, app: Celery, profile: Any = None) -> None:
+        app.steps["consumer"].add(DrainStep)
 
 
 def request_applies(request: dict[str, Any] | None, *, pid: int, started_at: float) -> bool:
@@ -100,20 +120,20 @@ def return_unstarted(c: Any) -> int:
     return returned
 
 
-class Drain(bootsteps.StartStopStep):
+class DrainStep(bootsteps.StartStopStep):
     """Consumer bootstep: obeys drain requests written by `taskherd drain`."""
 
-    name = "taskherd.worker.draining.Drain"
-    requires = ("celery.worker.consumer.tasks:Tasks", heartbeat.Heartbeat)
+    name = "taskherd.worker.components.drain.DrainStep"
+    requires = ("celery.worker.consumer.tasks:Tasks", HeartbeatStep)
 
     def __init__(self, c: Any, **kwargs: Any):
         super().__init__(c, **kwargs)
-        self.poll = float(getattr(c.app, SETTINGS_ATTR, DEFAULT_POLL))
+        self.poll = float((installed(c.app, Drain) or Drain()).poll)
         self.timer_entry = None
-        self.heartbeat: heartbeat.Heartbeat = c.taskherd_heartbeat
-        self.path = heartbeat_file.drain_request_path(self.heartbeat.settings.directory)
+        self.heartbeat: HeartbeatStep = c.taskherd_heartbeat
+        self.path = shared_files.drain_request_path(self.heartbeat.directory)
         # Left by a previous container in the same emptyDir: not for us.
-        heartbeat_file.remove(self.path)
+        shared_files.remove(self.path)
 
     @property
     def draining(self) -> bool:
@@ -136,10 +156,10 @@ class Drain(bootsteps.StartStopStep):
             self.heartbeat.write(c)
             return
         try:
-            request = heartbeat_file.read_json(self.path)
+            request = shared_files.read_json(self.path)
         except (OSError, ValueError) as exc:
             logger.warning("taskherd: ignoring unreadable drain request: %s", exc)
-            heartbeat_file.remove(self.path)
+            shared_files.remove(self.path)
             return
         if request_applies(request, pid=os.getpid(), started_at=self.heartbeat.started_at):
             self.begin(c)
@@ -167,13 +187,3 @@ class Drain(bootsteps.StartStopStep):
         if self.timer_entry is not None:
             c.timer.cancel(self.timer_entry)
             self.timer_entry = None
-
-
-def install(app: Celery, profile: Any = None, *, drain_poll: float | None = None, **options: Any) -> None:
-    """Adds the drain bootstep (and the heartbeat it needs) to `app`'s consumer. Idempotent."""
-    if drain_poll is not None and not drain_poll > 0:
-        raise ValueError(f"drain_poll={drain_poll!r} must be a positive number of seconds")
-    if getattr(app, heartbeat.SETTINGS_ATTR, None) is None:
-        heartbeat.install(app, profile, **options)
-    setattr(app, SETTINGS_ATTR, drain_poll or DEFAULT_POLL)
-    app.steps["consumer"].add(Drain)

@@ -1,8 +1,8 @@
 """`taskherd drain`: the preStop command. Asks the worker to drain and waits until it is idle.
 
-It writes ``drain-request.json`` in the heartbeat directory (the worker's drain bootstep notices it
+It writes ``drain-request.json`` in the heartbeat directory (the worker's Drain component notices it
 within ~0.25 s, stops consuming, returns unstarted messages to the queue and lets running tasks
-finish — see taskherd.worker.draining), then follows heartbeat.json until no task is running.
+finish — see taskherd.worker.components.drain), then follows heartbeat.json until no task is running.
 No Celery import, no broker round trip, no signal: it works from an exec preStop hook and needs
 nothing but the shared emptyDir.
 
@@ -12,18 +12,18 @@ Kubernetes sends SIGTERM after preStop returns either way.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-from taskherd import flags, heartbeat_file, probe
+from taskherd import contract
+from taskherd.pod import flags, probe, shared_files
 
 DEADLINE_ENV = "TASKHERD_DRAIN_DEADLINE"
 #: Seconds to wait for the worker to acknowledge the request before giving up.
 ACKNOWLEDGE_TIMEOUT = 10.0
 USAGE = (
     "usage: taskherd drain [--dir DIR] [--deadline SECONDS] [--poll SECONDS]\n"
-    f"  --dir       heartbeat directory (default ${heartbeat_file.DIR_ENV} or {heartbeat_file.DEFAULT_DIR})\n"
+    f"  --dir       heartbeat directory (default ${shared_files.DIR_ENV} or {shared_files.DEFAULT_DIR})\n"
     f"  --deadline  return after this many seconds even if tasks still run (default ${DEADLINE_ENV}, else none:\n"
     "              Kubernetes' terminationGracePeriodSeconds bounds the wait)\n"
     "  --poll      seconds between heartbeat reads (default 0.2)"
@@ -48,41 +48,37 @@ def drain_state(record: dict | None, *, requested_at: float, now: float, max_age
 
 
 def _parse(argv: list[str]) -> dict:
-    options: dict = {"dir": None, "deadline": os.environ.get(DEADLINE_ENV) or None, "poll": 0.2}
+    options: dict = {"dir": None, "deadline": None, "poll": 0.2}
     flags.parse_flags(argv, {"--dir": "dir", "--deadline": "deadline", "--poll": "poll"}, options)
     for key in ("deadline", "poll"):
         if options[key] is not None:
-            options[key] = flags.seconds(key, options[key])
+            options[key] = flags.seconds(f"option --{key}", options[key])
+    if options["deadline"] is None:
+        options["deadline"] = contract.read_one(DEADLINE_ENV)  # ContractError is a ValueError
     return options
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    try:
-        options = _parse(argv)
-    except ValueError as exc:
-        print(f"taskherd drain: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
+    options, status = flags.command_line("drain", USAGE, _parse, sys.argv[1:] if argv is None else argv)
+    if status is not None:
+        return status
     started = time.time()
-    path = heartbeat_file.heartbeat_path(options["dir"])
+    path = shared_files.heartbeat_path(options["dir"])
     try:
-        record = heartbeat_file.read_json(path)
+        record = shared_files.read_json(path)
     except (OSError, ValueError) as exc:
         print(f"drain: cannot read heartbeat: {exc}")
         return 1
     if record is None:
         print(f"drain: no heartbeat at {path}: no worker to drain")
         return 0
-    heartbeat_file.write_json_atomically(heartbeat_file.drain_request_path(options["dir"]),
+    shared_files.write_json_atomically(shared_files.drain_request_path(options["dir"]),
                                          {"requested_at": started, "pid": record.get("pid")})
     deadline = started + options["deadline"] if options["deadline"] else None
     while True:
         now = time.time()
         try:
-            record = heartbeat_file.read_json(path)
+            record = shared_files.read_json(path)
         except (OSError, ValueError):
             record = {}  # mid-replace on an exotic filesystem: read again next poll
         if record != {}:
@@ -95,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             if state == "waiting" and now - started > ACKNOWLEDGE_TIMEOUT:
                 print(f"drain: the worker did not acknowledge the request within {ACKNOWLEDGE_TIMEOUT:g}s "
-                      "(is taskherd.worker.draining installed?)")
+                      "(is the Drain component of taskherd.worker.configure installed?)")
                 return 1
             if deadline is not None and now >= deadline:
                 print(f"drain: deadline of {options['deadline']:g}s reached: {reason}")

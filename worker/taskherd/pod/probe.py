@@ -1,7 +1,7 @@
 """`taskherd probe liveness|readiness|startup`: Kubernetes exec probes that only read the heartbeat.
 
 No Celery import, no broker round trip: the probe reads one small JSON file written by the worker's
-main loop (see taskherd.worker.heartbeat) and decides. Exit 0 = pass, 1 = fail, 2 = usage error;
+main loop (see taskherd.worker.components.heartbeat) and decides. Exit 0 = pass, 1 = fail, 2 = usage error;
 one line on stdout says why (the kubelet puts it in the pod's events).
 
 - liveness fails when the heartbeat is stale (the main loop is wedged) or when a running task has
@@ -19,7 +19,7 @@ The decisions are pure functions of the record and `now`, tested without a worke
 import sys
 import time
 
-from taskherd import flags, heartbeat_file
+from taskherd.pod import flags, shared_files
 
 # No dataclasses or typing imports: they would triple the probe's import time (python -X importtime).
 
@@ -33,7 +33,7 @@ KINDS = ("liveness", "readiness", "startup")
 USAGE = (
     "usage: taskherd probe liveness|readiness|startup [--dir DIR] [--max-age SECONDS] "
     "[--task-margin SECONDS]\n"
-    f"  --dir          heartbeat directory (default ${heartbeat_file.DIR_ENV} or {heartbeat_file.DEFAULT_DIR})\n"
+    f"  --dir          heartbeat directory (default ${shared_files.DIR_ENV} or {shared_files.DEFAULT_DIR})\n"
     f"  --max-age      a heartbeat older than this is stale (default {DEFAULT_STALE_INTERVALS} x the worker's interval)\n"
     f"  --task-margin  liveness: seconds past a task's hard limit before failing (default {DEFAULT_TASK_MARGIN:g})"
 )
@@ -61,8 +61,8 @@ def max_age_for(record: dict[str, object], max_age: float | None) -> float:
 def _freshness(record: dict[str, object] | None, now: float, max_age: float | None) -> Verdict:
     if record is None:
         return Verdict(False, "no heartbeat file: the worker has not started (or its heartbeat is not installed)")
-    if record.get("format") != heartbeat_file.FORMAT:
-        return Verdict(False, f"heartbeat format {record.get('format')!r} unknown (expected {heartbeat_file.FORMAT})")
+    if record.get("format") != shared_files.FORMAT:
+        return Verdict(False, f"heartbeat format {record.get('format')!r} unknown (expected {shared_files.FORMAT})")
     age = now - float(record["written_at"])
     limit = max_age_for(record, max_age)
     if age > limit:
@@ -85,7 +85,7 @@ def liveness(record: dict[str, object] | None, *, now: float, max_age: float | N
              task_margin: float = DEFAULT_TASK_MARGIN) -> Verdict:
     fresh = _freshness(record, now, max_age)
     stopping_since = record.get("stopping_since") if record else None
-    if stopping_since and record.get("format") == heartbeat_file.FORMAT:
+    if stopping_since and record.get("format") == shared_files.FORMAT:
         # Warm shutdown: the main loop has stopped on purpose while the pool finishes its tasks;
         # the grace period bounds it. Restarting now would kill those tasks.
         fresh = Verdict(True, f"stopping (warm shutdown) for {now - stopping_since:.0f}s")
@@ -131,18 +131,13 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
+    parsed, status = flags.command_line("probe", USAGE, _parse, sys.argv[1:] if argv is None else argv)
+    if status is not None:
+        return status
+    kind, options = parsed
+    path = shared_files.heartbeat_path(options["dir"])
     try:
-        kind, options = _parse(argv)
-    except ValueError as exc:
-        print(f"taskherd probe: {exc}\n{USAGE}", file=sys.stderr)
-        return 2
-    path = heartbeat_file.heartbeat_path(options["dir"])
-    try:
-        record = heartbeat_file.read_json(path)
+        record = shared_files.read_json(path)
     except (OSError, ValueError) as exc:
         print(f"{kind} failed: cannot read heartbeat: {exc}")
         return 1

@@ -20,12 +20,13 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import os
 import sys
 from typing import Any, Iterable
 
-from .deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
-from .profile import broker_kind
+from taskherd.contract import broker_kind
+from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
+
+from . import options
 
 #: Headers RabbitMQ adds when dead-lettering; dropped on redrive (a message carrying x-death
 #: back into the queue it died in can confuse cycle detection).
@@ -53,10 +54,25 @@ class DeadLetter:
     handle: Any = dataclasses.field(repr=False, default=None)  #: transport-specific, to remove it
 
     def summary(self) -> dict:
-        detail = self.envelope.detail if self.envelope else None
+        """One `dlq list --json` line: what failed, with which arguments, why, how often and when."""
+        envelope = self.envelope
+        args, kwargs = (envelope.args, envelope.kwargs) if envelope else self._native_arguments()
         return {"ref": self.ref, "kind": self.kind, "task": self.task, "task_id": self.task_id,
-                "reason": self.reason, "queue": self.queue, "attempts": self.attempts,
-                "dead_lettered_at": self.dead_lettered_at, "detail": detail}
+                "args": args, "kwargs": kwargs, "reason": self.reason,
+                "detail": envelope.detail if envelope else None, "queue": self.queue, "attempts": self.attempts,
+                "first_failure_at": envelope.first_failure_at if envelope else None,
+                "last_failure_at": envelope.last_failure_at if envelope else None,
+                "dead_lettered_at": self.dead_lettered_at}
+
+    def _native_arguments(self) -> tuple[Any, Any]:
+        """(args, kwargs) of a protocol-2 task body dead-lettered by RabbitMQ itself, if it is one."""
+        try:
+            body = json.loads(self.body)
+        except ValueError:
+            return None, None
+        if isinstance(body, list) and len(body) == 3 and isinstance(body[0], list) and isinstance(body[1], dict):
+            return body[0], body[1]
+        return None, None
 
     def full(self) -> dict:
         data = self.summary()
@@ -250,26 +266,48 @@ def _print_table(letters: list[DeadLetter], out) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
 
 
+def _print_letter(letter: DeadLetter, out) -> None:
+    """`dlq show` for a person: the fields of `list`, then the exception and traceback."""
+    full = letter.full()
+    envelope = full.pop("envelope", None) or {}
+    for key, value in full.items():
+        if value is not None and key not in ("body", "body_b64", "headers"):
+            shown = _format_time(value) if key.endswith("_at") else json.dumps(value, default=str)
+            print(f"{key + ':':<18}{shown}", file=out)
+    for key in ("exception_type", "exception_message", "hostname"):
+        if envelope.get(key):
+            print(f"{key + ':':<18}{envelope[key]}", file=out)
+    if envelope.get("traceback"):
+        print("traceback:", file=out)
+        print("  " + envelope["traceback"].rstrip().replace("\n", "\n  "), file=out)
+    if "body" in full or "body_b64" in full:
+        print(f"{'body:':<18}{json.dumps(full.get('body', full.get('body_b64')), default=str)}", file=out)
+    print("", file=out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--broker", default=os.environ.get("TASKHERD_BROKER_URL"),
-                        help="broker URL (default: $TASKHERD_BROKER_URL)")
-    where = common.add_mutually_exclusive_group()
-    where.add_argument("--queue", help="work queue whose DLQ to use (DLQ name from --pattern)")
-    where.add_argument("--dlq", help="the DLQ's name itself")
-    common.add_argument("--pattern", default="{queue}.dlq", help="DLQ name pattern (default: {queue}.dlq)")
-    common.add_argument("--keyprefix", default="", help="Redis global_keyprefix, if the app uses one")
+    options.add_broker(common)
+    options.add_queues(common, "the work queue whose DLQ to use (one)")
+    common.add_argument("--dlq", help="the DLQ's name itself, instead of -Q")
+    options.add_dead_letter_naming(common)
+    options.add_keyprefix(common)
 
     parser = argparse.ArgumentParser(prog="taskherd dlq", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_list = sub.add_parser("list", parents=[common], help="one line per dead letter, oldest first")
     p_list.add_argument("--limit", type=int, default=None)
-    p_list.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    for name, help_ in (("show", "print whole dead letters as JSON"),
+    p_list.add_argument("--json", action="store_true",
+                        help="JSON Lines (one object per dead letter: ref, task, task_id, args, kwargs, reason, "
+                             "detail, queue, attempts, first_failure_at, last_failure_at, dead_lettered_at)")
+    for name, help_ in (("show", "print whole dead letters: arguments, exception, traceback, headers"),
                         ("redrive", "send dead letters back to their queue and remove them")):
         p = sub.add_parser(name, parents=[common], help=help_)
         p.add_argument("refs", nargs="*", metavar="ID", help="task id or REF from `list`")
         p.add_argument("--all", action="store_true", help="every message in the DLQ")
+        if name == "show":
+            p.add_argument("--json", action="store_true",
+                           help="JSON Lines: one whole dead letter per line (the list fields plus the envelope)")
         if name == "redrive":
             p.add_argument("--to", help="queue to send to (default: the queue each message came from)")
     p_purge = sub.add_parser("purge", parents=[common], help="delete every message in the DLQ")
@@ -277,26 +315,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dead_letter_queue(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    queue_names = options.queues(parser, args)
+    if args.dlq and queue_names:
+        parser.error("give either -Q/--queues (a work queue) or --dlq (its DLQ), not both")
+    if args.dlq:
+        return args.dlq
+    if len(queue_names) != 1:
+        parser.error(f"-Q/--queues must name exactly one work queue (got {len(queue_names)}: "
+                     f"{','.join(queue_names)!r}), or give --dlq")
+    return options.dead_letter_queues(parser, args, queue_names)[queue_names[0]]
+
+
 def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None) -> int:
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.broker:
-        parser.error("--broker is required (or set TASKHERD_BROKER_URL)")
-    if not (args.queue or args.dlq):
-        parser.error("one of --queue or --dlq is required")
-    dlq = args.dlq or args.pattern.format(queue=args.queue)
+    broker_url = options.broker(parser, args)
+    dlq = _dead_letter_queue(parser, args)
     if args.command in ("show", "redrive") and not (args.refs or args.all):
         parser.error(f"{args.command}: name at least one ID, or pass --all")
 
     from amqp.exceptions import NotFound
 
-    store = open_dead_letters(args.broker, dlq, keyprefix=args.keyprefix)
+    store = open_dead_letters(broker_url, dlq, keyprefix=args.global_keyprefix)
     try:
         return _run(args, store, dlq, stdin=stdin, stdout=stdout, stderr=stderr)
     except NotFound:
         print(f"taskherd dlq: there is no queue {dlq!r} on the broker (nothing was ever dead-lettered "
-              f"there, or --queue/--dlq is wrong)", file=stderr)
+              f"there, or -Q/--dlq is wrong)", file=stderr)
         return 1
     finally:
         try:
@@ -322,7 +369,10 @@ def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
         print(f"taskherd dlq: {ref} is not in {dlq}", file=stderr)
     if args.command == "show":
         for letter in chosen:
-            print(json.dumps(letter.full(), indent=2, default=str), file=stdout)
+            if args.json:
+                print(json.dumps(letter.full(), default=str), file=stdout)
+            else:
+                _print_letter(letter, stdout)
         return 1 if missing else 0
     return _redrive(store, chosen, args.broker, to=args.to, stdout=stdout, stderr=stderr) or (1 if missing else 0)
 

@@ -2,6 +2,8 @@
 `taskherd drain`): argparse alone costs more than a whole probe. Standard library only."""
 from __future__ import annotations
 
+import sys
+
 
 def parse_flags(argv: list[str], names: dict[str, str], options: dict[str, object]) -> dict[str, object]:
     """Sets ``options[names[flag]]`` from ``--flag value`` or ``--flag=value`` (as strings).
@@ -32,3 +34,16 @@ def seconds(name: str, value: object, *, zero_allowed: bool = False) -> float:
     if number < 0 or (number == 0 and not zero_allowed):
         raise ValueError(f"{name}={value!r} must be a positive number of seconds")
     return number
+
+
+def command_line(name: str, usage: str, parse, argv: list[str]):
+    """(parse(argv), None), or (None, exit status) once usage was printed: 0 for -h/--help, 2 for
+    a usage error (``parse`` raised ValueError, named in the message)."""
+    if "-h" in argv or "--help" in argv:
+        print(usage)
+        return None, 0
+    try:
+        return parse(argv), None
+    except ValueError as exc:
+        print(f"taskherd {name}: {exc}\n{usage}", file=sys.stderr)
+        return None, 2

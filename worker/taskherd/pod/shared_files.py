@@ -1,4 +1,4 @@
-"""The heartbeat file contract shared by the worker, `taskherd probe` and `taskherd drain`.
+"""The files a worker shares with the commands of its pod: heartbeat.json and drain-request.json.
 
 Import-light on purpose (standard library only, no Celery): the probe runs in every pod every few
 seconds and imports this module.
@@ -16,10 +16,12 @@ try:  # CPython's JSON scanner without the `json` package: `json` imports `re`, 
 except ImportError:  # pragma: no cover - other interpreters
     _json = None
 
-#: Environment variable naming the heartbeat directory.
+from taskherd import contract
+
+#: Environment variable naming the heartbeat directory (the chart mounts an emptyDir there).
 DIR_ENV = "TASKHERD_HEARTBEAT_DIR"
-#: Used when the variable is unset. The chart mounts an emptyDir there.
-DEFAULT_DIR = "/tmp/taskherd"
+#: Used when the variable is unset.
+DEFAULT_DIR = contract.BY_NAME[DIR_ENV].default
 HEARTBEAT_FILE = "heartbeat.json"
 DRAIN_REQUEST_FILE = "drain-request.json"
 #: Bumped when a field changes meaning; readers refuse a format they do not know.
@@ -28,7 +30,7 @@ FORMAT = 1
 
 def heartbeat_dir(directory: str | None = None) -> str:
     """The directory given, else $TASKHERD_HEARTBEAT_DIR, else the default."""
-    return directory or os.environ.get(DIR_ENV) or DEFAULT_DIR
+    return directory or contract.read_one(DIR_ENV)
 
 
 def heartbeat_path(directory: str | None = None) -> str:

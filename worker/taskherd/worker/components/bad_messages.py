@@ -3,7 +3,7 @@
 Celery's own consumer logs and acks an undecodable message, and rejects (drops, on Redis) one
 that names an unknown task or carries broken headers; an exception it did not foresee (a protocol-2
 message without an ``id`` header, say) escapes into the event loop and restarts the connection,
-redelivering the same message in a loop. This subclass, installed as ``worker_consumer``, turns
+redelivering the same message in a loop. This subclass, installed as ``worker_consumer`` by the BadMessages component, turns
 each of those into a DLQ envelope — with the raw body base64-encoded, since it could not be
 decoded or must not be (pickle is refused by ``accept_content`` before anything is unpickled) —
 then acks the message, and goes on consuming.
@@ -13,6 +13,7 @@ dead-lettering has somewhere to go before the first envelope is ever published.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -21,10 +22,12 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.exceptions import ContentDisallowed
 from vine import promise
 
-from .deadletter import Envelope, Reason, exception_fields, json_safe, publish_envelope, raw_body_fields
-from .deadletter import dead_letter_queue_declaration
-from .profile import Profile, get_profile
-from .task import queue_of
+from taskherd.worker.deadletter import (Envelope, Reason, dead_letter_queue_declaration, exception_fields,
+                                       json_safe, publish_envelope, raw_body_fields)
+from taskherd.worker.profile import Profile, get_profile
+from taskherd.worker.task import queue_of
+
+from . import Component
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +162,10 @@ class DeclareDeadLetterQueues(bootsteps.StartStopStep):
                 logger.critical("taskherd: cannot declare dead-letter queue %s: %s", name, exc)
 
 
-def install(app: Any, profile: Profile) -> None:
-    app.conf.worker_consumer = "taskherd.worker.consumer:Consumer"
-    app.steps["consumer"].add(DeclareDeadLetterQueues)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BadMessages(Component):
+    """Installs the dead-lettering :class:`Consumer` and the DLQ declaration step."""
+
+    def install(self, app: Any, profile: Profile) -> None:
+        app.conf.worker_consumer = f"{Consumer.__module__}:{Consumer.__qualname__}"
+        app.steps["consumer"].add(DeclareDeadLetterQueues)

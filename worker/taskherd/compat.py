@@ -1,0 +1,165 @@
+"""The one seam between taskherd and the internals of the libraries it builds on.
+
+kombu, billiard and prometheus_client offer no public hook for a few things taskherd needs (which
+worker holds a Redis delivery, the value class of multiprocess metrics, …). Every use of such an
+internal goes through a function here, and :data:`INTERNALS` lists each one with the library it
+belongs to. ``tests/worker/test_compat.py`` checks every entry against the installed versions, so
+an upgrade that changes one fails loudly, naming the library, its version and the internal —
+instead of a worker that silently stops recovering or counting.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from importlib import metadata
+from typing import Any
+
+
+class Internal:
+    """An internal taskherd relies on: where it is and what shape it must have."""
+
+    __slots__ = ("library", "path", "kind", "parameters", "why")
+
+    def __init__(self, library: str, path: str, kind: str, *, parameters: tuple[str, ...] = (), why: str):
+        self.library, self.path, self.kind, self.parameters, self.why = library, path, kind, parameters, why
+
+    def problem(self) -> str | None:
+        """None when the installed library still has it; otherwise what changed."""
+        version = _version(self.library)
+        try:
+            target = _resolve(self.path)
+        except (ImportError, AttributeError) as exc:
+            return f"{self.library} {version}: {self.path} is gone ({exc}); taskherd uses it to {self.why}"
+        if self.kind == "instance attributes":
+            # Usually set in __init__, so not visible on the class: read the constructor's source.
+            source = inspect.getsource(target.__init__)
+            missing = [name for name in self.parameters if not hasattr(target, name) and f"self.{name} =" not in source]
+            if missing:
+                return (f"{self.library} {version}: {self.path}.__init__ no longer sets {missing}; "
+                        f"taskherd uses them to {self.why}")
+            return None
+        if self.kind == "class" and not inspect.isclass(target):
+            return f"{self.library} {version}: {self.path} is no longer a class; taskherd uses it to {self.why}"
+        if self.kind == "callable" and not callable(target):
+            return f"{self.library} {version}: {self.path} is no longer callable; taskherd uses it to {self.why}"
+        if self.parameters:
+            try:
+                names = list(inspect.signature(target).parameters)
+            except (TypeError, ValueError):
+                names = []
+            missing = [name for name in self.parameters if name not in names]
+            if missing:
+                return (f"{self.library} {version}: {self.path}{inspect.signature(target)} lacks "
+                        f"parameter(s) {missing}; taskherd uses it to {self.why}")
+        return None
+
+
+def _version(library: str) -> str:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _resolve(path: str) -> Any:
+    module_name, _, attributes = path.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for attribute in attributes.split(".") if attributes else ():
+        target = getattr(target, attribute)
+    return target
+
+
+INTERNALS: tuple[Internal, ...] = (
+    # Redis fast recovery (taskherd.worker.components.recovery): a QoS subclass records which worker
+    # holds each delivery in the same MULTI/EXEC as kombu's own bookkeeping.
+    Internal("kombu", "kombu.transport.redis:Channel.QoS", "class",
+             why="record which worker holds each Redis delivery"),
+    Internal("kombu", "kombu.transport.redis:QoS.append", "callable", parameters=("message", "delivery_tag"),
+             why="record which worker holds each Redis delivery"),
+    Internal("kombu", "kombu.transport.redis:QoS.pipe_or_acquire", "callable",
+             why="write taskherd's delivery record in kombu's own transaction"),
+    Internal("kombu", "kombu.transport.redis:QoS.unacked_key", "attribute",
+             why="find the unacked hash of a Redis channel"),
+    Internal("kombu", "kombu.transport.redis:QoS.unacked_index_key", "attribute",
+             why="find the unacked index of a Redis channel"),
+    Internal("kombu", "kombu.transport.redis:QoS._remove_from_indices", "callable", parameters=("delivery_tag",),
+             why="remove a delivery from kombu's indices when restoring it"),
+    Internal("kombu", "kombu.transport.redis:Channel._do_restore_message", "callable",
+             parameters=("payload", "exchange", "routing_key", "pipe", "leftmost"),
+             why="put a dead worker's delivery back on its queue exactly as kombu does"),
+    Internal("kombu", "kombu.transport.redis:Channel._get_message_priority", "callable",
+             why="compute the priority list a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.redis:Channel._q_for_pri", "callable", parameters=("queue", "pri"),
+             why="compute the priority list a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.redis:Channel._lookup", "callable", parameters=("exchange", "routing_key"),
+             why="find the queues a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.virtual:QoS.append", "callable", why="keep kombu's in-memory delivery table"),
+    Internal("kombu", "kombu.transport.virtual:QoS.ack", "callable", why="keep kombu's in-memory delivery table"),
+    # Metrics under prefork (taskherd.worker.components.metrics).
+    Internal("prometheus-client", "prometheus_client.values:get_value_class", "callable",
+             why="switch metrics created after fork to the multiprocess value class"),
+    Internal("prometheus-client", "prometheus_client.values:ValueClass", "attribute",
+             why="switch metrics created after fork to the multiprocess value class"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict", "class",
+             why="fold the metric files of dead pool processes into one archive"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict.read_all_values_from_file", "callable",
+             why="fold the metric files of dead pool processes into one archive"),
+    # Drain (taskherd.worker.components.drain): messages held but not started go back.
+    Internal("celery", "celery.worker.state:scheduled_requests", "attribute",
+             why="give back ETA/countdown messages a draining worker holds"),
+    Internal("celery", "celery.worker.consumer.consumer:Consumer.cancel_task_queue", "callable",
+             parameters=("queue",), why="stop consuming when draining"),
+    Internal("billiard", "billiard.pool:ApplyResult", "instance attributes",
+             parameters=("_accepted", "_write_to", "_job"),
+             why="tell a job no pool child has seen from one that started, when draining"),
+    Internal("billiard", "billiard.pool:Pool", "instance attributes", parameters=("_cache",),
+             why="take back a job no pool child has seen, when draining"),
+    Internal("celery", "celery.concurrency.asynpool:AsynPool", "instance attributes", parameters=("outbound_buffer",),
+             why="take back a job no pool child has seen, when draining"),
+    # Hard time limits (taskherd.worker.task): the main process's side of a task.
+    Internal("celery", "celery.worker.request:Request.on_timeout", "callable", parameters=("soft", "timeout"),
+             why="dead-letter a task killed by its hard time limit"),
+)
+
+
+def problems() -> list[str]:
+    """What changed in the installed libraries, one line per internal taskherd relies on."""
+    return [problem for problem in (internal.problem() for internal in INTERNALS) if problem]
+
+
+# -- the uses themselves ---------------------------------------------------------------------------
+def use_multiprocess_value_class() -> None:
+    """prometheus_client picks its value class at import time; metrics created from now on (here
+    and, after fork, in the pool children) write to $PROMETHEUS_MULTIPROC_DIR."""
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
+
+
+def read_metric_file(path: str):
+    """(key, value, timestamp, position) of every sample in a prometheus_client multiprocess file."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return MmapedDict.read_all_values_from_file(path)
+
+
+def metric_file_writer(path: str):
+    """A prometheus_client multiprocess file opened for writing (``write_value``, ``close``)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    return MmapedDict(path)
+
+
+def set_redis_qos_class(qos_class: type) -> None:
+    """Makes every kombu Redis channel of this process use ``qos_class``."""
+    from kombu.transport import redis as kombu_redis
+
+    kombu_redis.Channel.QoS = qos_class
+
+
+def redis_qos_base() -> type:
+    from kombu.transport import redis as kombu_redis
+
+    return kombu_redis.QoS
+
+

@@ -1,0 +1,306 @@
+"""The contract between the Helm chart and the programs it runs: one definition of each shared fact.
+
+- **Environment variables**: every ``TASKHERD_*`` variable the chart sets (or a user may set), with
+  its parser, unit, valid range, default and the program that reads it (:data:`VARIABLES`).
+  Programs read them only through :func:`read`; ``tests/chart`` renders the chart and checks that
+  the variables it sets are exactly the ones declared here for each container, and that every
+  rendered value parses; the table in docs/chart.md is generated from :data:`VARIABLES`.
+- **Dead-letter queue naming** (:func:`dead_letter_queues`), **ports** and the **broker kind** of a
+  URL (:func:`broker_kind`).
+
+Import-light on purpose (standard library only, no dataclasses or typing): `taskherd probe` runs in
+every pod every few seconds and reads its settings here.
+"""
+import os
+
+# -- ports -----------------------------------------------------------------------------------------
+# The Prometheus exporter range (9100-9999) is fully allocated; these avoid the defaults of what
+# shares a Celery deployment: celery-exporter (9808), Flower (5555), node-exporter (9100),
+# statsd-exporter (9102), kube-state-metrics (8080/8081 in its own pod).
+#: the worker's /metrics (and its HTTP probe endpoints)
+WORKER_METRICS_PORT = 9891
+#: `taskherd exporter`'s /metrics
+EXPORTER_PORT = 9892
+#: the operator's /metrics
+OPERATOR_METRICS_PORT = 9893
+#: the operator's liveness endpoint (kopf's /healthz)
+OPERATOR_HEALTH_PORT = 9894
+
+# -- brokers ---------------------------------------------------------------------------------------
+#: URL schemes kombu maps to its Redis transport (``redis+socket://`` is a Unix socket).
+REDIS_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel")
+#: URL schemes kombu maps to an AMQP transport.
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+
+
+def broker_kind(url):
+    """'redis', 'amqp' or 'other', from a broker URL (its first URL when several are ``;``-joined)."""
+    first = (url or "").split(";")[0].strip()
+    scheme = first.partition("://")[0].lower() if "://" in first else ""
+    if scheme in REDIS_SCHEMES:
+        return "redis"
+    if scheme in AMQP_SCHEMES:
+        return "amqp"
+    return "other"
+
+
+# -- dead-letter queues ----------------------------------------------------------------------------
+#: The DLQ of work queue ``q`` when nothing else is said: ``q.dlq``.
+DEFAULT_DEAD_LETTER_PATTERN = "{queue}.dlq"
+
+
+class ContractError(ValueError):
+    """Settings that break the contract. ``problems`` lists every one, each naming the setting."""
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+def dead_letter_queues(queues, explicit=None, pattern=DEFAULT_DEAD_LETTER_PATTERN, *, source="dead_letter_queues"):
+    """{work queue: its DLQ}. ``explicit`` names one DLQ per queue, in the same order; empty means
+    ``pattern`` (which must contain ``{queue}``). Raises :class:`ContractError` naming ``source``
+    when the lengths differ, a DLQ is also a work queue, or two queues share a DLQ."""
+    queues = list(queues)
+    problems = []
+    if explicit:
+        explicit = list(explicit)
+        if len(explicit) != len(queues):
+            raise ContractError([f"{source}={','.join(explicit)!r} names {len(explicit)} dead-letter queue(s) for "
+                                 f"{len(queues)} queue(s) {','.join(queues)!r}: give one per queue, in the same "
+                                 f"order, or none for '{pattern}'"])
+        mapping = dict(zip(queues, explicit))
+    else:
+        if "{queue}" not in pattern:
+            raise ContractError([f"{source}={pattern!r} must contain '{{queue}}' (e.g. "
+                                 f"'{DEFAULT_DEAD_LETTER_PATTERN}') so that each work queue gets its own DLQ"])
+        mapping = {queue: pattern.format(queue=queue) for queue in queues}
+    for queue, dlq in mapping.items():
+        if not dlq:
+            problems.append(f"{source}: the dead-letter queue of {queue!r} is empty")
+        elif dlq in mapping:
+            problems.append(f"{source}: {dlq!r} is a work queue and the dead-letter queue of {queue!r}: a DLQ "
+                            f"must not be consumed as work (valid: a name that is not one of {','.join(queues)!r})")
+    seen = {}
+    for queue, dlq in mapping.items():
+        if dlq in seen:
+            problems.append(f"{source}: {seen[dlq]!r} and {queue!r} share the dead-letter queue {dlq!r}")
+        seen[dlq] = queue
+    if problems:
+        raise ContractError(problems)
+    return mapping
+
+
+# -- parsers: each takes the raw text and returns the value or raises ValueError ---------------------
+def seconds(raw):
+    value = float(raw)
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError
+    return value
+
+
+def seconds_or_zero(raw):
+    value = float(raw)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError
+    return value
+
+
+def count_or_off(raw):
+    """A whole number >= 0, where 0 means 'no limit' (None)."""
+    value = int(raw)
+    if value < 0:
+        raise ValueError
+    return value or None
+
+
+def port(raw):
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError
+    return value
+
+
+def names(raw):
+    values = tuple(name.strip() for name in raw.split(","))
+    if not values or any(not name for name in values):
+        raise ValueError
+    return values
+
+
+def text(raw):
+    return raw
+
+
+def flag(raw):
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError
+
+
+def broker_type(raw):
+    if raw not in ("redis", "rabbitmq"):
+        raise ValueError
+    return raw
+
+
+def url(raw):
+    if "://" not in raw or any(c.isspace() for c in raw):
+        raise ValueError
+    return raw
+
+
+class Variable:
+    """One environment variable of the contract."""
+
+    __slots__ = ("name", "parse", "valid", "default", "readers", "chart", "doc")
+
+    def __init__(self, name, parse, valid, *, default=None, readers, chart=(), doc):
+        self.name = name
+        #: raw text -> value; raises ValueError on bad input
+        self.parse = parse
+        #: the valid range in words, for error messages and docs/chart.md
+        self.valid = valid
+        #: the value when the variable is unset or empty
+        self.default = default
+        #: the programs that read it (taskherd.worker.configure, taskherd probe, …)
+        self.readers = readers
+        #: the chart's containers that set it ("worker", "exporter", "operator"); () = users may set it
+        self.chart = chart
+        self.doc = doc
+
+
+_WORKER, _EXPORTER, _OPERATOR = "worker", "exporter", "operator"
+_CONFIGURE = "taskherd.worker.configure"
+
+VARIABLES = (
+    # The broker, for every program that talks to it.
+    Variable("TASKHERD_BROKER_URL", url, "a broker URL (redis://…, amqp://…)",
+             readers=(_CONFIGURE, "taskherd exporter", "taskherd dlq", "taskherd outbox relay", "taskherd recover"),
+             chart=(_WORKER, _EXPORTER),
+             doc="broker URL from the broker Secret; replaces the app's broker_url"),
+    Variable("TASKHERD_BROKER_TYPE", broker_type, "redis or rabbitmq", readers=(_CONFIGURE,),
+             chart=(_WORKER,),
+             doc="the chart's broker.type; configure() refuses a broker URL of another kind (the chart "
+                 "derived ports and Redis-only checks from it)"),
+    Variable("TASKHERD_MANAGEMENT_URL", url, "an http(s) URL of the RabbitMQ management API",
+             readers=("taskherd exporter",), chart=(_EXPORTER,),
+             doc="RabbitMQ management API (default: the AMQP host, port 15672); set from "
+                 "broker.existingSecret.managementUrlKey"),
+    Variable("TASKHERD_QUEUES", names, "a comma-separated list of queue names",
+             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
+             doc="work queues (worker: the ones it consumes; exporter: the ones it watches)"),
+    Variable("TASKHERD_DEAD_LETTER_QUEUES", names,
+             "a comma-separated list, one dead-letter queue per TASKHERD_QUEUES entry, in the same order",
+             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
+             doc=f"the DLQ of each queue; unset: {DEFAULT_DEAD_LETTER_PATTERN}"),
+    Variable("TASKHERD_DELIVERY_COUNTER_URL", url, "a redis:// URL", readers=(_CONFIGURE,), chart=(),
+             doc="RabbitMQ: the Redis where redeliveries of one message are counted"),
+    # Time limits: the chart derives terminationGracePeriodSeconds from the same values.
+    Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
+             chart=(_WORKER,), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
+    Variable("TASKHERD_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
+             chart=(_WORKER,), doc="hard time limit (the pool child is killed)"),
+    Variable("TASKHERD_VISIBILITY_TIMEOUT", seconds, "a number of seconds > 0",
+             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
+             doc="Redis visibility_timeout (ignored on RabbitMQ)"),
+    Variable("TASKHERD_MAX_TASKS_PER_CHILD", count_or_off, "a whole number >= 0 (0: no limit)",
+             readers=(_CONFIGURE,), chart=(_WORKER,), doc="Celery worker_max_tasks_per_child"),
+    Variable("TASKHERD_MAX_MEMORY_PER_CHILD_KB", count_or_off, "a whole number of KiB >= 0 (0: no limit)",
+             readers=(_CONFIGURE,), chart=(_WORKER,), doc="Celery worker_max_memory_per_child"),
+    # Pod-side files and endpoints.
+    Variable("TASKHERD_HEARTBEAT_DIR", text, "a directory path", default="/tmp/taskherd",
+             readers=("Heartbeat component", "taskherd probe", "taskherd drain"), chart=(_WORKER,),
+             doc="where the worker writes heartbeat.json and reads drain requests (an emptyDir)"),
+    Variable("TASKHERD_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
+             readers=("Heartbeat component",), chart=(_WORKER,),
+             doc="seconds between heartbeat writes; liveness fails after 6 missed"),
+    Variable("TASKHERD_DRAIN_DEADLINE", seconds, "a number of seconds > 0",
+             readers=("taskherd drain",), chart=(_WORKER,),
+             doc="the preStop drain returns after this long even if tasks still run (hard limit + drain margin)"),
+    Variable("TASKHERD_METRICS_PORT", port, "a port number 0-65535 (0: no HTTP server)",
+             default=WORKER_METRICS_PORT, readers=("Metrics component",), chart=(_WORKER,),
+             doc="port of the worker's /metrics"),
+    Variable("TASKHERD_METRICS_ADDR", text, "an address to listen on", default="0.0.0.0",
+             readers=("Metrics component",), chart=(), doc="address of the worker's /metrics"),
+    Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
+             chart=(_WORKER,), doc="parent of the prometheus_client multiprocess directories "
+                                   "(default: <heartbeat dir>/prometheus)"),
+    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=15.0,
+             readers=("FastRecovery component",), chart=(),
+             doc="Redis: a worker whose lease is this old is dead and its deliveries go back"),
+    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
+             readers=("FastRecovery component",), chart=(), doc="Redis: seconds between lease refreshes"),
+    # The queue exporter.
+    Variable("TASKHERD_EXPORTER_PORT", port, "a port number 1-65535", default=EXPORTER_PORT,
+             readers=("taskherd exporter",), chart=(_EXPORTER,), doc="port of the exporter's /metrics"),
+    Variable("TASKHERD_EXPORTER_INTERVAL", seconds, "a number of seconds > 0", default=15.0,
+             readers=("taskherd exporter",), chart=(_EXPORTER,), doc="seconds between broker polls"),
+    Variable("TASKHERD_GLOBAL_KEYPREFIX", text, "kombu's global_keyprefix", default="",
+             readers=("taskherd exporter", "taskherd dlq", "taskherd recover"), chart=(),
+             doc="Redis: kombu's global_keyprefix transport option, if the app sets one"),
+    # The transactional outbox.
+    Variable("TASKHERD_OUTBOX_DSN", url, "a PostgreSQL DSN (postgresql://…)", readers=("taskherd outbox",),
+             chart=(), doc="the database of the outbox table (then DATABASE_URL)"),
+    # The operator.
+    Variable("TASKHERD_WATCH_NAMESPACES", names, "a comma-separated list of namespaces",
+             readers=("taskherd.operator",), chart=(),
+             doc="namespaces whose WorkerPools the operator serves (default: its own)"),
+    Variable("TASKHERD_LEASE_NAME", text, "a Lease name", default="taskherd-operator",
+             readers=("taskherd.operator",), chart=(_OPERATOR,), doc="the leader-election Lease"),
+    Variable("TASKHERD_LEADER_ELECTION", flag, "true or false", default=True,
+             readers=("taskherd.operator",), chart=(), doc="false: a single replica, no Lease"),
+    Variable("TASKHERD_OPERATOR_METRICS_PORT", port, "a port number 0-65535 (0: off)", default=OPERATOR_METRICS_PORT,
+             readers=("taskherd.operator",), chart=(_OPERATOR,), doc="port of the operator's /metrics"),
+    Variable("TASKHERD_OPERATOR_HEALTH_PORT", port, "a port number 0-65535 (0: off)", default=OPERATOR_HEALTH_PORT,
+             readers=("taskherd.operator",), chart=(_OPERATOR,), doc="port of the operator's /healthz"),
+    Variable("TASKHERD_WORKER_METRICS_PORT", port, "a port number 1-65535", default=WORKER_METRICS_PORT,
+             readers=("taskherd.operator",), chart=(_OPERATOR,),
+             doc="where the operator reads each worker's busyness (taskherd_tasks_in_flight)"),
+    Variable("TASKHERD_ALERTMANAGER_URL", url, "an http(s) URL", readers=("taskherd.operator",), chart=(_OPERATOR,),
+             doc="Alertmanager used when a WorkerPool names no alert target (operator.defaultAlertmanagerUrl)"),
+)
+
+BY_NAME = {variable.name: variable for variable in VARIABLES}
+
+
+def read(names, environ=None):
+    """({name: value}, problems) for the variables ``names``; unset or empty ones get their default.
+
+    Every problem names the variable, its value as written and the valid range; none is raised here
+    so that a caller can report them together with its own.
+    """
+    environ = os.environ if environ is None else environ
+    values, problems = {}, []
+    for name in names:
+        variable = BY_NAME[name]
+        raw = (environ.get(name) or "").strip()
+        if not raw:
+            values[name] = variable.default
+            continue
+        try:
+            values[name] = variable.parse(raw)
+        except (ValueError, OverflowError):
+            problems.append(f"{name}={raw!r} is invalid: expected {variable.valid}")
+    return values, problems
+
+
+def read_one(name, environ=None):
+    """The value of one variable (its default when unset); raises :class:`ContractError` when invalid."""
+    values, problems = read((name,), environ)
+    if problems:
+        raise ContractError(problems)
+    return values[name]
+
+
+def is_set(name, environ=None):
+    environ = os.environ if environ is None else environ
+    return bool((environ.get(name) or "").strip())
+
+
+def set_by_chart(container):
+    """The names of the variables the chart sets on ``container`` ("worker", "exporter", "operator")."""
+    return {variable.name for variable in VARIABLES if container in variable.chart}

@@ -1,0 +1,116 @@
+"""The parts ``configure(app)`` installs in a Celery app, composed the way dramatiq composes middleware.
+
+Each component is one concern in one module, a frozen dataclass with keyword-only settings whose
+defaults are documented where they are defined, and ``from_env()``: the pod's environment (the
+chart's contract, taskherd.contract) overrides what the code says, as a command-line flag overrides
+a config file, so the pod's grace period, ports and probes agree with the worker.
+
+    from taskherd.worker import configure
+    from taskherd.worker.components import Metrics, default_components, without
+
+    configure(app, components=[*without(default_components(), Metrics), Metrics(port=9100)])
+
+:func:`default_components` is the list ``configure()`` uses when given none. The task class and the
+bad-message consumer carry the at-least-once promise: leave them out only for an app that does not
+run workers (a producer), or replace them with subclasses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Iterable, Mapping
+
+from taskherd import contract
+
+#: Attribute of a Celery app: {component class name: the installed component}.
+INSTALLED_ATTRIBUTE = "taskherd_components"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Component:
+    """Base class: override :meth:`install`, and :attr:`environment` for settings the chart passes."""
+
+    #: contract variable -> the field it sets (read by :meth:`with_environment`)
+    environment: ClassVar[Mapping[str, str]] = {}
+    #: components this one needs installed before it (their classes)
+    requires: ClassVar[tuple[type, ...]] = ()
+
+    def install(self, app: Any, profile: Any) -> None:
+        raise NotImplementedError
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each naming the field, its value and the valid range."""
+        return []
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Component":
+        """The component with its defaults, overridden by the pod's environment."""
+        return cls().with_environment(environ)
+
+    def with_environment(self, environ: Mapping[str, str] | None = None) -> "Component":
+        """This component with every contract variable that is set applied; raises
+        :class:`taskherd.contract.ContractError` naming each invalid one."""
+        values, problems = contract.read(self.environment, environ)
+        if problems:
+            raise contract.ContractError(problems)
+        changes = {field: values[name] for name, field in self.environment.items() if contract.is_set(name, environ)}
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+def installed(app: Any, kind: type[Component]) -> Component | None:
+    """The component of class ``kind`` (or a subclass) installed in ``app``, if any."""
+    for component in getattr(app, INSTALLED_ATTRIBUTE, {}).values():
+        if isinstance(component, kind):
+            return component
+    return None
+
+
+def mark_installed(app: Any, component: Component) -> bool:
+    """Records ``component`` as installed; False when one of its class already was (configure()
+    may run twice on one app: a module imported by both a producer and the worker)."""
+    registry = getattr(app, INSTALLED_ATTRIBUTE, None)
+    if registry is None:
+        registry = {}
+        setattr(app, INSTALLED_ATTRIBUTE, registry)
+    name = type(component).__qualname__
+    if name in registry:
+        return False
+    registry[name] = component
+    return True
+
+
+def install(app: Any, components: Iterable[Component], profile: Any = None) -> None:
+    """Installs ``components`` in ``app`` (each class once). configure() calls it; an app that wants
+    only some runtime parts without the reliability profile (a test harness) may call it directly."""
+    for component in components:
+        if mark_installed(app, component):
+            component.install(app, profile)
+
+
+def default_components() -> list[Component]:
+    """The components configure() installs when given none, in order, with their defaults
+    (configure() then applies the pod's environment to each, as to any component it is given)."""
+    from .bad_messages import BadMessages
+    from .drain import Drain
+    from .heartbeat import Heartbeat
+    from .metrics import Metrics
+    from .publish_stamps import PublishStamps
+    from .recovery import FastRecovery
+    from .task_class import TaskClass
+
+    return [kind() for kind in (TaskClass, BadMessages, PublishStamps, Heartbeat, Drain, Metrics, FastRecovery)]
+
+
+def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:
+    """``components`` minus those of the given classes (to leave one out, or to replace it)."""
+    return [component for component in components if not isinstance(component, kinds)]
+
+
+def missing_requirements(components: Iterable[Component]) -> list[str]:
+    """A problem for each component whose required components are not listed before it."""
+    problems, seen = [], []
+    for component in components:
+        for needed in component.requires:
+            if not any(isinstance(earlier, needed) for earlier in seen):
+                problems.append(f"components: {type(component).__name__} needs {needed.__name__} before it in the list")
+        seen.append(component)
+    return problems
