@@ -83,7 +83,6 @@ start_kind_dockerd() {
   "iptables": true,
   "ip-forward": false,
   "ip-masq": false,
-  "ip6tables": false,
   "storage-driver": "overlay2",
   "log-driver": "json-file",
   "log-opts": {"max-size": "10m", "max-file": "2"},

@@ -35,6 +35,9 @@ mkdir -p "$work"
 trap 'safe_rmtree "$work"' EXIT
 R="$work/rootfs"
 debootstrap_rootfs "$R" "$PACKAGES"
+for d in bin sbin lib; do  # merged /usr: relative links, or the writes below would land on this host
+    case "$(readlink "$R/$d" || true)" in /*) die "$R/$d is an absolute symlink" ;; esac
+done
 
 # kind's static files, with the modes its Dockerfile gives them
 install -m 0755 "$FILES"/usr/local/bin/* "$R/usr/local/bin/"
