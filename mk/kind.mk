@@ -30,6 +30,17 @@ workflow-lint:
 	bash e2e/cluster/build.sh actionlint
 	bash -c 'source e2e/cluster/lib.sh; "$$BIN_ROOT/actionlint-$$ACTIONLINT_VERSION/actionlint" -color=never'
 
+# E2E_CLUSTER=kind make test brings the kind cluster up before pytest (as cluster-for-tests does the
+# local one): if that fails the other tests still run and the cluster tests fail with up.sh's output.
+ifeq ($(E2E_CLUSTER),kind)
+TEST_PREREQS += kind-cluster-for-tests
+endif
+.PHONY: kind-cluster-for-tests
+kind-cluster-for-tests:
+	@mkdir -p "$(TASKHERD_HOME)"; set -o pipefail; if ! { bash images/build.sh && bash e2e/kind/up.sh; } 2>&1 | tee "$(TASKHERD_HOME)/kind-up.log"; then \
+	  echo "make kind-cluster FAILED (log: $(TASKHERD_HOME)/kind-up.log); the cluster tests will fail with this error" >&2; \
+	fi
+
 # The tests that need kind (marker kind: node faults) or a network that enforces NetworkPolicy
 # (marker networkpolicy) fail on other clusters, saying why; `make test` deselects them there, and
 # says so. E2E_CLUSTER=kind make test runs everything on the kind cluster.
