@@ -136,11 +136,14 @@ def lose_node(name: str) -> None:
 
 
 def restore_node(cluster: Cluster, name: str, timeout: float = 180) -> None:
-    """Start a lost node's container again and wait until its kubelet reports Ready."""
+    """Start a lost node's container again and wait until its kubelet reports Ready. docker may give
+    it another address (kind's entrypoint rewrites the node's own files for that): up.sh then
+    routes the node's pod range from this host to the new one."""
     from .cluster import wait_for
 
     _docker("start", name)
     wait_for(f"node {name} Ready again", lambda: node_ready(cluster, name), timeout=timeout, interval=2)
+    ensure_cluster()
 
 
 def node_ready(cluster: Cluster, name: str) -> bool:
