@@ -42,9 +42,13 @@ nodes_ready() {
         grep -c True)" = "$(grep -c -- '- role:' "$CLUSTER_CONFIG")" ]
 }
 rolled_out() { kc -n "$1" rollout status "$2" --timeout=5s; }
-healthy() {
+# made from the same inputs, and every node container running: then it is (or is about to be) healthy
+intact() {
     [ "$(cat "$KIND_HOME/ready" 2>/dev/null)" = "$CONFIG_KEY" ] || return 1
-    "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER_NAME" || return 1
+    [ "$(docker ps -q --filter "label=io.x-k8s.kind.cluster=$KIND_CLUSTER_NAME" | wc -l)" = \
+        "$(grep -c -- '- role:' "$CLUSTER_CONFIG")" ]
+}
+healthy() {
     [ "$(kc get --raw /readyz 2>/dev/null)" = ok ] && nodes_ready &&
         rolled_out kube-system daemonset/kube-router && rolled_out kube-system deployment/coredns
 }
@@ -90,7 +94,8 @@ route_pods() {
     mv "$KIND_HOME/routes.new" "$KIND_HOME/routes"
 }
 
-if healthy; then
+# An intact cluster may be settling (a node just restarted): it gets time before being recreated.
+if intact && wait_for "kind cluster $KIND_CLUSTER_NAME healthy" 180 healthy; then
     kind_log "kind cluster $KIND_CLUSTER_NAME is up and healthy (kubeconfig: $KIND_KUBECONFIG)"
     route_pods
     load_images
