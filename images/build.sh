@@ -12,14 +12,14 @@
 source "$(dirname "$0")/lib.sh"
 need_root
 take_lock images
-ensure_apt docker.io python3-pip
+apt_install docker.io python3-pip
 APP_LIST="$IMAGES_CACHE/app-images.list"   # tarballs up.sh imports
 DOCKER_HOME="$TASKHERD_HOME/docker"
 DOCKER_SOCK="$DOCKER_HOME/docker.sock"
 DOCKER=(docker -H "unix://$DOCKER_SOCK")
-PY=${TASKHERD_IMAGE_PYTHON:-/usr/bin/python3}   # another Python 3.11 where the system's is not (CI runners)
+PY=/usr/bin/python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' ||
-    die "$PY must be Python 3.11 (the images' Python; TASKHERD_IMAGE_PYTHON names another)"
+    die "$PY must be Python 3.11 (the images' Python)"
 
 BASE_TAR=$(bash "$IMAGES_SRC/base/build.sh")
 
@@ -31,7 +31,9 @@ src_key=$( (cd "$REPO_ROOT" && find worker operator \
         sort -z | xargs -0 sha256sum; echo "$BASE_TAR $WORKER_IMAGE $OPERATOR_IMAGE") | sha256sum | cut -c1-16)
 if [ "${FORCE:-}" != 1 ] && [ -f "$APP_LIST" ] && [ "$(cat "$IMAGES_CACHE/app-images.key" 2>/dev/null)" = "$src_key" ] &&
     [ -f "$IMAGES_CACHE/worker.tar" ] && [ -f "$IMAGES_CACHE/operator.tar" ]; then
-    log "worker and operator images are up to date (sources unchanged; FORCE=1 rebuilds)"
+    log "worker and operator images: reused (sources unchanged; FORCE=1 rebuilds)"
+    step_done "worker image" reused 0
+    step_done "operator image" reused 0
     if proc_pid containerd >/dev/null && [ "$(cat "$STATE/app-images.key" 2>/dev/null)" != "$src_key" ]; then
         for t in "$IMAGES_CACHE/worker.tar" "$IMAGES_CACHE/operator.tar"; do ctr_ images import --no-unpack "$t" >/dev/null; done
         echo "$src_key" >"$STATE/app-images.key"
@@ -48,29 +50,22 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-mkdir -p "$work/src" "$work/wheels"
-cp -r "$REPO_ROOT/worker" "$REPO_ROOT/operator" "$work/src/"
-find "$work/src" \( -name '*.egg-info' -o -name __pycache__ -o -name build \) -prune -exec rm -rf {} +
-log "resolving wheels for taskherd and taskherd-operator with $("$PY" --version)"
-"$PY" -m pip wheel -q --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" \
-    "$work/src/worker" "$work/src/operator" 2>&1 | grep -v '^$' >&2 || true
-ls "$work/wheels"/taskherd-0*.whl "$work/wheels"/taskherd_operator-*.whl >/dev/null 2>&1 ||
-    die "building the taskherd and taskherd-operator wheels failed"
+build_wheels() {
+    mkdir -p "$work/src" "$work/wheels"
+    cp -r "$REPO_ROOT/worker" "$REPO_ROOT/operator" "$work/src/"
+    find "$work/src" \( -name '*.egg-info' -o -name __pycache__ -o -name build \) -prune -exec rm -rf {} +
+    echo "resolving wheels for taskherd and taskherd-operator with $("$PY" --version)"
+    "$PY" -m pip wheel --cache-dir "$TASKHERD_HOME/pip-cache" --wheel-dir "$work/wheels" \
+        "$work/src/worker" "$work/src/operator"
+    ls "$work/wheels"/taskherd-0*.whl "$work/wheels"/taskherd_operator-*.whl
+}
+run_step "wheels for the images" image-wheels build_wheels
 
 # ---- private dockerd
 stop_dockerd() {
-    local pid
-    if [ -f "$DOCKER_HOME/dockerd.pid" ]; then
-        pid=$(cat "$DOCKER_HOME/dockerd.pid")
-        if [ -d "/proc/$pid" ] && [ "$(readlink "/proc/$pid/exe")" = "$(readlink -f "$(command -v dockerd)")" ]; then
-            kill -TERM "$pid"
-            for _ in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
-            [ -d "/proc/$pid" ] && kill -KILL "$pid"
-        fi
-        rm -f "$DOCKER_HOME/dockerd.pid"
-    fi
-    # overlay mounts a stopped (or killed) dockerd left under its data root
     local m
+    stop_pidfile dockerd "$DOCKER_HOME/dockerd.pid" 20 "$(readlink -f "$(command -v dockerd)")"
+    # overlay mounts a stopped (or killed) dockerd left under its data root
     awk -v d="$(readlink -f "$DOCKER_HOME")" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
         while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
 }
@@ -86,20 +81,20 @@ wait_for dockerd 60 "${DOCKER[@]}" version || { tail -20 "$DOCKER_HOME/dockerd.l
 
 "${DOCKER[@]}" load -q -i "$BASE_TAR" >/dev/null
 imported=()
-for name in worker operator; do
-    var="${name^^}_IMAGE"; tag=${!var}
-    ctx="$work/ctx-$name"
+# docker_image NAME TAG: docker build of images/NAME/Dockerfile, saved to $IMAGES_CACHE/NAME.tar
+docker_image() {
+    local name=$1 tag=$2 ctx="$work/ctx-$1" out="$IMAGES_CACHE/$1.tar"
     mkdir -p "$ctx"
     cp "$IMAGES_SRC/$name/Dockerfile" "$ctx/"
     cp -r "$work/wheels" "$ctx/wheels"
-    log "docker build $tag (BASE_IMAGE=$BASE_IMAGE)"
-    DOCKER_BUILDKIT=0 "${DOCKER[@]}" build -q --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-        -t "$tag" "$ctx" >/dev/null
-    out="$IMAGES_CACHE/$name.tar"
+    DOCKER_BUILDKIT=0 "${DOCKER[@]}" build --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$tag" "$ctx"
     "${DOCKER[@]}" save -o "$out.partial" "$tag"
     mv "$out.partial" "$out"
-    imported+=("$out")
-    log "$tag saved to $out"
+}
+for name in worker operator; do
+    var="${name^^}_IMAGE"
+    run_step "$name image" "image-$name" docker_image "$name" "${!var}"
+    imported+=("$IMAGES_CACHE/$name.tar")
 done
 "${DOCKER[@]}" image prune -f >/dev/null   # superseded builds of the same tags
 printf '%s\n' "${imported[@]}" >"$APP_LIST"
