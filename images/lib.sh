@@ -1,4 +1,7 @@
+# shellcheck shell=bash
 # Shared by the image build scripts. Source it.
+LOG_TAG=images
+# shellcheck source=../e2e/cluster/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/cluster/lib.sh"
 IMAGES_SRC="$REPO_ROOT/images"
 mkdir -p "$IMAGES_CACHE"
@@ -15,11 +18,45 @@ safe_rmtree() {
     local dir=$1 m
     [ -e "$dir" ] || return 0
     dir=$(readlink -f "$dir")
-    for m in $(awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r); do
-        umount "$m" 2>/dev/null || umount -l "$m"
-    done
+    awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m"; done
     rm -rf --one-file-system "$dir"
 }
+
+# cached_image NAME OUT BUILD ARGS...: the image tarball OUT ($IMAGES_CACHE/<name>-<content key>.tar)
+# is reused when it exists; otherwise `BUILD ARGS... OUT.partial` writes it (a step of its own, with
+# its log), it is renamed to OUT, and tarballs of the same name with another key are removed.
+# Prints OUT.
+cached_image() {
+    local name=$1 out=$2
+    shift 2
+    if [ -f "$out" ]; then
+        step_done "$name image" reused 0
+    else
+        run_step "$name image" "image-$name" write_image "$out" "$@"
+    fi
+    echo "$out"
+}
+write_image() {  # OUT BUILD ARGS...: runs BUILD ARGS... OUT.partial
+    local out=$1 old
+    shift
+    "$@" "$out.partial"
+    mv "$out.partial" "$out"
+    for old in "${out%-*}"-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
+}
+
+# rootfs_image FILL MKIMAGE_ARGS... OUT: FILL DIR puts the image's files into an empty directory,
+# mkimage.py writes the image (its last argument, as cached_image passes it) from that directory.
+rootfs_image() {
+    local fill=$1 work
+    shift
+    local out=${*: -1} args=("${@:1:$#-1}")
+    work=$(mktemp -d "$IMAGES_CACHE/rootfs.XXXXXX")
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "rm -rf $(printf %q "$work")" EXIT
+    mkdir -p "$work/rootfs"
+    "$fill" "$work/rootfs"
+    python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/rootfs" "${args[@]}" -o "$out"
 
 # The Debian mirror apt uses on this machine: the first http(s) URI of a deb source for $BASE_SUITE
 # with component main (one-line or deb822 format); TASKHERD_DEBIAN_MIRROR where apt has none (a
@@ -56,13 +93,12 @@ PY
 
 # debootstrap_rootfs DIR PACKAGES: a minbase $BASE_SUITE root filesystem in DIR with PACKAGES
 # (comma-separated) from the mirror apt uses here. Apt lists and caches are removed and resolv.conf
-# is left empty: the kubelet (or docker) provides one. The log goes to DIR.log.
+# is left empty: the kubelet (or docker) provides one.
 debootstrap_rootfs() {
     local dir=$1 include=$2 mirror
     mirror=$(debian_mirror)
-    log "debootstrap $BASE_SUITE (minbase, $include) from $mirror"
-    debootstrap --variant=minbase --include="$include" "$BASE_SUITE" "$dir" "$mirror" >"$dir.log" 2>&1 ||
-        { tail -30 "$dir.log" >&2; die "debootstrap failed (log: $dir.log)"; }
+    echo "debootstrap $BASE_SUITE (minbase, $include) from $mirror"
+    debootstrap --variant=minbase --include="$include" "$BASE_SUITE" "$dir" "$mirror"
     rm -rf "$dir/var/lib/apt/lists/"* "$dir/var/cache/apt/"*.bin "$dir/var/cache/apt/archives/"*.deb \
         "$dir/var/log/"*.log
     : >"$dir/etc/resolv.conf"

@@ -15,17 +15,18 @@ helm-binary:
 
 # promtool (`promtool test rules`) comes with Debian's prometheus package.
 promtool:
-	@command -v promtool >/dev/null || { apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+	@$(STEPS) apt-install prometheus
 
 # checkov pins dozens of libraries: it gets a venv of its own, never the project's .venv.
 $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION):
-	@test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
-	$(CHECKOV_VENV)/bin/pip install -q 'checkov==$(CHECKOV_VERSION)'
-	touch $@
+	@$(STEPS) run "checkov venv" checkov-venv -- bash -c 'set -e; \
+	  test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV); \
+	  $(CHECKOV_VENV)/bin/pip install --upgrade pip; \
+	  $(CHECKOV_VENV)/bin/pip install "checkov==$(CHECKOV_VERSION)"'
+	@touch $@
 
 checkov-venv: $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
+	@$(STEPS) reused "checkov venv"
 
 chart-test-prereqs: helm-binary promtool checkov-venv
 

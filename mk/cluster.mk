@@ -9,16 +9,16 @@
 .PHONY: cluster cluster-down cluster-binaries images kind-binary cluster-env
 
 cluster-binaries:
-	bash e2e/cluster/build.sh
+	@$(STEPS) with-summary "make cluster-binaries" -- bash e2e/cluster/build.sh
 
 cluster:
-	bash e2e/cluster/up.sh
+	@$(STEPS) with-summary "make cluster" -- bash e2e/cluster/up.sh
 
 cluster-down:
 	bash e2e/cluster/down.sh
 
 images:
-	bash images/build.sh
+	@$(STEPS) with-summary "make images" -- bash images/build.sh
 
 kind-binary:
 	bash e2e/cluster/build.sh kind

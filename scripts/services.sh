@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs (Debian packages) and runs the services the tests need, on loopback, on ports of their
 # own so they never meet a system-wide instance: Redis, RabbitMQ with the management plugin,
-# PostgreSQL, Prometheus and Alertmanager.
+# PostgreSQL and Alertmanager.
 #
 #   scripts/services.sh up        start whatever is not already running (idempotent)
 #   scripts/services.sh down      stop exactly what `up` started, by PID
 #   scripts/services.sh status    one line per service
-#   source scripts/services.sh env   export the connection URLs (TASKHERD_*_URL …)
+#   source scripts/services.sh env   export the connection URLs (TASKHERD_*_URL …), nothing else
 #
 # State (data, logs, PID files) lives in $TASKHERD_SERVICES_DIR, outside any checkout, so a new
 # clone reuses it and a stale PID file from a killed run is detected and replaced.
@@ -35,53 +35,57 @@ export_env() {
   export TASKHERD_RABBITMQ_CTL="${TASKHERD_SERVICES_DIR}/rabbitmq/ctl"
 }
 
-log() { echo "[services] $*" >&2; }
+# Sourced (`source scripts/services.sh env`, often into an interactive shell): the URLs only; no
+# shell options and no functions beyond these two.
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then
+  export_env
+  return 0
+fi
 
-# Installs the Debian packages that are missing; `apt-get update` only when something is.
-ensure_packages() {
-  local missing=()
-  for pkg in "$@"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
+set -euo pipefail
+LOG_TAG=services
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
-wait_until() {  # wait_until SECONDS DESCRIPTION COMMAND...
-  local deadline=$((SECONDS + $1)) what=$2; shift 2
-  until "$@" >/dev/null 2>&1; do
-    if [ $SECONDS -ge $deadline ]; then log "timed out waiting for $what"; return 1; fi
-    sleep 0.5
-  done
-}
-
-port_in_use() { ss -Hltn "sport = :$1" | grep -q .; }
-
-refuse_foreign_port() {  # a port held by a process we did not start is a clear error, not a hang
-  if port_in_use "$2"; then
+# A port held on one of our addresses (or on all addresses) by a process we did not start is a clear
+# error, not a hang. A listener on another address is no conflict: the demo's forwarders listen on
+# the cluster bridge with the same port numbers.
+refuse_foreign_port() {  # refuse_foreign_port NAME PORT
+  local taken
+  taken=$(ss -Hltnp "sport = :$2" | awk -v port="$2" -v ours="${TASKHERD_SERVICES_BIND//,/ }" '
+    BEGIN { n = split(ours, a, " "); for (i = 1; i <= n; i++) mine[a[i] ":" port] = 1
+            mine["0.0.0.0:" port] = 1; mine["*:" port] = 1; mine["[::]:" port] = 1 }
+    $4 in mine')
+  if [ -n "$taken" ]; then
     log "port $2 for $1 is in use by a process this script did not start:"
-    ss -Hltnp "sport = :$2" >&2
+    echo "$taken" >&2
     return 1
   fi
 }
 
+# A service that answers is reused; otherwise its packages are installed (a step of their own) and
+# it is started, and its start-up time is recorded.
+service_reused() { step_done "service $1" reused 0; }
+service_started() {  # service_started NAME T0 WHERE
+  step_done "service $1" started $((SECONDS - $2))
+  log "$1 on $3 (started in $(fmt_duration $((SECONDS - $2))))"
+}
+
 # --- Redis -------------------------------------------------------------------------------------
+redis_ping() { redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
 redis_up() {
   local dir=$TASKHERD_SERVICES_DIR/redis
-  redis_ping && pid_alive "$dir/pid" && return 0
-  ensure_packages redis-server redis-tools
+  if redis_ping && pidfile_pid "$dir/pid" >/dev/null; then service_reused redis; return 0; fi
+  apt_install redis-server redis-tools
+  local t0=$SECONDS
   mkdir -p "$dir"; rm -f "$dir/pid"
   refuse_foreign_port redis "$REDIS_PORT"
   redis-server --port "$REDIS_PORT" --bind "${TASKHERD_SERVICES_BIND//,/ }" --protected-mode no \
     --daemonize yes --pidfile "$dir/pid" --dir "$dir" --logfile "$dir/redis.log" \
     --save "" --appendonly no
-  wait_until 20 redis redis_ping && log "redis on :$REDIS_PORT"
+  wait_for redis 20 redis_ping || die "redis did not answer on :$REDIS_PORT (log: $dir/redis.log)"
+  service_started redis "$t0" ":$REDIS_PORT"
 }
-redis_ping() { redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
 
 # --- RabbitMQ ----------------------------------------------------------------------------------
 rabbitmq_env() {
@@ -96,11 +100,12 @@ rabbitmq_env() {
 rabbitmqctl_() { (rabbitmq_env; /usr/lib/rabbitmq/bin/rabbitmqctl "$@"); }
 rabbitmq_ready() { rabbitmqctl_ -q status >/dev/null 2>&1 && curl -sf -u "$SERVICE_USER:$SERVICE_PASSWORD" "http://127.0.0.1:$RABBITMQ_MGMT_PORT/api/overview" >/dev/null; }
 rabbitmq_up() {
-  local dir=$TASKHERD_SERVICES_DIR/rabbitmq
-  pid_alive "$dir/pid" && rabbitmq_ready && return 0
-  ensure_packages rabbitmq-server curl
-  if pid_alive "$dir/pid"; then  # alive but not answering: a half-started node from a killed run
-    kill "$(cat "$dir/pid")"; sleep 2
+  local dir=$TASKHERD_SERVICES_DIR/rabbitmq pid
+  if pidfile_pid "$dir/pid" >/dev/null && rabbitmq_ready; then service_reused rabbitmq; return 0; fi
+  apt_install rabbitmq-server curl
+  local t0=$SECONDS
+  if pid=$(pidfile_pid "$dir/pid"); then  # alive but not answering: a half-started node from a killed run
+    kill "$pid"; sleep 2
   fi
   rm -f "$dir/pid"
   refuse_foreign_port rabbitmq "$RABBITMQ_PORT"
@@ -122,12 +127,14 @@ EOF
   [ -f "$dir/.erlang.cookie" ] || { head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/.erlang.cookie"; }
   chmod 600 "$dir/.erlang.cookie"
   (rabbitmq_env; setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$dir/log/startup.log" 2>&1 </dev/null &)
-  wait_until 90 "rabbitmq node" rabbitmqctl_ -q await_startup
+  wait_for "rabbitmq node" 90 rabbitmqctl_ -q -t 5 await_startup || die "rabbitmq did not start (logs: $dir/log)"
   # The default guest account only works from loopback: pods need a real user.
   rabbitmqctl_ -q add_user "$SERVICE_USER" "$SERVICE_PASSWORD" 2>/dev/null || true
   rabbitmqctl_ -q set_user_tags "$SERVICE_USER" administrator
   rabbitmqctl_ -q set_permissions -p / "$SERVICE_USER" ".*" ".*" ".*"
-  wait_until 60 "rabbitmq management API" rabbitmq_ready && log "rabbitmq on :$RABBITMQ_PORT (management :$RABBITMQ_MGMT_PORT)"
+  wait_for "rabbitmq management API" 60 rabbitmq_ready ||
+    die "rabbitmq's management API did not answer on :$RABBITMQ_MGMT_PORT (logs: $dir/log)"
+  service_started rabbitmq "$t0" ":$RABBITMQ_PORT (management :$RABBITMQ_MGMT_PORT)"
 }
 
 # --- PostgreSQL --------------------------------------------------------------------------------
@@ -135,8 +142,9 @@ pg_bin=/usr/lib/postgresql/15/bin
 pg_ready() { "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; }
 postgres_up() {
   local dir=$TASKHERD_SERVICES_DIR/postgres
-  pg_ready && [ -f "$dir/data/postmaster.pid" ] && return 0
-  ensure_packages postgresql-15 postgresql-client-15
+  if pg_ready && [ -f "$dir/data/postmaster.pid" ]; then service_reused postgresql; return 0; fi
+  apt_install postgresql-15 postgresql-client-15
+  local t0=$SECONDS
   mkdir -p "$dir"; chown postgres:postgres "$dir"
   if [ ! -f "$dir/data/PG_VERSION" ]; then  # missing or half-written: start over
     rm -rf "$dir/data"
@@ -147,7 +155,7 @@ postgres_up() {
   local listen=${TASKHERD_SERVICES_BIND}
   runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
     -o "-p $PG_PORT -k $dir -c listen_addresses='$listen' -c max_connections=300 -c fsync=off" start >/dev/null
-  wait_until 30 postgres pg_ready
+  wait_for postgresql 30 pg_ready || die "postgresql did not answer on :$PG_PORT (log: $dir/postgres.log)"
   local psql=("$pg_bin/psql" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1)
   "${psql[@]}" -tAc "select 1 from pg_roles where rolname='$SERVICE_USER'" | grep -q 1 ||
     "${psql[@]}" -c "create role $SERVICE_USER login superuser password '$SERVICE_PASSWORD'"
@@ -158,14 +166,16 @@ postgres_up() {
     echo 'host all all 0.0.0.0/0 md5' >>"$dir/data/pg_hba.conf"
     runuser -u postgres -- "$pg_bin/pg_ctl" -D "$dir/data" reload >/dev/null
   }
-  log "postgresql on :$PG_PORT"
+  service_started postgresql "$t0" ":$PG_PORT"
 }
 
-# --- Prometheus and Alertmanager ---------------------------------------------------------------
+# --- Alertmanager ------------------------------------------------------------------------------
+alertmanager_ready() { curl -sf "http://127.0.0.1:$ALERTMANAGER_PORT/-/ready" >/dev/null; }
 alertmanager_up() {
-  local dir=$TASKHERD_SERVICES_DIR/alertmanager
-  pid_alive "$dir/pid" && curl -sf "http://127.0.0.1:$ALERTMANAGER_PORT/-/ready" >/dev/null && return 0
-  ensure_packages prometheus-alertmanager curl
+  local dir=$TASKHERD_SERVICES_DIR/alertmanager exe
+  if pidfile_pid "$dir/pid" >/dev/null && alertmanager_ready; then service_reused alertmanager; return 0; fi
+  apt_install prometheus-alertmanager curl
+  local t0=$SECONDS
   mkdir -p "$dir/data"; rm -f "$dir/pid"
   refuse_foreign_port alertmanager "$ALERTMANAGER_PORT"
   # Alerts stay here: the only receiver is a no-op, tests read them back through the v2 API.
@@ -177,58 +187,53 @@ route:
 receivers:
   - name: "null"
 EOF
-  setsid prometheus-alertmanager --config.file="$dir/alertmanager.yml" --storage.path="$dir/data" \
+  exe=$(readlink -f "$(command -v prometheus-alertmanager)")
+  setsid "$exe" --config.file="$dir/alertmanager.yml" --storage.path="$dir/data" \
     --web.listen-address="0.0.0.0:$ALERTMANAGER_PORT" \
     --cluster.listen-address="127.0.0.1:$ALERTMANAGER_CLUSTER_PORT" \
     >"$dir/alertmanager.log" 2>&1 </dev/null &
-  echo $! >"$dir/pid"
-  wait_until 30 alertmanager curl -sf "http://127.0.0.1:$ALERTMANAGER_PORT/-/ready" &&
-    log "alertmanager on :$ALERTMANAGER_PORT"
+  echo "$! $exe" >"$dir/pid"
+  wait_for alertmanager 30 alertmanager_ready ||
+    die "alertmanager did not answer on :$ALERTMANAGER_PORT (log: $dir/alertmanager.log)"
+  service_started alertmanager "$t0" ":$ALERTMANAGER_PORT"
 }
 
 up() {
   mkdir -p "$TASKHERD_SERVICES_DIR"
-  redis_up && rabbitmq_up && postgres_up && alertmanager_up
-}
-
-stop_pid() {  # stop_pid NAME PIDFILE — only the process we recorded
-  local name=$1 pidfile=$2
-  if pid_alive "$pidfile"; then
-    local pid; pid=$(cat "$pidfile")
-    kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    log "stopped $name ($pid)"
-  fi
-  rm -f "$pidfile"
+  redis_up
+  rabbitmq_up
+  postgres_up
+  alertmanager_up
 }
 
 down() {
-  stop_pid alertmanager "$TASKHERD_SERVICES_DIR/alertmanager/pid"
+  local pid
+  stop_pidfile alertmanager "$TASKHERD_SERVICES_DIR/alertmanager/pid" 30
   if [ -f "$TASKHERD_SERVICES_DIR/postgres/data/postmaster.pid" ]; then
     runuser -u postgres -- "$pg_bin/pg_ctl" -D "$TASKHERD_SERVICES_DIR/postgres/data" -m fast stop >/dev/null 2>&1 || true
   fi
-  if pid_alive "$TASKHERD_SERVICES_DIR/rabbitmq/pid"; then
-    rabbitmqctl_ -q stop "$TASKHERD_SERVICES_DIR/rabbitmq/pid" || stop_pid rabbitmq "$TASKHERD_SERVICES_DIR/rabbitmq/pid"
+  if pid=$(pidfile_pid "$TASKHERD_SERVICES_DIR/rabbitmq/pid"); then
+    if rabbitmqctl_ -q stop "$TASKHERD_SERVICES_DIR/rabbitmq/pid"; then
+      log "stopped rabbitmq (pid $pid)"
+    else
+      stop_pidfile rabbitmq "$TASKHERD_SERVICES_DIR/rabbitmq/pid" 30
+    fi
   fi
-  stop_pid redis "$TASKHERD_SERVICES_DIR/redis/pid"
+  stop_pidfile redis "$TASKHERD_SERVICES_DIR/redis/pid" 30
 }
 
 status() {
-  redis_ping && echo "redis: up :$REDIS_PORT" || echo "redis: down"
-  rabbitmq_ready && echo "rabbitmq: up :$RABBITMQ_PORT" || echo "rabbitmq: down"
-  pg_ready && echo "postgresql: up :$PG_PORT" || echo "postgresql: down"
-  curl -sf "http://127.0.0.1:$ALERTMANAGER_PORT/-/ready" >/dev/null && echo "alertmanager: up :$ALERTMANAGER_PORT" || echo "alertmanager: down"
+  if redis_ping; then echo "redis: up :$REDIS_PORT"; else echo "redis: down"; fi
+  if rabbitmq_ready; then echo "rabbitmq: up :$RABBITMQ_PORT"; else echo "rabbitmq: down"; fi
+  if pg_ready; then echo "postgresql: up :$PG_PORT"; else echo "postgresql: down"; fi
+  if alertmanager_ready; then echo "alertmanager: up :$ALERTMANAGER_PORT"; else echo "alertmanager: down"; fi
 }
 
 export_env
-if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-  set -euo pipefail
-  case "${1:-}" in
-    up) up ;;
-    down) down ;;
-    status) status ;;
-    env) export_env; env | grep '^TASKHERD_' ;;
-    *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
-  esac
-fi
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  env) env | grep '^TASKHERD_' ;;
+  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+esac

@@ -14,7 +14,8 @@ take_lock build
 components=("$@")
 [ ${#components[@]} -gt 0 ] || components=(kubernetes etcd helm coredns crictl)
 
-# module path to require, its version, and the packages to build, per component
+# Module path to require, its version, and the packages to build, per component. A new component
+# is one more case here (and a first-run estimate "go-<component>" in scripts/lib.sh).
 spec() {
     case "$1" in
     kubernetes)
@@ -54,7 +55,7 @@ generate_gomod() {
         # requires it must replace them with their published versions itself.
         local kmod staging
         kmod=$(go mod download -json "k8s.io/kubernetes@$VER" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-        for staging in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod"); do
+        awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kmod" | while read -r staging; do
             go mod edit -replace "$staging=$staging@$KUBERNETES_STAGING_VERSION"
         done
     fi
@@ -93,16 +94,12 @@ ldflags() {
     esac
 }
 
-build_one() {
+# Build component $1 into $OUT; runs under run_step, so its output goes to the step's log.
+build_component() {
     local c=$1
     spec "$c"
-    if [ -f "$OUT/.complete" ]; then
-        log "$c $VER: up to date in $OUT"
-        return 0
-    fi
     local src="$TASKHERD_HOME/src/$c-$VER" repo_mod="$CLUSTER_SCRIPTS/gomod/$c"
-    log "$c $VER: building ${PKGS[*]} -> $OUT"
-    local t0=$SECONDS
+    echo "building ${PKGS[*]} ($MOD $VER) -> $OUT with $(go version)"
     rm -rf "$OUT" "$src"
     mkdir -p "$src" "$OUT"
     cd "$src"
@@ -112,7 +109,7 @@ build_one() {
         cp "$repo_mod/go.mod" .
         [ -f "$repo_mod/go.sum" ] && cp "$repo_mod/go.sum" .
     else
-        log "$c: generating wrapper go.mod for $MOD@$VER (commit gomod/$c/go.mod+go.sum to pin it)"
+        echo "generating a wrapper go.mod for $MOD@$VER (commit gomod/$c/go.mod+go.sum to pin it)"
         generate_gomod "$c"
     fi
     go mod tidy
@@ -122,9 +119,14 @@ build_one() {
     esac
     cp go.mod go.sum "$OUT/"
     touch "$OUT/.complete"
-    log "$c $VER: built in $((SECONDS - t0)) s"
 }
 
 for c in "${components[@]}"; do
-    ( build_one "$c" )
+    spec "$c"
+    if [ -f "$OUT/.complete" ]; then
+        log "$c $VER: reused (built $(date -r "$OUT/.complete" +%F), $OUT)"
+        step_done "$c $VER" reused 0
+    else
+        run_step "$c $VER" "go-$c" build_component "$c"
+    fi
 done

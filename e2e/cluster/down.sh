@@ -20,8 +20,8 @@ stop_proc kubelet 30
 if proc_pid containerd >/dev/null && [ -x "$CRICTL_BIN/crictl" ]; then
     # Stop and remove every pod sandbox the normal way: CNI DEL, network namespace, mounts.
     if [ -n "$("${CRICTL[@]}" pods -q 2>/dev/null)" ]; then
-        log "removing pod sandboxes"
-        timeout 120 "${CRICTL[@]}" rmp -fa >/dev/null 2>&1 || log "crictl rmp -fa failed; cleaning up by hand"
+        run_step_as removed "pod sandboxes" crictl-rmp timeout 120 "${CRICTL[@]}" rmp -fa ||
+            log "crictl rmp -fa failed; cleaning up by hand"
     fi
 fi
 stop_proc kube-proxy
@@ -63,14 +63,14 @@ done
 # remove the cgroups, deepest first.
 if [ -n "$HOST_MINE" ] && { [ -d /sys/fs/cgroup/pids/kubepods ] || [ -d /sys/fs/cgroup/memory/kubepods ]; }; then
     for i in 1 2 3; do
-        pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
-        [ -n "$pids" ] || break
-        log "killing leftover pod processes: $(echo $pids)"
-        kill -KILL $pids 2>/dev/null || true
+        mapfile -t pids < <(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+        [ ${#pids[@]} -gt 0 ] || break
+        log "killing leftover pod processes: ${pids[*]}"
+        kill -KILL "${pids[@]}" 2>/dev/null || true
         sleep 1
     done
     for d in /sys/fs/cgroup/*/kubepods; do
-        [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+        if [ -d "$d" ]; then find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
     done
 fi
 
@@ -107,10 +107,12 @@ if [ -n "$HOST_MINE" ]; then
 fi
 if [ -n "$HOST_MINE" ] && [ -f "$STATE/host/sysctl.orig" ]; then
     # the first value recorded for each key is the one before the cluster
-    awk -F= '!seen[$1]++' "$STATE/host/sysctl.orig" | while IFS== read -r k v; do sysctl -qw "$k=$v" || true; done
+    awk -F= '!seen[$1]++' "$STATE/host/sysctl.orig" | while IFS='=' read -r k v; do sysctl -qw "$k=$v" || true; done
 fi
 if [ -f "$STATE/host/cgroup-mounts" ]; then
-    while read -r m; do umount "$m" 2>/dev/null && rmdir "$m" 2>/dev/null || true; done <"$STATE/host/cgroup-mounts"
+    while read -r m; do
+        if umount "$m" 2>/dev/null; then rmdir "$m" 2>/dev/null || true; fi
+    done <"$STATE/host/cgroup-mounts"
 fi
 
 if [ -d "$STATE" ]; then

@@ -8,7 +8,7 @@ for c in containerd etcd kube-apiserver kube-controller-manager kube-scheduler k
     if pid=$(proc_pid "$c"); then
         rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
         total=$((total + rss))
-        printf '%-24s %8s %10s\n' "$c" "$pid" "$(mib $rss)"
+        printf '%-24s %8s %10s\n' "$c" "$pid" "$(mib "$rss")"
     else
         printf '%-24s %8s %10s\n' "$c" - "not running"
     fi
@@ -23,7 +23,7 @@ done
 pods=0
 [ -f /sys/fs/cgroup/memory/kubepods/memory.usage_in_bytes ] &&
     pods=$(( $(cat /sys/fs/cgroup/memory/kubepods/memory.usage_in_bytes) / 1024 ))
-printf '%-24s %8s %10s\n' "containerd shims" - "$(mib $shims)"
-printf '%-24s %8s %10s\n' "pods (kubepods cgroup)" - "$(mib $pods)"
-printf '%-24s %8s %10s\n' TOTAL - "$(mib $(( $total + $shims + $pods )))"
+printf '%-24s %8s %10s\n' "containerd shims" - "$(mib "$shims")"
+printf '%-24s %8s %10s\n' "pods (kubepods cgroup)" - "$(mib "$pods")"
+printf '%-24s %8s %10s\n' TOTAL - "$(mib $((total + shims + pods)))"
 [ -f "$KUBECONFIG_PATH" ] && echo "kubeconfig: $KUBECONFIG_PATH"

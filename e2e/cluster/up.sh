@@ -29,7 +29,8 @@ healthy() {
 }
 
 if healthy; then
-    log "cluster is up and healthy; nothing to do (kubeconfig: $KUBECONFIG_PATH)"
+    log "cluster is up and healthy; reused (kubeconfig: $KUBECONFIG_PATH)"
+    step_done "cluster start" reused 0
     exit 0
 fi
 
@@ -38,14 +39,16 @@ if other=$(other_cluster_home); then
 fi
 
 # ---------------------------------------------------------------- prerequisites
-ensure_apt containerd runc containernetworking-plugins conntrack iptables openssl iproute2 curl util-linux \
+apt_install containerd runc containernetworking-plugins conntrack iptables openssl iproute2 curl util-linux \
     ca-certificates gcc libc6-dev debootstrap
-[ -x "$CNI_BIN_DIR/bridge" ] && [ -x "$CNI_BIN_DIR/host-local" ] && [ -x "$CNI_BIN_DIR/loopback" ] ||
-    die "CNI plugins missing in $CNI_BIN_DIR"
+for plugin in bridge host-local loopback; do
+    [ -x "$CNI_BIN_DIR/$plugin" ] || die "CNI plugin $plugin missing in $CNI_BIN_DIR"
+done
 bash "$CLUSTER_SCRIPTS/build.sh" kubernetes etcd coredns crictl helm
 PAUSE_TAR=$(bash "$REPO_ROOT/images/pause/build.sh")
 COREDNS_TAR=$(bash "$REPO_ROOT/images/coredns/build.sh")
 BASE_TAR=$(bash "$REPO_ROOT/images/base/build.sh")
+T_START=$SECONDS   # the start itself, after the prerequisites (steps of their own)
 
 # ---------------------------------------------------------------- leftovers of a previous run
 if [ -e "$STATE" ] || ip link show "$BRIDGE" >/dev/null 2>&1 || iptables -w -S TASKHERD-FORWARD >/dev/null 2>&1; then
@@ -89,7 +92,7 @@ for ns in open("/etc/resolv.conf").read().split("\n"):
             pass
 PY
 for port in "$API_PORT" "$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT" 10248 10249 10250 10256 10257 10259; do
-    if ss -Htln "sport = :$port" | grep -q .; then
+    if port_in_use "$port"; then
         die "port $port is already in use by something else: $(ss -Htlnp "sport = :$port" | head -1)"
     fi
 done
@@ -387,5 +390,6 @@ wait_for "CoreDNS ready" 120 coredns_ready ||
     { kc -n kube-system get pods -o wide >&2 || true; die "CoreDNS not available"; }
 
 echo "$VERSIONS_KEY" >"$STATE/ready"
-log "cluster up in $((SECONDS - T0)) s; kubeconfig: $KUBECONFIG_PATH"
+step_done "cluster start" started $((SECONDS - T_START))
+log "cluster up in $(fmt_duration $((SECONDS - T0))) (the start itself $(fmt_duration $((SECONDS - T_START)))); kubeconfig: $KUBECONFIG_PATH"
 log "  $KUBECTL --kubeconfig $KUBECONFIG_PATH get nodes"

@@ -15,4 +15,4 @@ fi
 rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images" "$KIND_KUBECONFIG"
 unroute_pods
 if kind_built_here; then stop_kind_dockerd; fi
-kind_log "kind cluster $KIND_CLUSTER_NAME deleted"
+log "kind cluster $KIND_CLUSTER_NAME deleted"

@@ -6,6 +6,8 @@
 #   pulled      TASKHERD_KIND_NODE_IMAGE=kindest/node:<tag> (needs a registry), in the docker daemon
 #               of the environment (DOCKER_HOST or the default socket), kube-router's public image.
 # Either way the pod network is kube-router, which enforces NetworkPolicy.
+LOG_TAG=kind
+# shellcheck source=../cluster/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../cluster/lib.sh"
 
 KIND_SCRIPTS="$REPO_ROOT/e2e/kind"
@@ -39,35 +41,14 @@ KIND_BRIDGE=taskherd-kind
 KIND_SUBNET=172.30.0.0/24
 KIND_GATEWAY=172.30.0.1
 
-kind_log() { printf '%s [kind] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
-
-# run_with_progress WHAT COMMAND...: run COMMAND, print a progress line every 30 s while it runs.
-run_with_progress() {
-    local what=$1 start=$SECONDS next=30 pid rc=0
-    shift
-    "$@" &
-    pid=$!
-    while kill -0 "$pid" 2>/dev/null; do
-        sleep 1
-        if ((SECONDS - start >= next)); then kind_log "$what: still running ($((SECONDS - start)) s)"; next=$((next + 30)); fi
-    done
-    wait "$pid" || rc=$?
-    return "$rc"
-}
-
-kind_dockerd_pid() {
-    local pid
-    [ -f "$KIND_DOCKER_HOME/dockerd.pid" ] || return 1
-    pid=$(cat "$KIND_DOCKER_HOME/dockerd.pid")
-    [ -d "/proc/$pid" ] && [ "$(readlink "/proc/$pid/exe")" = "$(readlink -f "$(command -v dockerd)")" ] || return 1
-    echo "$pid"
-}
+DOCKERD_EXE=$(readlink -f "$(command -v dockerd 2>/dev/null || echo /usr/sbin/dockerd)")
+kind_dockerd_pid() { pidfile_pid "$KIND_DOCKER_HOME/dockerd.pid" "$DOCKERD_EXE"; }
 
 # Use the private daemon for every docker and kind command of this shell.
 use_kind_docker() { export DOCKER_HOST="unix://$KIND_DOCKER_SOCK"; }
 
 start_kind_dockerd() {
-    ensure_apt docker.io iptables
+    apt_install docker.io iptables
     use_kind_docker
     if kind_dockerd_pid >/dev/null; then
         ensure_kind_network
@@ -94,11 +75,12 @@ EOF
         --pidfile "$KIND_DOCKER_HOME/dockerd.pid" >>"$KIND_DOCKER_HOME/dockerd.log" 2>&1 </dev/null 9>&- &
     wait_for "kind's dockerd" 60 docker version ||
         { tail -20 "$KIND_DOCKER_HOME/dockerd.log" >&2; die "dockerd did not start (log: $KIND_DOCKER_HOME/dockerd.log)"; }
-    kind_log "started dockerd (pid $(kind_dockerd_pid), socket $KIND_DOCKER_SOCK)"
+    step_done "kind's dockerd" started 0
+    log "started dockerd (pid $(kind_dockerd_pid), socket $KIND_DOCKER_SOCK)"
     local before after
     before=$(cat "$KIND_DOCKER_HOME/forward-policy.orig")
     after=$(iptables -w -S FORWARD | awk '$1 == "-P" {print $3}')
-    [ "$before" = "$after" ] || kind_log "WARNING: the FORWARD policy changed from $before to $after while dockerd started"
+    [ "$before" = "$after" ] || log "WARNING: the FORWARD policy changed from $before to $after while dockerd started"
     ensure_kind_network
 }
 
@@ -109,7 +91,7 @@ ensure_kind_network() {
         docker network create -d bridge --subnet "$KIND_SUBNET" --gateway "$KIND_GATEWAY" \
             -o com.docker.network.bridge.name="$KIND_BRIDGE" \
             -o com.docker.network.bridge.enable_ip_masquerade=false "$KIND_NETWORK" >/dev/null
-        kind_log "created docker network $KIND_NETWORK ($KIND_SUBNET on bridge $KIND_BRIDGE)"
+        log "created docker network $KIND_NETWORK ($KIND_SUBNET on bridge $KIND_BRIDGE)"
     fi
     local rule
     for rule in "-i $KIND_BRIDGE ! -o $KIND_BRIDGE -j DROP" "! -i $KIND_BRIDGE -o $KIND_BRIDGE -j DROP"; do
@@ -119,14 +101,9 @@ ensure_kind_network() {
 }
 
 stop_kind_dockerd() {
-    local pid m rule
-    if pid=$(kind_dockerd_pid); then
-        kill -TERM "$pid"
-        for _ in $(seq 150); do [ -d "/proc/$pid" ] || break; sleep 0.2; done
-        [ -d "/proc/$pid" ] && kill -KILL "$pid"
-        kind_log "stopped dockerd (pid $pid)"
-    fi
-    rm -f "$KIND_DOCKER_HOME/dockerd.pid"
+    local m rule
+    # it stops the containers in it (the kind nodes) first
+    stop_pidfile "kind's dockerd" "$KIND_DOCKER_HOME/dockerd.pid" 60 "$DOCKERD_EXE"
     # overlay and netns mounts a stopped (or killed) daemon left under its roots
     if [ -d "$KIND_DOCKER_HOME" ]; then
         awk -v d="$(readlink -f "$KIND_DOCKER_HOME")" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
@@ -141,7 +118,7 @@ stop_kind_dockerd() {
         orig=$(cat "$KIND_DOCKER_HOME/forward-policy.orig" 2>/dev/null || true)
         if [ -n "$orig" ] && [ "$(iptables -w -S FORWARD | awk '$1 == "-P" {print $3}')" != "$orig" ]; then
             iptables -w -P FORWARD "$orig"
-            kind_log "restored the FORWARD policy to $orig"
+            log "restored the FORWARD policy to $orig"
         fi
     fi
     ip link show "$KIND_BRIDGE" >/dev/null 2>&1 && ip link delete "$KIND_BRIDGE" 2>/dev/null || true

@@ -22,7 +22,7 @@ if kind_built_here; then
     NODE_TAR=$(bash "$REPO_ROOT/images/kind/build.sh" | tail -1)
     start_kind_dockerd
     if [ "$(docker image inspect -f '{{.Id}}' "$KIND_NODE_IMAGE" 2>/dev/null)" != "$(cat "$NODE_TAR.id")" ]; then
-        run_with_progress "docker load $KIND_NODE_IMAGE" docker load -q -i "$NODE_TAR" >/dev/null
+        run_step "docker load $KIND_NODE_IMAGE" kind-docker-load docker load -q -i "$NODE_TAR"
     fi
     ROUTER_IMAGE="taskherd.local/kube-router:$KUBE_ROUTER_VERSION"
     node_image_id=$(cat "$NODE_TAR.id")
@@ -58,18 +58,18 @@ healthy() {
 load_images() {
     local archives=() a stamp
     [ -f "$APP_IMAGES_LIST" ] && mapfile -t archives <"$APP_IMAGES_LIST"
-    [ ${#archives[@]} -gt 0 ] || kind_log "no $APP_IMAGES_LIST yet: run \`make images\` to get the worker and operator images"
+    [ ${#archives[@]} -gt 0 ] || log "no $APP_IMAGES_LIST yet: run \`make images\` to get the worker and operator images"
     a=$(ls -t "$IMAGES_CACHE"/debian-base-"$BASE_SUITE"-*.tar 2>/dev/null | head -1) && archives+=("$a")
     touch "$LOADED"
     for a in "${archives[@]}"; do
-        [ -f "$a" ] || { kind_log "WARNING: $a (listed in $APP_IMAGES_LIST) does not exist"; continue; }
+        [ -f "$a" ] || { log "WARNING: $a (listed in $APP_IMAGES_LIST) does not exist"; continue; }
         stamp="$a $(stat -c '%s %Y' "$a")"
         grep -qxF "$stamp" "$LOADED" && continue
-        run_with_progress "kind load $a" "$KIND" load image-archive "$a" --name "$KIND_CLUSTER_NAME" >&2
+        run_step "kind load ${a##*/}" kind-load "$KIND" load image-archive "$a" --name "$KIND_CLUSTER_NAME"
         grep -v -F "$a " "$LOADED" >"$LOADED.new" || true
         echo "$stamp" >>"$LOADED.new"
         mv "$LOADED.new" "$LOADED"
-        kind_log "loaded $a"
+        log "loaded $a"
     done
 }
 
@@ -78,14 +78,14 @@ load_images() {
 # operator on this host and read its workers' metrics). Only with root, and never over a route
 # this host already has to an address in those ranges.
 route_pods() {
-    [ "$(id -u)" = 0 ] || { kind_log "not root: pod addresses are not routed from this host"; return 0; }
+    [ "$(id -u)" = 0 ] || { log "not root: pod addresses are not routed from this host"; return 0; }
     local node cidr node_ip via
     : >"$KIND_HOME/routes.new"
     while read -r node cidr node_ip; do
         [ -n "$cidr" ] && [ -n "$node_ip" ] || continue
         via=$(ip -4 route show exact "$cidr" | awk '{for (i = 1; i < NF; i++) if ($i == "via") print $(i + 1)}')
         if [ -z "$via" ] && ip -4 route show match "${cidr%/*}" | grep -qv '^default'; then
-            kind_log "WARNING: this host already routes $cidr elsewhere: pods of $node are not routed from it"
+            log "WARNING: this host already routes $cidr elsewhere: pods of $node are not routed from it"
             continue
         fi
         [ "$via" = "$node_ip" ] || ip route replace "$cidr" via "$node_ip"
@@ -96,23 +96,23 @@ route_pods() {
 
 # An intact cluster may be settling (a node just restarted): it gets time before being recreated.
 if intact && wait_for "kind cluster $KIND_CLUSTER_NAME healthy" 180 healthy; then
-    kind_log "kind cluster $KIND_CLUSTER_NAME is up and healthy (kubeconfig: $KIND_KUBECONFIG)"
+    log "kind cluster $KIND_CLUSTER_NAME is up and healthy (kubeconfig: $KIND_KUBECONFIG)"
     route_pods
     load_images
     exit 0
 fi
 
 if "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER_NAME"; then
-    kind_log "kind cluster $KIND_CLUSTER_NAME is not healthy or was made from other inputs: recreating it"
+    log "kind cluster $KIND_CLUSTER_NAME is not healthy or was made from other inputs: recreating it"
     "$KIND" delete cluster --name "$KIND_CLUSTER_NAME" >&2
 fi
 rm -f "$KIND_HOME/ready" "$LOADED" "$KIND_KUBECONFIG"
 unroute_pods
 
-kind_log "kind create cluster --name $KIND_CLUSTER_NAME --image $KIND_NODE_IMAGE"
+log "kind create cluster --name $KIND_CLUSTER_NAME --image $KIND_NODE_IMAGE"
 # No --wait: with the default CNI disabled the nodes become Ready only once kube-router runs.
-run_with_progress "kind create cluster" "$KIND" create cluster --name "$KIND_CLUSTER_NAME" \
-    --image "$KIND_NODE_IMAGE" --config "$CLUSTER_CONFIG" --kubeconfig "$KIND_KUBECONFIG" --retain >&2 ||
+run_step "kind cluster $KIND_CLUSTER_NAME" kind-create "$KIND" create cluster --name "$KIND_CLUSTER_NAME" \
+    --image "$KIND_NODE_IMAGE" --config "$CLUSTER_CONFIG" --kubeconfig "$KIND_KUBECONFIG" --retain ||
     die "kind create cluster failed; its nodes are kept for inspection (\`$KIND export logs --name" \
         "$KIND_CLUSTER_NAME\`) until the next make kind-cluster or make kind-cluster-down"
 chmod 600 "$KIND_KUBECONFIG"
@@ -127,5 +127,5 @@ wait_for "CoreDNS" 120 rolled_out kube-system deployment/coredns || die "CoreDNS
 route_pods
 load_images
 echo "$CONFIG_KEY" >"$KIND_HOME/ready"
-kind_log "kind cluster up in $((SECONDS - T0)) s; kubeconfig: $KIND_KUBECONFIG"
-kind_log "  $KUBECTL --kubeconfig $KIND_KUBECONFIG get nodes"
+log "kind cluster up in $((SECONDS - T0)) s; kubeconfig: $KIND_KUBECONFIG"
+log "  $KUBECTL --kubeconfig $KIND_KUBECONFIG get nodes"

@@ -3,17 +3,8 @@
 # an image. Prints the path of the docker-archive tarball (cached by version).
 source "$(dirname "$0")/../lib.sh"
 bin="$COREDNS_BIN/coredns"
-[ -x "$bin" ] && [ -f "$COREDNS_BIN/.complete" ] || bash "$CLUSTER_SCRIPTS/build.sh" coredns
+if [ ! -x "$bin" ] || [ ! -f "$COREDNS_BIN/.complete" ]; then bash "$CLUSTER_SCRIPTS/build.sh" coredns; fi
 key=$(content_key "$IMAGES_SRC/mkimage.py" "$COREDNS_VERSION" "$bin")
-out="$IMAGES_CACHE/coredns-$COREDNS_VERSION-$key.tar"
-if [ ! -f "$out" ]; then
-    work=$(mktemp -d "$IMAGES_CACHE/coredns.XXXXXX")
-    trap 'rm -rf "$work"' EXIT
-    mkdir -p "$work/rootfs"
-    cp "$bin" "$work/rootfs/coredns"
-    python3 "$IMAGES_SRC/mkimage.py" --tag "taskherd.local/coredns:$COREDNS_VERSION" \
-        --rootfs "$work/rootfs" --entrypoint /coredns -o "$out"
-    log "coredns image: $out"
-    for old in "$IMAGES_CACHE"/coredns-*.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
-fi
-echo "$out"
+copy_coredns() { cp "$bin" "$1/coredns"; }
+cached_image coredns "$IMAGES_CACHE/coredns-$key.tar" rootfs_image copy_coredns \
+    --tag "taskherd.local/coredns:$COREDNS_VERSION" --entrypoint /coredns

@@ -15,14 +15,14 @@
 # on a base image made like kind's (images/kind/node-base.sh).
 # Prints the path of the saved node image (docker archive); rebuilt only when an input changes.
 source "$(dirname "$0")/../lib.sh"
+# shellcheck source=../../e2e/kind/lib.sh
 source "$REPO_ROOT/e2e/kind/lib.sh"
 need_root
 take_lock kind-image
-ensure_apt docker.io debootstrap debian-archive-keyring jq pigz
-T0=$SECONDS
+apt_install docker.io debootstrap debian-archive-keyring jq pigz
 
-run_with_progress "e2e/cluster/build.sh" bash "$CLUSTER_SCRIPTS/build.sh" \
-    kubernetes etcd coredns crictl kind kubeadm kind-containerd kube-router local-path-provisioner >&2
+bash "$CLUSTER_SCRIPTS/build.sh" kubernetes etcd coredns crictl kind kubeadm kind-containerd kube-router \
+    local-path-provisioner
 KUBEADM_BIN="$BIN_ROOT/kubeadm-$KUBERNETES_VERSION"
 KUBE_ROUTER_BIN="$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION"
 LPP_BIN="$BIN_ROOT/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION"
@@ -54,37 +54,17 @@ sandbox=$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$KIND_SRC/images/base/fil
     "the project builds $PAUSE_IMAGE (PAUSE_IMAGE in e2e/cluster/versions.env): make them agree"
 
 # ---- root filesystems and the pause image (each cached on its own)
-PAUSE_TAR=$(bash "$IMAGES_SRC/pause/build.sh" | tail -1)
-NODE_BASE_ROOTFS=$(run_with_progress "node base rootfs" bash "$IMAGES_SRC/kind/node-base.sh" "$KIND_SRC" | tail -1)
-NETBASE_ROOTFS=$(run_with_progress "netbase rootfs" bash "$IMAGES_SRC/kind/netbase.sh" "$KUBE_ROUTER_SRC" | tail -1)
+PAUSE_TAR=$(bash "$IMAGES_SRC/pause/build.sh")
+NODE_BASE_ROOTFS=$(bash "$IMAGES_SRC/kind/node-base.sh" "$KIND_SRC")
+NETBASE_ROOTFS=$(bash "$IMAGES_SRC/kind/netbase.sh" "$KUBE_ROUTER_SRC")
 
-key=$(content_key "$0" "$IMAGES_SRC/kind/merge_archives.py" "$IMAGES_SRC/mkimage.py" \
-    "$CLUSTER_SCRIPTS/versions.env" "${PAUSE_TAR##*/}" "${NODE_BASE_ROOTFS##*/}" "${NETBASE_ROOTFS##*/}")
-out="$IMAGES_CACHE/kind-node-$KUBERNETES_VERSION-$key.tar"
-if [ -f "$out" ] && [ -f "$out.id" ]; then
-    log "kind node image $KIND_BUILT_IMAGE is up to date: $out"
-    echo "$out"
-    exit 0
-fi
-
-work="$IMAGES_CACHE/kind-node-work"
-safe_rmtree "$work"
-mkdir -p "$work/img" "$work/tmp"
-started_dockerd=
-cleanup() {
-    [ -z "$started_dockerd" ] || stop_kind_dockerd
-    safe_rmtree "$work"
-}
-trap cleanup EXIT
-
-# ---- component images (docker archives)
 # image NAME TAG [mkimage.py options]: $work/img/NAME.tar from the root filesystem $work/NAME
 image() {
     local name=$1 tag=$2
     shift 2
     python3 "$IMAGES_SRC/mkimage.py" --tag "$tag" --rootfs "$work/$name" "$@" -o "$work/img/$name.tar"
 }
-# rootfs NAME [netbase] BINARY...: $work/NAME with BINARY in /usr/local/bin, on netbase if asked
+# rootfs NAME [netbase] FILE...: $work/NAME with FILE... in /usr/local/bin, on the netbase root if asked
 rootfs() {
     local dir="$work/$1"
     shift
@@ -95,70 +75,87 @@ rootfs() {
 }
 version_label() { echo "--label=org.opencontainers.image.version=$1"; }
 
-log "building the component images"
-for c in kube-apiserver kube-controller-manager kube-scheduler; do
-    rootfs "$c" "$K8S_BIN/$c"
-    image "$c" "$(kubeadm_image "$c")" "$(version_label "$KUBERNETES_VERSION")"
-done
-rootfs kube-proxy netbase "$K8S_BIN/kube-proxy"
-image kube-proxy "$(kubeadm_image kube-proxy)" "$(version_label "$KUBERNETES_VERSION")"
-rootfs etcd "$ETCD_BIN/etcd"
-image etcd "$(kubeadm_image etcd)" "$(version_label "$ETCD_VERSION")"
-rootfs coredns "$COREDNS_BIN/coredns"
-mv "$work/coredns/usr/local/bin/coredns" "$work/coredns/coredns"   # where kubeadm's manifest expects it
-image coredns "$(kubeadm_image coredns)" --entrypoint /coredns "$(version_label "$COREDNS_VERSION")"
-rootfs kube-router netbase "$KUBE_ROUTER_BIN/kube-router"
-mkdir -p "$work/kube-router/var/lib/gobgp"
-image kube-router "$KUBE_ROUTER_IMAGE" --entrypoint /usr/local/bin/kube-router "$(version_label "$KUBE_ROUTER_VERSION")"
-rootfs local-path-provisioner "$LPP_BIN/local-path-provisioner"
-image local-path-provisioner "$LPP_IMAGE" --entrypoint /usr/local/bin/local-path-provisioner \
-    "$(version_label "$LOCAL_PATH_PROVISIONER_VERSION")"
-# the provisioner's helper pods run its setup/teardown scripts: sh, mkdir, rm
-python3 "$IMAGES_SRC/mkimage.py" --tag "$LPH_IMAGE" --rootfs-tar "$NETBASE_ROOTFS" -o "$work/img/local-path-helper.tar"
-mkdir -p "$work/kindnetd-placeholder"
-cat >"$work/kindnetd-placeholder.sh" <<'EOF'
+# the component images (docker archives) in $work/img
+component_images() {
+    local c
+    for c in kube-apiserver kube-controller-manager kube-scheduler; do
+        rootfs "$c" "$K8S_BIN/$c"
+        image "$c" "$(kubeadm_image "$c")" "$(version_label "$KUBERNETES_VERSION")"
+    done
+    rootfs kube-proxy netbase "$K8S_BIN/kube-proxy"
+    image kube-proxy "$(kubeadm_image kube-proxy)" "$(version_label "$KUBERNETES_VERSION")"
+    rootfs etcd "$ETCD_BIN/etcd"
+    image etcd "$(kubeadm_image etcd)" "$(version_label "$ETCD_VERSION")"
+    rootfs coredns "$COREDNS_BIN/coredns"
+    mv "$work/coredns/usr/local/bin/coredns" "$work/coredns/coredns"   # where kubeadm's manifest expects it
+    image coredns "$(kubeadm_image coredns)" --entrypoint /coredns "$(version_label "$COREDNS_VERSION")"
+    rootfs kube-router netbase "$KUBE_ROUTER_BIN/kube-router"
+    mkdir -p "$work/kube-router/var/lib/gobgp"
+    image kube-router "$KUBE_ROUTER_IMAGE" --entrypoint /usr/local/bin/kube-router \
+        "$(version_label "$KUBE_ROUTER_VERSION")"
+    rootfs local-path-provisioner "$LPP_BIN/local-path-provisioner"
+    image local-path-provisioner "$LPP_IMAGE" --entrypoint /usr/local/bin/local-path-provisioner \
+        "$(version_label "$LOCAL_PATH_PROVISIONER_VERSION")"
+    # the provisioner's helper pods run its setup and teardown scripts: sh, mkdir, rm
+    python3 "$IMAGES_SRC/mkimage.py" --tag "$LPH_IMAGE" --rootfs-tar "$NETBASE_ROOTFS" -o "$work/img/local-path-helper.tar"
+    cat >"$work/kindnetd-placeholder.sh" <<'SH'
 #!/bin/sh
 echo "kindnetd is not in this node image (the Go module proxy does not serve it): create the cluster" \
      "with networking.disableDefaultCNI: true and install kube-router, as e2e/kind/up.sh does" >&2
 exit 1
-EOF
-rootfs kindnetd-placeholder netbase "$work/kindnetd-placeholder.sh"
-image kindnetd-placeholder "$KINDNETD_IMAGE" --entrypoint /usr/local/bin/kindnetd-placeholder.sh
+SH
+    rootfs kindnetd-placeholder netbase "$work/kindnetd-placeholder.sh"
+    image kindnetd-placeholder "$KINDNETD_IMAGE" --entrypoint /usr/local/bin/kindnetd-placeholder.sh
+}
 
-# ---- the server tarball kind's builder reads (kubernetes/version, kubernetes/server/bin/...)
-S="$work/server/kubernetes"
-mkdir -p "$S/server/bin"
-echo "$KUBERNETES_VERSION" >"$S/version"
-install -m 0755 "$KUBEADM_BIN/kubeadm" "$K8S_BIN/kubelet" "$K8S_BIN/kubectl" "$S/server/bin/"
-for c in kube-apiserver kube-controller-manager kube-scheduler; do mv "$work/img/$c.tar" "$S/server/bin/"; done
-python3 "$IMAGES_SRC/kind/merge_archives.py" -o "$S/server/bin/kube-proxy.tar" "$work/img/kube-proxy.tar" \
-    "$work/img/etcd.tar" "$work/img/coredns.tar" "$PAUSE_TAR" "$work/img/kube-router.tar" \
-    "$work/img/local-path-provisioner.tar" "$work/img/local-path-helper.tar" "$work/img/kindnetd-placeholder.tar"
-SERVER_TGZ="$work/kubernetes-server-linux-amd64.tar.gz"
-run_with_progress "server tarball" sh -c "tar -C '$work/server' -cf - kubernetes | pigz -1 >'$SERVER_TGZ'"
-log "server tarball: $SERVER_TGZ ($(du -h "$SERVER_TGZ" | cut -f1))"
+# the server tarball kind's builder reads (kubernetes/version, kubernetes/server/bin/...); prints its path
+server_tarball() {
+    local s="$work/server/kubernetes" c tgz="$work/kubernetes-server-linux-amd64.tar.gz"
+    mkdir -p "$s/server/bin"
+    echo "$KUBERNETES_VERSION" >"$s/version"
+    install -m 0755 "$KUBEADM_BIN/kubeadm" "$K8S_BIN/kubelet" "$K8S_BIN/kubectl" "$s/server/bin/"
+    for c in kube-apiserver kube-controller-manager kube-scheduler; do mv "$work/img/$c.tar" "$s/server/bin/"; done
+    python3 "$IMAGES_SRC/kind/merge_archives.py" -o "$s/server/bin/kube-proxy.tar" "$work/img/kube-proxy.tar" \
+        "$work/img/etcd.tar" "$work/img/coredns.tar" "$PAUSE_TAR" "$work/img/kube-router.tar" \
+        "$work/img/local-path-provisioner.tar" "$work/img/local-path-helper.tar" "$work/img/kindnetd-placeholder.tar"
+    tar -C "$work/server" -cf - kubernetes | pigz -1 >"$tgz"
+    echo "$tgz"
+}
 
-# ---- base image and kind's builder, in kind's docker daemon
-kind_dockerd_pid >/dev/null || started_dockerd=1
-start_kind_dockerd
-base_tag="taskherd.local/kind-base:${NODE_BASE_ROOTFS##*/kind-base-}"
-base_tag=${base_tag%.rootfs.tar}
-if ! docker image inspect "$base_tag" >/dev/null 2>&1; then
-    log "docker import $base_tag"
-    run_with_progress "docker import" docker import \
-        --change 'ENV container=docker' \
-        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'STOPSIGNAL SIGRTMIN+3' \
-        --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
-        "$NODE_BASE_ROOTFS" "$base_tag" >/dev/null
-fi
-log "kind build node-image --type file (base $base_tag)"
-TMPDIR="$work/tmp" run_with_progress "kind build node-image" "$KIND" build node-image --type file \
-    --base-image "$base_tag" --image "$KIND_BUILT_IMAGE" "$SERVER_TGZ" >&2
-run_with_progress "docker save" docker save -o "$out.partial" "$KIND_BUILT_IMAGE"
-docker image inspect -f '{{.Id}}' "$KIND_BUILT_IMAGE" >"$out.id"
-mv "$out.partial" "$out"
-docker image prune -f >/dev/null   # superseded builds of the same tag
-for old in "$IMAGES_CACHE"/kind-node-*.tar; do [ "$old" = "$out" ] || rm -f "$old" "$old.id"; done  # superseded
-log "kind node image $KIND_BUILT_IMAGE built in $((SECONDS - T0)) s: $out ($(du -h "$out" | cut -f1))"
-echo "$out"
+# build_node_image OUT: the node image, built by kind in kind's docker daemon and saved to OUT; the
+# image ID goes to <OUT without .partial>.id
+build_node_image() {
+    local out=$1 id="${1%.partial}.id" tgz base_tag started=
+    work="$IMAGES_CACHE/kind-node-work"
+    safe_rmtree "$work"
+    mkdir -p "$work/img" "$work/tmp"
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "safe_rmtree $(printf %q "$work")" EXIT
+    component_images
+    tgz=$(server_tarball)
+    echo "server tarball: $tgz ($(du -h "$tgz" | cut -f1))"
+    kind_dockerd_pid >/dev/null || started=1
+    start_kind_dockerd
+    # shellcheck disable=SC2064
+    [ -z "$started" ] || trap "stop_kind_dockerd; safe_rmtree $(printf %q "$work")" EXIT
+    base_tag="taskherd.local/kind-base:${NODE_BASE_ROOTFS##*/kind-base-}"
+    base_tag=${base_tag%.rootfs.tar}
+    if ! docker image inspect "$base_tag" >/dev/null 2>&1; then
+        docker import --change 'ENV container=docker' \
+            --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+            --change 'STOPSIGNAL SIGRTMIN+3' --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
+            "$NODE_BASE_ROOTFS" "$base_tag"
+    fi
+    # kind extracts the tarball under TMPDIR and leaves it there
+    TMPDIR="$work/tmp" "$KIND" build node-image --type file --base-image "$base_tag" --image "$KIND_BUILT_IMAGE" "$tgz"
+    docker save -o "$out" "$KIND_BUILT_IMAGE"
+    rm -f "${id%-*}"-*.id
+    docker image inspect -f '{{.Id}}' "$KIND_BUILT_IMAGE" >"$id"
+    docker image prune -f   # superseded builds of the same tag
+}
+
+key=$(content_key "$0" "$IMAGES_SRC/kind/merge_archives.py" "$IMAGES_SRC/mkimage.py" \
+    "$CLUSTER_SCRIPTS/versions.env" "${PAUSE_TAR##*/}" "${NODE_BASE_ROOTFS##*/}" "${NETBASE_ROOTFS##*/}")
+out="$IMAGES_CACHE/kind-node-$KUBERNETES_VERSION-$key.tar"
+[ -f "$out.id" ] || rm -f "$out"   # an archive without its image ID is from an interrupted run
+cached_image kind-node "$out" build_node_image

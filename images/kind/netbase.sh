@@ -9,28 +9,25 @@
 source "$(dirname "$0")/../lib.sh"
 need_root
 take_lock kind-netbase
-ensure_apt debootstrap debian-archive-keyring
+apt_install debootstrap debian-archive-keyring
 WRAPPER="$1/build/image-assets/iptables-wrapper-installer.sh"
 [ -f "$WRAPPER" ] || die "$WRAPPER not found: is $1 the kube-router module ($KUBE_ROUTER_VERSION)?"
 PACKAGES=iptables,ipset,iproute2,conntrack,kmod,ca-certificates
 
+build_netbase() {  # OUT
+    local out=$1 work="$IMAGES_CACHE/kind-netbase-work" R
+    safe_rmtree "$work"
+    mkdir -p "$work"
+    # shellcheck disable=SC2064  # the path now: the trap runs after this function has returned
+    trap "safe_rmtree $(printf %q "$work")" EXIT
+    R="$work/rootfs"
+    debootstrap_rootfs "$R" "$PACKAGES"
+    install -m 0755 "$WRAPPER" "$R/iptables-wrapper-installer.sh"
+    chroot "$R" /bin/sh /iptables-wrapper-installer.sh   # removes itself
+    [ "$(readlink "$R/etc/alternatives/iptables")" = /usr/sbin/iptables-wrapper ] ||
+        die "the iptables wrapper was not installed in $R"
+    tar -C "$R" --numeric-owner -cf "$out" .
+}
+
 key=$(content_key "$0" "$PACKAGES" "$BASE_SUITE" "$WRAPPER")
-out="$IMAGES_CACHE/kind-netbase-$key.rootfs.tar"
-if [ -f "$out" ]; then echo "$out"; exit 0; fi
-
-work="$IMAGES_CACHE/kind-netbase-work"
-safe_rmtree "$work"
-mkdir -p "$work"
-trap 'safe_rmtree "$work"' EXIT
-R="$work/rootfs"
-debootstrap_rootfs "$R" "$PACKAGES"
-install -m 0755 "$WRAPPER" "$R/iptables-wrapper-installer.sh"
-chroot "$R" /bin/sh /iptables-wrapper-installer.sh   # removes itself
-[ "$(readlink "$R/etc/alternatives/iptables")" = /usr/sbin/iptables-wrapper ] ||
-    die "the iptables wrapper was not installed in $R"
-
-tar -C "$R" --numeric-owner -cf "$out.partial" .
-mv "$out.partial" "$out"
-for old in "$IMAGES_CACHE"/kind-netbase-*.rootfs.tar; do [ "$old" = "$out" ] || rm -f "$old"; done  # superseded
-log "kind netbase rootfs: $out"
-echo "$out"
+cached_image kind-netbase "$IMAGES_CACHE/kind-netbase-$key.rootfs.tar" build_netbase
