@@ -12,11 +12,11 @@
 
 kind-image:
 	@if [ -z "$$TASKHERD_KIND_NODE_IMAGE" ] || [[ "$$TASKHERD_KIND_NODE_IMAGE" == taskherd.local/* ]]; then \
-	  bash images/kind/build.sh >/dev/null; \
+	  $(STEPS) with-summary "make kind-image" -- bash images/kind/build.sh; \
 	else echo "TASKHERD_KIND_NODE_IMAGE=$$TASKHERD_KIND_NODE_IMAGE: nothing to build"; fi
 
 kind-cluster: kind-image images
-	bash e2e/kind/up.sh
+	@$(STEPS) with-summary "make kind-cluster" -- bash e2e/kind/up.sh
 
 kind-cluster-down:
 	bash e2e/kind/down.sh
@@ -45,7 +45,7 @@ kind-cluster-for-tests:
 # (marker networkpolicy) fail on other clusters, saying why; `make test` deselects them there, and
 # says so. E2E_CLUSTER=kind make test runs everything on the kind cluster.
 ifneq ($(E2E_CLUSTER),kind)
-test: PYTEST_ARGS += -m 'not kind and not networkpolicy'
+test-run: PYTEST_ARGS += -m 'not kind and not networkpolicy'
 TEST_PREREQS += kind-tests-deselected
 endif
 .PHONY: kind-tests-deselected
