@@ -57,6 +57,7 @@ rootfs_image() {
     mkdir -p "$work/rootfs"
     "$fill" "$work/rootfs"
     python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/rootfs" "${args[@]}" -o "$out"
+}
 
 # The Debian mirror apt uses on this machine: the first http(s) URI of a deb source for $BASE_SUITE
 # with component main (one-line or deb822 format); TASKHERD_DEBIAN_MIRROR where apt has none (a

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the settings below are for the scripts that source it
 # Common settings for the kind cluster (e2e/kind) and its node image (images/kind). Source it.
 #
 # Two ways to run kind, chosen by the node image:
@@ -121,7 +122,7 @@ stop_kind_dockerd() {
             log "restored the FORWARD policy to $orig"
         fi
     fi
-    ip link show "$KIND_BRIDGE" >/dev/null 2>&1 && ip link delete "$KIND_BRIDGE" 2>/dev/null || true
+    if ip link show "$KIND_BRIDGE" >/dev/null 2>&1; then ip link delete "$KIND_BRIDGE" || true; fi
 }
 
 # Remove the routes to pod ranges e2e/kind/up.sh added (listed in $KIND_HOME/routes).

@@ -59,7 +59,7 @@ load_images() {
     local archives=() a stamp
     [ -f "$APP_IMAGES_LIST" ] && mapfile -t archives <"$APP_IMAGES_LIST"
     [ ${#archives[@]} -gt 0 ] || log "no $APP_IMAGES_LIST yet: run \`make images\` to get the worker and operator images"
-    a=$(ls -t "$IMAGES_CACHE"/debian-base-"$BASE_SUITE"-*.tar 2>/dev/null | head -1) && archives+=("$a")
+    for a in "$IMAGES_CACHE"/debian-base-"$BASE_SUITE"-*.tar; do [ -f "$a" ] && archives+=("$a"); done
     touch "$LOADED"
     for a in "${archives[@]}"; do
         [ -f "$a" ] || { log "WARNING: $a (listed in $APP_IMAGES_LIST) does not exist"; continue; }
@@ -82,7 +82,7 @@ route_pods() {
     local node cidr node_ip via
     : >"$KIND_HOME/routes.new"
     while read -r node cidr node_ip; do
-        [ -n "$cidr" ] && [ -n "$node_ip" ] || continue
+        if [ -z "$cidr" ] || [ -z "$node_ip" ]; then continue; fi
         via=$(ip -4 route show exact "$cidr" | awk '{for (i = 1; i < NF; i++) if ($i == "via") print $(i + 1)}')
         if [ -z "$via" ] && ip -4 route show match "${cidr%/*}" | grep -qv '^default'; then
             log "WARNING: this host already routes $cidr elsewhere: pods of $node are not routed from it"
