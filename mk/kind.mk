@@ -28,7 +28,7 @@ kind-env:
 
 workflow-lint:
 	bash e2e/cluster/build.sh actionlint
-	bash -c 'source e2e/cluster/lib.sh; "$$BIN_ROOT/actionlint-$$ACTIONLINT_VERSION/actionlint" -color=never'
+	bash -c 'source e2e/cluster/lib.sh; "$$BIN_ROOT/actionlint-$$ACTIONLINT_VERSION/actionlint" -no-color'
 
 # E2E_CLUSTER=kind make test brings the kind cluster up before pytest (as cluster-for-tests does the
 # local one): if that fails the other tests still run and the cluster tests fail with up.sh's output.
