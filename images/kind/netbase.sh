@@ -24,7 +24,9 @@ build_netbase() {  # OUT
     debootstrap_rootfs "$R" "$PACKAGES"
     install -m 0755 "$WRAPPER" "$R/iptables-wrapper-installer.sh"
     chroot "$R" /bin/sh /iptables-wrapper-installer.sh   # removes itself
-    [ "$(readlink "$R/etc/alternatives/iptables")" = /usr/sbin/iptables-wrapper ] ||
+    # bookworm's update-alternatives is in /usr/bin, where the installer does not look: it links
+    # the commands to the wrapper itself
+    [ "$(readlink "$R/usr/sbin/iptables")" = /usr/sbin/iptables-wrapper ] ||
         die "the iptables wrapper was not installed in $R"
     tar -C "$R" --numeric-owner -cf "$out" .
 }
