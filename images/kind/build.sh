@@ -141,10 +141,18 @@ build_node_image() {
     base_tag="taskherd.local/kind-base:${NODE_BASE_ROOTFS##*/kind-base-}"
     base_tag=${base_tag%.rootfs.tar}
     if ! docker image inspect "$base_tag" >/dev/null 2>&1; then
-        docker import --change 'ENV container=docker' \
-            --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-            --change 'STOPSIGNAL SIGRTMIN+3' --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' \
-            "$NODE_BASE_ROOTFS" "$base_tag"
+        # the image configuration of kind's base; docker 20.10's import cannot set STOPSIGNAL, a build can
+        docker import "$NODE_BASE_ROOTFS" "$base_tag-rootfs"
+        mkdir -p "$work/base-context"
+        cat >"$work/base-context/Dockerfile" <<EOF
+FROM $base_tag-rootfs
+ENV container=docker PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# systemd exits on SIGRTMIN+3, not SIGTERM
+STOPSIGNAL SIGRTMIN+3
+ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]
+EOF
+        DOCKER_BUILDKIT=0 docker build --network none -t "$base_tag" "$work/base-context"
+        docker rmi "$base_tag-rootfs"
     fi
     # kind extracts the tarball under TMPDIR and leaves it there
     TMPDIR="$work/tmp" "$KIND" build node-image --type file --base-image "$base_tag" --image "$KIND_BUILT_IMAGE" "$tgz"
