@@ -34,7 +34,9 @@ kind_built_here() { [[ "$KIND_NODE_IMAGE" == taskherd.local/* ]]; }
 # - ip-forward=false: docker neither sets net.ipv4.ip_forward nor the FORWARD policy to DROP (it
 #   does both by default, which would cut the local cluster's pods off the host);
 # - ip-masq=false, and DOCKER-USER rules that keep forwarded traffic on the kind bridge: the nodes
-#   reach each other and this host, nothing beyond it.
+#   reach each other and this host, nothing beyond it;
+# - its runtime is e2e/kind/runc-within-bounds: privileged containers (kind's nodes) get the
+#   capabilities this machine's root has, not more.
 KIND_DOCKER_HOME="$KIND_HOME/docker"
 KIND_DOCKER_SOCK="$KIND_DOCKER_HOME/docker.sock"
 KIND_NETWORK=kind
@@ -59,8 +61,13 @@ start_kind_dockerd() {
     mkdir -p "$KIND_DOCKER_HOME/data" "$KIND_DOCKER_HOME/exec"
     # The host's FORWARD policy before the daemon: checked after start, restored at stop.
     iptables -w -S FORWARD | awk '$1 == "-P" {print $3}' >"$KIND_DOCKER_HOME/forward-policy.orig"
+    # runc, asked only for capabilities this machine's root has (see the script); a copy, so that
+    # the daemon does not depend on this checkout
+    install -m 0755 "$KIND_SCRIPTS/runc-within-bounds" "$KIND_DOCKER_HOME/runc-within-bounds"
     cat >"$KIND_DOCKER_HOME/daemon.json" <<EOF
 {
+  "runtimes": {"runc-within-bounds": {"path": "$KIND_DOCKER_HOME/runc-within-bounds"}},
+  "default-runtime": "runc-within-bounds",
   "bridge": "none",
   "iptables": true,
   "ip-forward": false,
