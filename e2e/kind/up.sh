@@ -22,7 +22,7 @@ if kind_built_here; then
     NODE_TAR=$(bash "$REPO_ROOT/images/kind/build.sh" | tail -1)
     start_kind_dockerd
     if [ "$(docker image inspect -f '{{.Id}}' "$KIND_NODE_IMAGE" 2>/dev/null)" != "$(cat "$NODE_TAR.id")" ]; then
-        run_step "docker load $KIND_NODE_IMAGE" kind-docker-load docker load -q -i "$NODE_TAR"
+        run_step_as installed "$KIND_NODE_IMAGE into kind's docker" kind-docker-load docker load -q -i "$NODE_TAR"
     fi
     ROUTER_IMAGE="taskherd.local/kube-router:$KUBE_ROUTER_VERSION"
     node_image_id=$(cat "$NODE_TAR.id")
@@ -65,11 +65,10 @@ load_images() {
         [ -f "$a" ] || { log "WARNING: $a (listed in $APP_IMAGES_LIST) does not exist"; continue; }
         stamp="$a $(stat -c '%s %Y' "$a")"
         grep -qxF "$stamp" "$LOADED" && continue
-        run_step "kind load ${a##*/}" kind-load "$KIND" load image-archive "$a" --name "$KIND_CLUSTER_NAME"
+        run_step_as installed "${a##*/} into the kind nodes" kind-load "$KIND" load image-archive "$a" --name "$KIND_CLUSTER_NAME"
         grep -v -F "$a " "$LOADED" >"$LOADED.new" || true
         echo "$stamp" >>"$LOADED.new"
         mv "$LOADED.new" "$LOADED"
-        log "loaded $a"
     done
 }
 
@@ -111,14 +110,14 @@ unroute_pods
 
 log "kind create cluster --name $KIND_CLUSTER_NAME --image $KIND_NODE_IMAGE"
 # No --wait: with the default CNI disabled the nodes become Ready only once kube-router runs.
-run_step "kind cluster $KIND_CLUSTER_NAME" kind-create "$KIND" create cluster --name "$KIND_CLUSTER_NAME" \
+run_step_as started "kind cluster $KIND_CLUSTER_NAME" kind-create "$KIND" create cluster --name "$KIND_CLUSTER_NAME" \
     --image "$KIND_NODE_IMAGE" --config "$CLUSTER_CONFIG" --kubeconfig "$KIND_KUBECONFIG" --retain ||
     die "kind create cluster failed; its nodes are kept for inspection (\`$KIND export logs --name" \
         "$KIND_CLUSTER_NAME\`) until the next make kind-cluster or make kind-cluster-down"
 chmod 600 "$KIND_KUBECONFIG"
 
 sed "s|@IMAGE@|$ROUTER_IMAGE|g" "$KIND_SCRIPTS/manifests/kube-router.yaml" | kc apply -f - >/dev/null
-kc apply -f "$KIND_SCRIPTS/manifests/coredns-config.yaml" >/dev/null
+kc replace -f "$KIND_SCRIPTS/manifests/coredns-config.yaml" >/dev/null   # kubeadm's, replaced
 kc -n kube-system rollout restart deployment/coredns >/dev/null
 wait_for "every node Ready (kube-router running)" 240 nodes_ready ||
     { kc get nodes -o wide >&2; kc -n kube-system get pods -o wide >&2; die "nodes not Ready"; }
