@@ -32,8 +32,8 @@ else
     ROUTER_IMAGE="docker.io/cloudnativelabs/kube-router:$KUBE_ROUTER_VERSION"
     node_image_id=$KIND_NODE_IMAGE
 fi
-# What the running cluster was made from: a change recreates it.
-CONFIG_KEY=$(cat "$CLUSTER_CONFIG" "$KIND_SCRIPTS"/manifests/*.yaml "$KIND_SCRIPTS/up.sh" | { cat; echo "$node_image_id $ROUTER_IMAGE"; } |
+# What the running cluster was made from (its configuration, add-ons and images): a change recreates it.
+CONFIG_KEY=$(cat "$CLUSTER_CONFIG" "$KIND_SCRIPTS"/manifests/*.yaml | { cat; echo "$node_image_id $ROUTER_IMAGE"; } |
     sha256sum | cut -c1-16)
 
 kc() { "$KUBECTL" --kubeconfig "$KIND_KUBECONFIG" "$@"; }
