@@ -109,7 +109,7 @@ ensure_kind_network() {
 }
 
 stop_kind_dockerd() {
-    local m rule
+    local m
     # it stops the containers in it (the kind nodes) first
     stop_pidfile "kind's dockerd" "$KIND_DOCKER_HOME/dockerd.pid" 60 "$DOCKERD_EXE"
     # overlay and netns mounts a stopped (or killed) daemon left under its roots
@@ -118,9 +118,12 @@ stop_kind_dockerd() {
             while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
     fi
     if command -v iptables >/dev/null; then
-        for rule in "-i $KIND_BRIDGE ! -o $KIND_BRIDGE -j DROP" "! -i $KIND_BRIDGE -o $KIND_BRIDGE -j DROP"; do
-            # shellcheck disable=SC2086
-            while iptables -w -D DOCKER-USER $rule 2>/dev/null; do :; done
+        # ours in DOCKER-USER, and docker's own for the kind bridge, which it keeps when it stops
+        # (the network outlives the daemon); a new daemon writes them again
+        local table args
+        for table in filter nat; do
+            iptables -w -t "$table" -S | grep -e "-[io] $KIND_BRIDGE\b" | sed 's/^-A /-D /' |
+                while read -ra args; do iptables -w -t "$table" "${args[@]}" || true; done
         done
         local orig
         orig=$(cat "$KIND_DOCKER_HOME/forward-policy.orig" 2>/dev/null || true)
