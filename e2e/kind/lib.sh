@@ -122,7 +122,7 @@ stop_kind_dockerd() {
         # (the network outlives the daemon); a new daemon writes them again
         local table args
         for table in filter nat; do
-            iptables -w -t "$table" -S | grep -e "-[io] $KIND_BRIDGE\b" | sed 's/^-A /-D /' |
+            iptables -w -t "$table" -S | { grep -e "-[io] $KIND_BRIDGE\b" || true; } | sed 's/^-A /-D /' |
                 while read -ra args; do iptables -w -t "$table" "${args[@]}" || true; done
         done
         local orig
