@@ -58,3 +58,49 @@ rootfs_image() {
     "$fill" "$work/rootfs"
     python3 "$IMAGES_SRC/mkimage.py" --rootfs "$work/rootfs" "${args[@]}" -o "$out"
 }
+
+# The Debian mirror apt uses on this machine: the first http(s) URI of a deb source for $BASE_SUITE
+# with component main (one-line or deb822 format); TASKHERD_DEBIAN_MIRROR where apt has none (a
+# machine that is not Debian bookworm, e.g. a hosted CI runner).
+debian_mirror() {
+    if [ -n "${TASKHERD_DEBIAN_MIRROR:-}" ]; then echo "$TASKHERD_DEBIAN_MIRROR"; return 0; fi
+    python3 - "$BASE_SUITE" <<'PY'
+import glob, re, sys
+suite = sys.argv[1]
+for path in ["/etc/apt/sources.list"] + sorted(glob.glob("/etc/apt/sources.list.d/*")):
+    try:
+        text = open(path).read()
+    except OSError:
+        continue
+    if path.endswith(".sources"):
+        for stanza in re.split(r"\n\s*\n", text):
+            f = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line:
+                    continue
+                k, v = line.split(":", 1)
+                f[k.strip().lower()] = v.split()
+            if "deb" in f.get("types", []) and suite in f.get("suites", []) and "main" in f.get("components", []):
+                if f.get("enabled", ["yes"])[0] != "no" and f.get("uris"):
+                    print(f["uris"][0]); sys.exit(0)
+    elif path.endswith(".list"):
+        for line in text.splitlines():
+            w = re.sub(r"\[[^]]*\]", "", line).split()
+            if len(w) >= 4 and w[0] == "deb" and w[2] == suite and "main" in w[3:]:
+                print(w[1]); sys.exit(0)
+sys.exit("no apt source for suite %s with component main" % suite)
+PY
+}
+
+# debootstrap_rootfs DIR PACKAGES: a minbase $BASE_SUITE root filesystem in DIR with PACKAGES
+# (comma-separated) from the mirror apt uses here. Apt lists and caches are removed and resolv.conf
+# is left empty: the kubelet (or docker) provides one.
+debootstrap_rootfs() {
+    local dir=$1 include=$2 mirror
+    mirror=$(debian_mirror)
+    echo "debootstrap $BASE_SUITE (minbase, $include) from $mirror"
+    debootstrap --variant=minbase --include="$include" "$BASE_SUITE" "$dir" "$mirror"
+    rm -rf "$dir/var/lib/apt/lists/"* "$dir/var/cache/apt/"*.bin "$dir/var/cache/apt/archives/"*.deb \
+        "$dir/var/log/"*.log
+    : >"$dir/etc/resolv.conf"
+}

@@ -4,7 +4,8 @@
 # leaves a .complete stamp; a half-written output directory (no stamp) is rebuilt from scratch.
 #
 #   build.sh                 kubernetes etcd helm coredns crictl (what `make cluster` needs)
-#   build.sh kind            also: sigs.k8s.io/kind (for users with internet; see docs/cluster.md)
+#   build.sh kind            also: sigs.k8s.io/kind (see docs/cluster.md)
+#   build.sh kubeadm kind-containerd kube-router local-path-provisioner   what the kind node image adds (images/kind)
 #   build.sh kubernetes etcd only those
 source "$(dirname "$0")/lib.sh"
 go_env
@@ -27,6 +28,18 @@ spec() {
     coredns)  MOD=github.com/coredns/coredns VER=$COREDNS_VERSION OUT=$COREDNS_BIN PKGS=(github.com/coredns/coredns) ;;
     crictl)   MOD=sigs.k8s.io/cri-tools VER=$CRICTL_VERSION OUT=$CRICTL_BIN PKGS=(sigs.k8s.io/cri-tools/cmd/crictl) ;;
     kind)     MOD=sigs.k8s.io/kind VER=$KIND_VERSION OUT=$KIND_BIN PKGS=(sigs.k8s.io/kind) ;;
+    # ---- the kind node image (images/kind/build.sh) and its workflow linter
+    kubeadm)  MOD=k8s.io/kubernetes VER=$KUBERNETES_VERSION OUT=$BIN_ROOT/kubeadm-$KUBERNETES_VERSION
+              PKGS=(k8s.io/kubernetes/cmd/kubeadm) ;;
+    kube-router) MOD=github.com/cloudnativelabs/kube-router/v2 VER=$KUBE_ROUTER_VERSION
+              OUT=$BIN_ROOT/kube-router-$KUBE_ROUTER_VERSION PKGS=(github.com/cloudnativelabs/kube-router/v2/cmd/kube-router) ;;
+    local-path-provisioner) MOD=github.com/rancher/local-path-provisioner VER=$LOCAL_PATH_PROVISIONER_VERSION
+              OUT=$BIN_ROOT/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION PKGS=(github.com/rancher/local-path-provisioner) ;;
+    kind-containerd) MOD=github.com/containerd/containerd/v2 VER=$KIND_CONTAINERD_VERSION
+              OUT=$BIN_ROOT/containerd-$KIND_CONTAINERD_VERSION PKGS=(github.com/containerd/containerd/v2/cmd/containerd
+              github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2) ;;
+    actionlint) MOD=github.com/rhysd/actionlint VER=$ACTIONLINT_VERSION OUT=$BIN_ROOT/actionlint-$ACTIONLINT_VERSION
+              PKGS=(github.com/rhysd/actionlint/cmd/actionlint) ;;
     *) die "unknown component $1" ;;
     esac
 }
@@ -37,7 +50,7 @@ generate_gomod() {
     rm -f go.mod go.sum
     go mod init "taskherd.local/e2e/$c" >/dev/null 2>&1
     go mod edit -require "$MOD@$VER"
-    if [ "$c" = kubernetes ]; then
+    if [ "$c" = kubernetes ] || [ "$c" = kubeadm ]; then
         # k8s.io/kubernetes replaces every staging module with ./staging/src/...; a module that
         # requires it must replace them with their published versions itself.
         local kmod staging
@@ -52,7 +65,7 @@ ldflags() {
     local c=$1 date
     date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     case "$c" in
-    kubernetes)
+    kubernetes | kubeadm)
         local major minor f=() p
         major=${VER#v}; major=${major%%.*}
         minor=${VER#v*.}; minor=${minor%%.*}
@@ -72,6 +85,11 @@ ldflags() {
     coredns)
         echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$VER" ;;
     crictl) echo "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$VER" ;;
+    kube-router) echo "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$VER" ;;
+    kind-containerd) echo "-s -w -X github.com/containerd/containerd/v2/version.Version=$VER" \
+        "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2" ;;
+    local-path-provisioner) echo "-s -w -X main.VERSION=$VER" ;;
+    actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=${VER#v}" ;;
     *) echo "-s -w" ;;
     esac
 }

@@ -114,11 +114,9 @@ def ensure_images(cluster: clusters.Cluster, log: Log) -> None:
                 log("images: the build collided with another `make images`; once more when it is done")
         stamp.write_text(key)
     if cluster.source == "kind":
-        kind = clusters.kind_path()
-        for name in ("worker", "operator"):
-            tarball = clusters.taskherd_home() / "images" / f"{name}.tar"
-            subprocess.run([kind, "load", "image-archive", str(tarball), "--name", clusters.KIND_CLUSTER_NAME],
-                           check=True, timeout=600)
+        # Resolving kind again runs e2e/kind/up.sh: on a healthy cluster it only loads the image
+        # archives that changed (make images' list) into every node.
+        clusters.resolve()
     elif cluster.source == "explicit":
         log("images: an explicit cluster must be able to pull taskherd.local/worker:dev and "
             "taskherd.local/operator:dev (push them to your registry and set the image values)")

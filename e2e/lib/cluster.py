@@ -1,14 +1,17 @@
 """Which Kubernetes cluster the e2e tests run against, and small helpers to drive it.
 
-Resolution order (:func:`resolve`):
+``E2E_CLUSTER`` chooses (:func:`selected_source`):
 
-1. an explicit kubeconfig: ``TASKHERD_KUBECONFIG``, else ``KUBECONFIG`` (any cluster a user points
-   us at);
-2. kind, when a ``kind`` binary (on PATH or built by ``make kind-binary``) and a kind node image
-   (``kindest/node``) in the local docker are both present: the ``taskherd`` kind cluster is
-   created if needed, the image archives of ``make images`` (and the base image) are loaded into it
-   when present, and its kubeconfig is written to ``$TASKHERD_HOME/kind/kubeconfig``;
-3. the local cluster of ``make cluster``: ``$TASKHERD_HOME/cluster/admin.kubeconfig``.
+* ``explicit``: the kubeconfig in ``TASKHERD_KUBECONFIG``, else ``KUBECONFIG`` (any cluster a user
+  points us at);
+* ``kind``: the ``taskherd`` kind cluster of e2e/kind (``make kind-cluster``; see :mod:`e2e.lib.kind`),
+  brought up if needed, with the node image built here (``make kind-image``) unless
+  ``TASKHERD_KIND_NODE_IMAGE`` names another; kubeconfig ``$TASKHERD_HOME/kind/kubeconfig``;
+* ``local``: the local cluster of ``make cluster``: ``$TASKHERD_HOME/cluster/admin.kubeconfig``.
+
+Unset, the first that applies: an explicit kubeconfig; kind, when a ``kind`` binary and a pulled
+``kindest/node`` image in the environment's docker are both present (the path of users with a
+registry); the local cluster.
 
 kubectl and helm are the ones built by ``make cluster-binaries`` (pinned in
 e2e/cluster/versions.env), never whatever else is on PATH, unless ``TASKHERD_KUBECTL`` /
@@ -21,12 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from . import kind as kindlib
 from .envfile import read_env_file
 from .waiting import WaitTimeout, wait_for
 
@@ -34,7 +37,9 @@ log = logging.getLogger("taskherd.e2e.cluster")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_FILE = REPO_ROOT / "e2e" / "cluster" / "versions.env"
-KIND_CLUSTER_NAME = "taskherd"
+KIND_CLUSTER_NAME = kindlib.CLUSTER_NAME
+#: the values E2E_CLUSTER accepts
+SOURCES = ("explicit", "kind", "local")
 T = TypeVar("T")
 
 
@@ -89,26 +94,7 @@ def local_containerd_socket() -> Path:
 
 
 def kind_path() -> str | None:
-    built = taskherd_home() / "bin" / f"kind-{versions()['KIND_VERSION']}" / "kind"
-    if built.is_file() and os.access(built, os.X_OK):
-        return str(built)
-    return shutil.which("kind")
-
-
-def kind_node_image() -> str | None:
-    """A kindest/node image in the local docker, or None (no docker, no daemon, no image)."""
-    docker = shutil.which("docker")
-    if not docker:
-        return None
-    try:
-        r = subprocess.run(
-            [docker, "image", "ls", "kindest/node", "--format", "{{.Repository}}:{{.Tag}}"],
-            capture_output=True, text=True, timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    images = [i for i in r.stdout.split() if not i.endswith(":<none>")] if r.returncode == 0 else []
-    return os.environ.get("TASKHERD_KIND_NODE_IMAGE") or (images[0] if images else None)
+    return kindlib.kind_binary()
 
 
 @dataclass(frozen=True)
@@ -298,53 +284,41 @@ def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None = None, c
     return r
 
 
-def _ensure_kind(kind: str, image: str) -> str:
-    kubeconfig = taskherd_home() / "kind" / "kubeconfig"
-    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-    clusters = subprocess.run([kind, "get", "clusters"], capture_output=True, text=True, timeout=60)
-    if KIND_CLUSTER_NAME not in clusters.stdout.split():
-        log.info("creating kind cluster %s from %s", KIND_CLUSTER_NAME, image)
-        subprocess.run(
-            [kind, "create", "cluster", "--name", KIND_CLUSTER_NAME, "--image", image,
-             "--kubeconfig", str(kubeconfig), "--wait", "180s"],
-            check=True, timeout=600,
-        )
-    # the images `make images` built (and the debootstrap base the smoke tests use), when present
-    images = taskherd_home() / "images"
-    archives = [images / "worker.tar", images / "operator.tar"] + sorted(images.glob("debian-base-*.tar"))[-1:]
-    for archive in archives:
-        if archive.is_file():
-            log.info("kind: loading %s", archive)
-            subprocess.run([kind, "load", "image-archive", str(archive), "--name", KIND_CLUSTER_NAME],
-                           check=True, timeout=600)
-    r = subprocess.run([kind, "get", "kubeconfig", "--name", KIND_CLUSTER_NAME],
-                       capture_output=True, text=True, check=True, timeout=60)
-    kubeconfig.write_text(r.stdout)
-    kubeconfig.chmod(0o600)
-    return str(kubeconfig)
-
-
 def selected_source() -> str:
     """Which cluster resolve() would use ("explicit", "kind" or "local"), without side effects."""
+    chosen = os.environ.get("E2E_CLUSTER", "")
+    if chosen:
+        if chosen not in SOURCES:
+            raise ValueError(f"E2E_CLUSTER={chosen!r} is not a cluster the e2e tests know: use one of "
+                             f"{', '.join(SOURCES)} (or leave it unset for the default order)")
+        return chosen
     if os.environ.get("TASKHERD_KUBECONFIG") or os.environ.get("KUBECONFIG"):
         return "explicit"
-    if kind_path() and kind_node_image():
+    if kindlib.kind_binary() and kindlib.pulled_image_in_docker():
         return "kind"
     return "local"
 
 
 def resolve() -> Cluster:
-    """Pick the cluster: explicit kubeconfig, else kind (binary + node image), else local."""
+    """The cluster selected_source() names, ready to use; kind is brought up (make kind-cluster)."""
     kubectl, helm = kubectl_path(), helm_path()
-    for var in ("TASKHERD_KUBECONFIG", "KUBECONFIG"):
-        if os.environ.get(var):
-            log.info("cluster: explicit kubeconfig from %s=%s", var, os.environ[var])
-            return Cluster("explicit", os.environ[var], kubectl, helm)
-    kind, image = kind_path(), None
-    if kind:
-        image = kind_node_image()
-    if kind and image:
-        log.info("cluster: kind (%s, node image %s)", kind, image)
-        return Cluster("kind", _ensure_kind(kind, image), kubectl, helm)
+    source = selected_source()
+    if source == "explicit":
+        for var in ("TASKHERD_KUBECONFIG", "KUBECONFIG"):
+            if os.environ.get(var):
+                log.info("cluster: explicit kubeconfig from %s=%s", var, os.environ[var])
+                return Cluster("explicit", os.environ[var], kubectl, helm)
+        raise ClusterUnavailable("E2E_CLUSTER=explicit, but neither TASKHERD_KUBECONFIG nor KUBECONFIG is set")
+    if source == "kind":
+        # Chosen by E2E_CLUSTER: the node image of TASKHERD_KIND_NODE_IMAGE, else the one built here.
+        # Chosen by the default order: the kindest/node image found in docker.
+        image = None if os.environ.get("E2E_CLUSTER") else kindlib.pulled_image_in_docker()
+        if image:  # from now on this process's docker and kind commands are about that cluster
+            os.environ["TASKHERD_KIND_NODE_IMAGE"] = image
+        log.info("cluster: kind (node image %s)", kindlib.node_image())
+        try:
+            return Cluster("kind", kindlib.ensure_cluster(image), kubectl, helm)
+        except kindlib.KindError as e:
+            raise ClusterUnavailable(str(e)) from e
     log.info("cluster: local (%s)", local_kubeconfig())
     return Cluster("local", str(local_kubeconfig()), kubectl, helm)

@@ -150,7 +150,8 @@ def wait_ready(cluster: clusters.Cluster, components: tuple[str, ...], *, namesp
         return all(s.done for s in states)
 
     try:
-        clusters.wait_for(f"the services in {namespace} to be ready", all_ready, timeout=timeout, interval=1)
+        clusters.wait_for(f"the services in {namespace} to be ready", all_ready, timeout=timeout, interval=1,
+                          ignoring=(clusters.CommandFailed,))
     except clusters.WaitTimeout as exc:
         raise ServicesError(f"{exc}\n{_unready_pod_logs(cluster, namespace)}") from exc
 

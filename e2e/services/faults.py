@@ -32,7 +32,8 @@ def crash_container(cluster: clusters.Cluster, component: str, *, pod_index: int
                     check=False, timeout=60)
     clusters.wait_for(f"{pod}'s container to restart and be Ready",
                       lambda: (lambda r: r[0] > restarts and r[1])(_restarts_and_ready(cluster, pod, namespace)),
-                      timeout=timeout, interval=1)
+                      timeout=timeout, interval=1,
+                      ignoring=(clusters.CommandFailed,))
     seconds = time.monotonic() - started
     log(f"{pod}: server SIGKILLed, container restarted and Ready in {seconds:.1f}s")
     return seconds

@@ -175,4 +175,5 @@ def port_forwards(cluster: clusters.Cluster, components: tuple[str, ...], *, nam
 def wait_answering(what: str, probe, timeout: float) -> None:
     """Until a protocol-level probe through a tunnel succeeds: a listener accepts a connection
     before it knows whether a pod will, so a listening port proves nothing."""
-    clusters.wait_for(what, lambda: probe() or True, timeout=timeout, interval=0.5)
+    clusters.wait_for(what, lambda: probe() or True, timeout=timeout, interval=0.5,
+                      ignoring=(Exception,))

@@ -1,0 +1,8 @@
+//go:build tools
+
+// Package tools pins the commands this wrapper module builds (see e2e/cluster/build.sh).
+package tools
+
+import (
+	_ "github.com/rancher/local-path-provisioner"
+)
