@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tracesim import IDLE_FIRST, NEWEST_FIRST, Result, Simulation, Trace, View  # noqa: E402
 
 from taskherd.operator.policy import ScalingPolicy  # noqa: E402
-from taskherd.operator.scaling import Observation, Recommendation, desired_replicas, prune_history  # noqa: E402
+from taskherd.operator.scaling import (THROUGHPUT_WINDOW_SECONDS, Observation, Recommendation,  # noqa: E402
+                                       WorkSample, desired_replicas, estimate_throughput, prune_history)
 
 CONCURRENCY = 2
 TARGET_PER_POD = 5
@@ -126,20 +127,35 @@ TRACES = {"burst": (burst_trace, 0), "diurnal": (diurnal_trace, 1), "spiky": (sp
 # -- scalers ------------------------------------------------------------------------------------
 @dataclass
 class Taskherd:
-    """The operator's poll loop around the real decision function."""
+    """The operator's poll loop around the real decision function; with `throughput`, it also
+    reads the workers' counters (completed tasks, their summed runtime) and passes Little's law
+    inputs (taskherd.operator.scaling.estimate_throughput)."""
 
     policy: ScalingPolicy
+    throughput: bool = True
     poll_seconds: float = 5.0
     name: str = "taskherd"
     removal: str = IDLE_FIRST
     history: list[Recommendation] = field(default_factory=list)
+    samples: list[WorkSample] = field(default_factory=list)
 
     def first_poll(self, rng: random.Random) -> float:
+        # An operator that has watched the pool for a while: its history covers the scale-down
+        # window (a freshly started one holds any scale-down for one window, on purpose).
+        window = self.policy.scale_down_stabilization_seconds
+        self.history = [Recommendation(-window - self.poll_seconds, self.policy.min_replicas)]
         return rng.uniform(0, self.poll_seconds)
 
     def observe(self, view: View) -> Observation:
+        throughput = None
+        if self.throughput:
+            # the window for the rate, and ten more minutes in case no task finished within it
+            self.samples = [s for s in self.samples if s.at >= view.now - THROUGHPUT_WINDOW_SECONDS - 600]
+            self.samples.append(WorkSample(at=view.now, depth=view.ready_messages + view.unacked_messages,
+                                           completed=view.completed, busy_seconds=view.service_seconds))
+            throughput = estimate_throughput(self.samples, slots_per_worker=CONCURRENCY, now=view.now)
         return Observation(ready=view.ready_messages, unacked=view.unacked_messages,
-                           oldest_message_age_seconds=view.oldest_ready_age)
+                           oldest_message_age_seconds=view.oldest_ready_age, throughput=throughput)
 
     def poll(self, view: View) -> tuple[int | None, float]:
         decision = desired_replicas(self.policy, self.observe(view), view.replicas, view.busy_pods,
@@ -214,7 +230,8 @@ class KedaHpa:
 def scalers(min_replicas: int) -> list:
     policy = ScalingPolicy(min_replicas=min_replicas, max_replicas=MAX_PODS, target_depth_per_worker=TARGET_PER_POD,
                            max_oldest_message_age_seconds=AGE_LIMIT, scale_down_stabilization_seconds=DOWN_WINDOW)
-    return [Taskherd(policy),
+    return [Taskherd(policy, throughput=False, name="taskherd (depth, age)"),
+            Taskherd(policy, name="taskherd + Little's law"),
             KedaHpa("KEDA default (Redis)", min_replicas=min_replicas),
             KedaHpa("KEDA default (RabbitMQ http)", metric="ready+unacked", min_replicas=min_replicas),
             KedaHpa("KEDA tuned 5 s (Redis)", polling_seconds=5.0, min_replicas=min_replicas)]
@@ -277,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             summary[(trace_name, name)] = medians
             print(f"{name:<30}" + "".join(f"{fmt.format(medians[label]):>14}" for label, _, fmt in FIGURES))
     if "burst" in args.traces.split(","):
-        ours, theirs = summary[("burst", "taskherd")], summary[("burst", "KEDA default (Redis)")]
+        ours, theirs = summary[("burst", "taskherd + Little's law")], summary[("burst", "KEDA default (Redis)")]
         ratio = theirs["p99 wait s"] / ours["p99 wait s"] if ours["p99 wait s"] > 0 else math.inf
         met = ratio >= 5 and ours["replica-s"] <= theirs["replica-s"]
         print(f"\nburst target: p99 wait <= 1/5 of KEDA default's at no more replica-seconds: "
