@@ -1,6 +1,6 @@
 """CPU per poll and decision latency of the operator with 200 and 1,000 WorkerPools.
 
-Runs the operator's real poll loop (`taskherd.operator.reconcile.poll_once`: Secret -> REAL queue
+Runs the operator's real poll loop (`taskherd.operator.poll.poll_once`: Secret -> REAL queue
 inspection on the host Redis -> decision -> deletion costs -> paging -> status) for 200 pools, 16 at
 a time as the scheduler does. The Kubernetes API is an in-memory stand-in (the API server's own
 cost is not the operator's); Redis is real (a leased database, 200 queues + 200 DLQs with 0-50
@@ -35,9 +35,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.services import leased_redis_db  # noqa: E402
 
 from taskherd.operator.metrics import OperatorMetrics  # noqa: E402
-from taskherd.operator.observe import BrokerObserver  # noqa: E402
+from taskherd.operator.broker import BrokerObserver  # noqa: E402
+from taskherd.operator.kube import Scale  # noqa: E402
+from taskherd.operator.plan import PoolMemory  # noqa: E402
 from taskherd.operator.policy import parse_spec  # noqa: E402
-from taskherd.operator.reconcile import Deps, PoolMemory, poll_once  # noqa: E402
+from taskherd.operator.poll import Deps, poll_once  # noqa: E402
 from taskherd.operator.scaling import Observation, desired_replicas  # noqa: E402
 
 
@@ -53,13 +55,13 @@ class MemoryKube:
         self.calls += 1
         return {"url": self.url}
 
-    async def get_scale(self, namespace, deployment):
+    async def get_scale(self, namespace, target):
         self.calls += 1
-        return self.replicas[deployment], self.replicas[deployment], f"app={deployment}"
+        return Scale(self.replicas[target.name], self.replicas[target.name], f"app={target.name}")
 
-    async def set_scale(self, namespace, deployment, replicas):
+    async def set_scale(self, namespace, target, replicas):
         self.calls += 1
-        self.replicas[deployment] = replicas
+        self.replicas[target.name] = replicas
 
     async def list_pods(self, namespace, selector):
         self.calls += 1
@@ -105,20 +107,22 @@ async def run_rounds(url: str, pools: int, rounds: int) -> tuple[list[float], fl
     deps = Deps(kube=kube, observe=BrokerObserver(kube=kube), busyness=_idle, poster=_no_post,
                 metrics=OperatorMetrics(registry=CollectorRegistry()))
     slots = asyncio.Semaphore(16)
-    items = [(b, PoolMemory()) for b in bodies(pools)]
+    memories = {b["metadata"]["name"]: PoolMemory() for b in bodies(pools)}
+    items = bodies(pools)
     latencies: list[float] = []
 
-    async def one(body, memory):
+    async def one(body):
         async with slots:
             started = time.perf_counter()
-            await poll_once(body, memory, deps)
+            result = await poll_once(body, memories[body["metadata"]["name"]], deps)
+            memories[body["metadata"]["name"]] = result.memory
             latencies.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(one(b, m) for b, m in items))  # warm-up: imports, connections, first reads
+    await asyncio.gather(*(one(b) for b in items))  # warm-up: imports, connections, first reads
     latencies.clear()
     cpu = time.process_time()
     for _ in range(rounds):
-        await asyncio.gather(*(one(b, m) for b, m in items))
+        await asyncio.gather(*(one(b) for b in items))
     return latencies, time.process_time() - cpu, kube.calls
 
 

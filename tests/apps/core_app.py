@@ -45,6 +45,12 @@ def record_task(key, value=""):
     return value
 
 
+@app.task(name="core.sink")
+def sink(*args, **kwargs):
+    """Takes any arguments: each message that reaches it ran once (the property tests count runs)."""
+    record("sink", repr((args, kwargs))[:200])
+
+
 @app.task(name="core.slow")
 def slow(key, seconds):
     record(key + ":start")

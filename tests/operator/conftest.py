@@ -117,7 +117,7 @@ subjects: [{{kind: ServiceAccount, name: taskherd-operator, namespace: {namespac
 
 class OperatorProcess:
     def __init__(self, cluster, namespace: str, log_path: Path, *, leader_election: bool = True,
-                 kubeconfig: Path | None = None):
+                 kubeconfig: Path | None = None, dry_run: bool = False):
         self.liveness_port = free_port()
         self.log_path = log_path
         env = {**cluster.env(), "POD_NAMESPACE": namespace, "TASKHERD_WATCH_NAMESPACES": namespace,
@@ -128,6 +128,8 @@ class OperatorProcess:
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
         if not leader_election:
             args.append("--no-leader-election")
+        if dry_run:
+            args.append("--dry-run")
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
 

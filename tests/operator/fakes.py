@@ -1,14 +1,16 @@
 """In-memory stand-ins for the operator's injected dependencies (fast tests of the poll loop)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from taskherd.operator.kube import NotFound
+from taskherd.operator.kube import NotFound, Scale
 from taskherd.operator.metrics import OperatorMetrics
-from taskherd.operator.reconcile import Deps
+from taskherd.operator.plan import PoolMemory
+from taskherd.operator.poll import Deps, poll_once
 from taskherd.operator.scaling import Observation
 
 
@@ -25,14 +27,14 @@ class FakeKube:
     async def read_secret(self, namespace, name):
         return {"url": "redis://localhost"}
 
-    async def get_scale(self, namespace, deployment):
-        if deployment not in self.replicas:
-            raise NotFound(deployment)
-        return self.replicas[deployment], self.replicas[deployment], "app=w"
+    async def get_scale(self, namespace, target):
+        if target.name not in self.replicas:
+            raise NotFound(target.name)
+        return Scale(self.replicas[target.name], self.replicas[target.name], "app=w")
 
-    async def set_scale(self, namespace, deployment, replicas):
+    async def set_scale(self, namespace, target, replicas):
         self.scale_calls.append(replicas)
-        self.replicas[deployment] = replicas
+        self.replicas[target.name] = replicas
 
     async def list_pods(self, namespace, selector):
         return self.pods
@@ -100,3 +102,19 @@ def pool_body(**spec) -> dict[str, Any]:
 def running_pod(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"phase": "Running", "podIP": "10.0.0.1",
                                                    "containerStatuses": [{"name": "worker", "restartCount": 0}]}}
+
+
+class PolledPool:
+    """One WorkerPool polled again and again as the scheduler does: the memory of one poll and the
+    status it wrote are what the next poll starts from."""
+
+    def __init__(self, deps: Deps, body: dict[str, Any] | None = None) -> None:
+        self.deps, self.body, self.memory = deps, body or pool_body(), PoolMemory()
+        self.last = None
+
+    def poll(self) -> dict[str, Any]:
+        self.last = asyncio.run(poll_once(self.body, self.memory, self.deps))
+        self.memory = self.last.memory
+        if self.last.status is not None:
+            self.body["status"] = {k: v for k, v in self.last.status.items() if v is not None}
+        return self.last.status

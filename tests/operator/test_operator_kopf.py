@@ -53,6 +53,12 @@ class MockApi:
             return web.json_response({"kind": "APIGroupList", "groups": [
                 {"name": "taskherd.io", "versions": [{"groupVersion": "taskherd.io/v1alpha1", "version": "v1alpha1"}],
                  "preferredVersion": {"groupVersion": "taskherd.io/v1alpha1", "version": "v1alpha1"}}]})
+        if path == "/apis/apps/v1":  # discovery of the scale target's kind and its /scale
+            return web.json_response({"kind": "APIResourceList", "groupVersion": "apps/v1", "resources": [
+                {"name": "deployments", "singularName": "deployment", "namespaced": True, "kind": "Deployment",
+                 "verbs": ["get", "list", "patch"]},
+                {"name": "deployments/scale", "singularName": "", "namespaced": True, "kind": "Scale",
+                 "group": "autoscaling", "version": "v1", "verbs": ["get", "patch", "update"]}]})
         if path == "/apis/taskherd.io/v1alpha1":
             return web.json_response({"kind": "APIResourceList", "groupVersion": "taskherd.io/v1alpha1", "resources": [
                 {"name": "workerpools", "singularName": "workerpool", "namespaced": True, "kind": "WorkerPool",

@@ -1,6 +1,7 @@
 """Properties of the pure scaling decision (taskherd.operator.scaling)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -238,3 +239,46 @@ def test_prune_keeps_one_record_older_than_the_window():
     history = [Recommendation(NOW - s, 1) for s in (900, 400, 301, 200, 10)]
     kept = prune_history(history, NOW, 300)
     assert [NOW - r.at for r in kept] == [301, 200, 10]
+
+
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
+@given(policies(), st.integers(1, 120), st.integers(1, 500), st.integers(0, 100),
+       st.one_of(st.none(), st.floats(0, 1000)), st.integers(0, 40), st.integers(0, 40), histories)
+def test_an_age_known_only_from_below_never_lets_a_limited_pool_shrink(policy, limit, ready, unacked, at_least,
+                                                                      current, busy, history):
+    """"At least 7 s" (or "unknown") is not "7 s": while messages wait, a pool with an age limit
+    never scales down on the belief that they are young."""
+    policy = dataclasses.replace(policy, max_oldest_message_age_seconds=float(limit))
+    current = min(current, policy.max_replicas)
+    observation = Observation(ready=ready, unacked=unacked, oldest_message_age_seconds=at_least,
+                              oldest_message_age_is_lower_bound=True)
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    assert decision.replicas >= max(current, policy.min_replicas), decision
+
+
+def test_a_lower_bound_over_the_limit_scales_up_like_a_measured_age():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=20, target_depth_per_worker=100,
+                           max_oldest_message_age_seconds=30)
+    observation = Observation(ready=50, unacked=0, oldest_message_age_seconds=90,
+                              oldest_message_age_is_lower_bound=True)
+    decision = desired_replicas(policy, observation, 2, 0, [], NOW)
+    assert decision.replicas == 6 and "waited at least 90s > 30s" in decision.reason
+
+
+def test_a_lower_bound_under_the_limit_holds_instead_of_scaling_down():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=20, target_depth_per_worker=10,
+                           max_oldest_message_age_seconds=30, scale_down_stabilization_seconds=0)
+    young_or_not = Observation(ready=3, unacked=0, oldest_message_age_seconds=7, oldest_message_age_is_lower_bound=True)
+    decision = desired_replicas(policy, young_or_not, 5, 0, [], NOW)
+    assert decision.replicas == 5
+    assert "holding 5: the oldest message's age is at least 7s, perhaps more (limit 30s)" in decision.reason
+    measured = Observation(ready=3, unacked=0, oldest_message_age_seconds=7)
+    assert desired_replicas(policy, measured, 5, 0, [], NOW).replicas == 1
+
+
+def test_queues_the_broker_has_not_reported_yet_hold_the_count():
+    policy = ScalingPolicy(min_replicas=0, max_replicas=20, target_depth_per_worker=10,
+                           scale_down_stabilization_seconds=0)
+    observation = Observation(ready=0, unacked=0, pending_queues=("emails",))
+    decision = desired_replicas(policy, observation, 4, 0, [], NOW)
+    assert decision.replicas == 4 and decision.reason == "the broker has not reported emails yet: holding 4"

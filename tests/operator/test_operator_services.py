@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
@@ -14,14 +15,16 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
+from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER, AGE_FROM_STAMP
 from taskherd.worker.components import publish_stamps
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import FakeKube  # noqa: E402
+from support.waiting import wait_until  # noqa: E402
 
 from taskherd.operator.alerts import HttpPoster, deliver  # noqa: E402
-from taskherd.operator.observe import BrokerObserver, ObservationError  # noqa: E402
+from taskherd.operator.broker import BrokerObserver, ObservationError  # noqa: E402
 from taskherd.operator.paging import PagingState, step  # noqa: E402
 from taskherd.operator.policy import BrokerSpec  # noqa: E402
 
@@ -44,7 +47,7 @@ def publish(url: str, queue: str, count: int, *, age: float) -> None:
     app = Celery(broker=url)
     for i in range(count):
         app.send_task("t.noop", args=(i,), queue=queue, headers={"taskherd_published_at": time.time() - age},
-                      timestamp=int(time.time() - age))  # what taskherd.worker.stamping sets
+                      timestamp=int(time.time() - age))  # what the PublishStamps component sets
     app.close()
 
 
@@ -57,15 +60,62 @@ def test_observer_reads_depth_age_and_dead_letters_from_a_real_broker(broker_url
     spec = BrokerSpec(type="rabbitmq" if rabbit else "redis", secret_name="s",
                       management_url_key="management-url" if rabbit else None,
                       queues=(queue,), dead_letter_queues=(f"{queue}.dlq",))
-    deadline = time.monotonic() + 30  # RabbitMQ's management API refreshes its counts every 5 s
-    while True:
+    stamped = AGE_FROM_HEAD_TIMESTAMP if rabbit else AGE_FROM_STAMP
+
+    def measured():
+        """The broker's own signal that it reports the messages' stamps: the head timestamp on
+        RabbitMQ (its statistics arrive in steps on a fresh node), the stamp itself on Redis."""
         observation = asyncio.run(observer("ns", spec))
-        if (observation.ready, observation.dead_letters.get(f"{queue}.dlq")) == (7, 2) or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+        return observation if observation.oldest_message_age_method == stamped else None
+
+    observation = wait_until(measured, timeout=60, interval=1,
+                             what=f"the broker to report the head timestamp of {queue}")
     assert observation.ready == 7 and observation.unacked == 0
     assert observation.dead_letters == {f"{queue}.dlq": 2}
-    assert observation.oldest_message_age_seconds is not None and 35 <= observation.oldest_message_age_seconds < 120
+    assert not observation.oldest_message_age_is_lower_bound
+    assert 35 <= observation.oldest_message_age_seconds < 120
+
+
+def management_document(amqp_url: str, queue: str) -> dict:
+    from taskherd.queues.rabbitmq import vhost_of
+
+    api = urllib.parse.urlsplit(os.environ["TASKHERD_RABBITMQ_API_URL"])
+    vhost = urllib.parse.quote(vhost_of(amqp_url), safe="")
+    request = urllib.request.Request(f"http://{api.hostname}:{api.port}/api/queues/{vhost}/{queue}")
+    token = base64.b64encode(f"{api.username}:{api.password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def test_an_operator_started_against_an_old_backlog_does_not_believe_it_is_young(amqp_url, unique_name):
+    """A quorum queue has no head timestamp. Its backlog was published before the observer
+    existed; the first observation must still place it in time (the broker keeps the history of
+    its publish counter), not report it as new."""
+    from kombu import Connection, Exchange, Producer, Queue
+
+    queue = unique_name
+    with Connection(amqp_url) as conn:
+        Queue(queue, Exchange(queue), routing_key=queue,
+              queue_arguments={"x-queue-type": "quorum"})(conn.default_channel).declare()
+        producer = Producer(conn)
+        published_at = time.time()
+        for i in range(5):
+            producer.publish({"i": i}, exchange=queue, routing_key=queue)
+    # Wait on the management API itself (not through the observer, which must see it first below)
+    # until it reports both the count (from the queue) and the publish counter (from the channel).
+    wait_until(lambda: (doc := management_document(amqp_url, queue)).get("messages_ready") == 5
+               and (doc.get("message_stats") or {}).get("publish") == 5, timeout=60, interval=1,
+               what=f"RabbitMQ to report the 5 messages of {queue} and their publish counter")
+    time.sleep(max(0.0, published_at + 25 - time.time()))
+
+    observer = BrokerObserver(kube=SecretKube(amqp_url))
+    spec = BrokerSpec(type="rabbitmq", secret_name="s", management_url_key="management-url", queues=(queue,))
+    observation = asyncio.run(observer("ns", spec))
+    waited = time.time() - published_at
+    assert observation.ready == 5
+    assert observation.oldest_message_age_method == AGE_FROM_PUBLISH_COUNTER, observation
+    assert observation.oldest_message_age_seconds >= waited - 10, (observation, waited)
 
 
 def test_an_unreachable_broker_raises_a_redacted_observation_error(unique_name):

@@ -27,7 +27,7 @@ def test_defaults_and_dead_letter_queue_names():
     ({"maxOldestMessageAgeSeconds": 0}, "spec.maxOldestMessageAgeSeconds=0.0 is invalid: must be > 0"),
     ({"broker": {"type": "kafka", "secretRef": {"name": "b"}, "queues": ["q"]}}, "spec.broker.type='kafka'"),
     ({"broker": {"type": "redis", "secretRef": {"name": "b"}, "queues": []}}, "spec.broker.queues=[]"),
-    ({"scaleTargetRef": {"kind": "StatefulSet", "name": "x"}}, "spec.scaleTargetRef.kind='StatefulSet'"),
+    ({"scaleTargetRef": {"kind": "deployment", "name": "x"}}, "spec.scaleTargetRef.kind='deployment'"),
 ])
 def test_invalid_specs_name_the_key_the_value_and_the_range(change, message):
     with pytest.raises(InvalidSpec) as info:
@@ -82,3 +82,31 @@ def test_a_lease_held_by_someone_else_is_taken_only_after_it_stopped_changing_fo
     assert may_acquire(LEASE, seen, me="me", now_monotonic=116, lease_seconds=15)
     renewed = {**LEASE, "renewTime": "2026-11-29T10:00:02.000000Z"}
     assert not may_acquire(renewed, seen, me="me", now_monotonic=200, lease_seconds=15)
+
+
+def test_settings_come_from_the_contract_and_a_bad_one_names_the_variable():
+    from taskherd.contract import ContractError
+    from taskherd.operator.config import OperatorConfig
+
+    config = OperatorConfig.from_env({"POD_NAMESPACE": "shop", "TASKHERD_OPERATOR_HEALTH_PORT": "9000",
+                                      "TASKHERD_LEADER_ELECTION": "false"})
+    assert config.namespaces == ["shop"] and config.lease_namespace == "shop" and not config.leader_election
+    assert config.liveness_endpoint == "http://0.0.0.0:9000/healthz"
+    assert OperatorConfig.from_env({"TASKHERD_OPERATOR_HEALTH_PORT": "0"}).liveness_endpoint is None
+    with pytest.raises(ContractError) as info:
+        OperatorConfig.from_env({"TASKHERD_WORKER_METRICS_PORT": "98080"})
+    assert "TASKHERD_WORKER_METRICS_PORT='98080' is invalid" in str(info.value)
+
+
+def test_pause_annotations_read_as_keda_reads_its_own():
+    from taskherd.operator.pause import pause_from
+
+    assert pause_from(None) is None and pause_from({"taskherd.io/paused": "false"}) is None
+    assert pause_from({"taskherd.io/paused-replicas": "0"}).replicas == 0
+    assert pause_from({"taskherd.io/paused": "true"}).replicas is None
+    both = pause_from({"taskherd.io/paused": "true", "taskherd.io/paused-replicas": "3"})
+    assert both.replicas == 3, "paused-replicas wins, as in KEDA"
+    for bad in ({"taskherd.io/paused-replicas": "-1"}, {"taskherd.io/paused-replicas": "1001"},
+                {"taskherd.io/paused": "yes please"}):
+        pause = pause_from(bad)
+        assert pause.replicas is None and pause.reason == "InvalidPauseAnnotation" and "is invalid" in pause.message

@@ -1,58 +1,65 @@
-"""The quorum-queue age estimate from the publish counter: pure, clock injected."""
-from taskherd.queues.publish_history import PublishHistory
+"""The head's age from the broker's history of the publish counter: pure, clock injected."""
+from taskherd.queues.publish_history import head_age, samples_of
 from taskherd.queues.stats import AGE_FROM_PUBLISH_COUNTER, AGE_LOWER_BOUND
 
 
-def test_head_age_is_bracketed_by_the_observations_around_its_publish():
-    history = PublishHistory(stats_lag_seconds=0)
-    assert history.observe("q", now=0, published_total=0, ready=0) is None
-    assert history.observe("q", now=10, published_total=0, ready=0) is None
-    # Three messages were published between t=10 and t=20.
-    estimate = history.observe("q", now=20, published_total=3, ready=3)
-    assert (estimate.age_seconds, estimate.error_seconds, estimate.method) == (5.0, 5.0, AGE_FROM_PUBLISH_COUNTER)
-    # Two more between 30 and 40; the first three are consumed by t=50: the head is message 4.
-    history.observe("q", now=30, published_total=3, ready=3)
-    history.observe("q", now=40, published_total=5, ready=4)
-    estimate = history.observe("q", now=50, published_total=5, ready=2)
+def series(start: float, spacing: float, values: list[int]) -> list[tuple[float, int]]:
+    return [(start + i * spacing, value) for i, value in enumerate(values)]
+
+
+def test_the_head_is_bracketed_by_the_samples_around_its_publish():
+    # Three messages published between the samples at 10 and 20; none consumed.
+    samples = series(0, 10, [0, 0, 3, 3, 3])
+    estimate = head_age(samples, published_total=3, ready=3, now=40, stats_lag_seconds=0)
+    assert (estimate.age_seconds, estimate.error_seconds, estimate.method) == (25.0, 5.0, AGE_FROM_PUBLISH_COUNTER)
+    # Two more between 30 and 40; the first three consumed: the head is message 4.
+    samples = series(0, 10, [0, 0, 3, 3, 5, 5])
+    estimate = head_age(samples, published_total=5, ready=2, now=50, stats_lag_seconds=0)
     assert (estimate.age_seconds, estimate.error_seconds) == (15.0, 5.0)
 
 
-def test_statistics_lag_widens_the_bracket_on_its_early_side():
-    history = PublishHistory(stats_lag_seconds=5)
-    history.observe("q", now=10, published_total=0, ready=0)
-    estimate = history.observe("q", now=20, published_total=1, ready=1)
+def test_the_statistics_lag_widens_the_bracket_on_its_early_side():
+    estimate = head_age(series(10, 10, [0, 1]), published_total=1, ready=1, now=20, stats_lag_seconds=5)
     # Published in [10 - 5, 20]: midpoint 12.5, age 7.5 ± 7.5.
     assert (estimate.age_seconds, estimate.error_seconds) == (7.5, 7.5)
 
 
-def test_a_head_older_than_the_history_is_a_lower_bound():
-    history = PublishHistory()
-    first = history.observe("q", now=100, published_total=7, ready=3)
-    later = history.observe("q", now=160, published_total=7, ready=3)
-    assert (first.age_seconds, first.method) == (0.0, AGE_LOWER_BOUND)
-    assert (later.age_seconds, later.error_seconds, later.method) == (60.0, None, AGE_LOWER_BOUND)
+def test_a_backlog_older_than_the_observer_is_seen_as_old_at_once():
+    """The broker kept the history: an observer that starts now learns when the backlog arrived
+    (the old in-process history could only say "at least 0 s" on its first poll)."""
+    samples = series(1000, 5, [0] * 4 + [7] * 17)  # 7 published between 1015 and 1020
+    estimate = head_age(samples, published_total=7, ready=7, now=1100, stats_lag_seconds=5)
+    assert estimate.method == AGE_FROM_PUBLISH_COUNTER
+    assert estimate.age_seconds - estimate.error_seconds <= 85 <= estimate.age_seconds + estimate.error_seconds
+    assert estimate.age_seconds >= 80
 
 
-def test_a_counter_that_goes_backwards_restarts_the_history():
-    history = PublishHistory(stats_lag_seconds=0)
-    history.observe("q", now=0, published_total=50, ready=0)
-    estimate = history.observe("q", now=10, published_total=2, ready=2)  # queue re-declared
-    assert estimate.method == AGE_LOWER_BOUND
+def test_a_head_older_than_the_window_is_a_lower_bound():
+    estimate = head_age(series(500, 5, [40] * 121), published_total=40, ready=3, now=1100)
+    assert (estimate.age_seconds, estimate.error_seconds, estimate.method) == (600.0, None, AGE_LOWER_BOUND)
 
 
-def test_history_stays_small_for_a_queue_that_keeps_moving():
-    history = PublishHistory(stats_lag_seconds=0)
-    for t in range(1000):
-        history.observe("q", now=t, published_total=t * 10, ready=15)
-    assert len(history._runs["q"]) <= 3
-    estimate = history.observe("q", now=1000, published_total=10000, ready=15)
-    assert estimate.method == AGE_FROM_PUBLISH_COUNTER and estimate.age_seconds <= 2
+def test_a_reset_counter_only_counts_its_own_run():
+    # The node restarted between 20 and 30; four messages published since, one consumed.
+    samples = series(0, 10, [50, 50, 50, 2, 4, 4])
+    estimate = head_age(samples, published_total=4, ready=3, now=60, stats_lag_seconds=0)
+    assert estimate.method == AGE_FROM_PUBLISH_COUNTER  # message 2 of the new run: in [20, 30]
+    assert (estimate.age_seconds, estimate.error_seconds) == (35.0, 5.0)
 
 
-def test_a_ready_count_lagging_the_counter_keeps_the_bracket():
-    history = PublishHistory(stats_lag_seconds=0)
-    history.observe("q", now=0, published_total=0, ready=0)
-    history.observe("q", now=10, published_total=3, ready=0)  # counts not yet reported (new quorum queue)
-    history.observe("q", now=12, published_total=3, ready=0)
-    estimate = history.observe("q", now=20, published_total=3, ready=3)
-    assert (estimate.age_seconds, estimate.error_seconds, estimate.method) == (15.0, 5.0, AGE_FROM_PUBLISH_COUNTER)
+def test_a_head_that_was_never_counted_has_an_unknown_age_not_a_young_one():
+    # 100 durable messages recovered after a restart: the counter only saw the 3 published since.
+    assert head_age(series(0, 10, [0, 3, 3]), published_total=3, ready=103, now=30) is None
+    assert head_age(series(0, 10, [0, 0]), published_total=0, ready=0, now=30) is None
+
+
+def test_samples_that_lag_the_document_bracket_up_to_now():
+    estimate = head_age(series(0, 5, [0, 0, 0]), published_total=2, ready=2, now=14, stats_lag_seconds=5)
+    assert (estimate.age_seconds, estimate.error_seconds) == (4.5, 4.5)  # published in [5, 14]
+
+
+def test_samples_are_read_from_the_management_api_shape():
+    details = {"samples": [{"sample": 7, "timestamp": 1796131075000}, {"sample": 3, "timestamp": 1796131070000},
+                           {"timestamp": 1}]}
+    assert samples_of(details) == [(1796131075.0, 7), (1796131070.0, 3)]
+    assert samples_of(None) == []

@@ -1,7 +1,6 @@
 """Pure parts of inspection: routing unacked entries to queues, skipping ETA messages, API documents."""
 import json
 
-from taskherd.queues.publish_history import PublishHistory
 from taskherd.queues.rabbitmq import stats_from_api
 from taskherd.queues.redis import SEP, oldest_undelayed, queues_for_delivery
 from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, AGE_FROM_PUBLISH_COUNTER, QueueStats
@@ -26,17 +25,41 @@ def test_the_oldest_message_without_eta_decides_the_age():
 
 
 def test_classic_head_timestamp_or_the_counter_estimate_when_it_is_missing():
-    history = PublishHistory(stats_lag_seconds=0)
     base = {"name": "q", "messages_unacknowledged": 1, "consumers": 2, "type": "classic"}
-    stats_from_api({**base, "messages_ready": 0, "message_stats": {"publish": 0}}, vhost="/", base="b",
-                   now=0, history=history)
-    stamped = stats_from_api({**base, "messages_ready": 3, "head_message_timestamp": 90,
-                              "message_stats": {"publish": 4}}, vhost="/", base="b", now=100, history=history)
+    history = {"publish": 4, "publish_details": {"samples": [{"sample": 4, "timestamp": 50_000},
+                                                             {"sample": 0, "timestamp": 45_000}]}}
+    stamped = stats_from_api({**base, "messages_ready": 3, "head_message_timestamp": 90, "message_stats": history},
+                             now=100)
     assert (stamped.ready, stamped.unacked, stamped.consumers) == (3, 1, 2)
     assert (stamped.oldest_age_seconds, stamped.oldest_age_method) == (10, AGE_FROM_HEAD_TIMESTAMP)
-    paged_out = stats_from_api({**base, "messages_ready": 3, "head_message_timestamp": None,
-                                "message_stats": {"publish": 4}}, vhost="/", base="b", now=110, history=history)
-    assert paged_out.oldest_age_method == AGE_FROM_PUBLISH_COUNTER and paged_out.oldest_age_seconds == 60
+    paged_out = stats_from_api({**base, "messages_ready": 3, "head_message_timestamp": None, "message_stats": history},
+                               now=110)
+    assert paged_out.oldest_age_method == AGE_FROM_PUBLISH_COUNTER
+    assert paged_out.oldest_age_seconds == 110 - (35 + 50) / 2  # published in [45 - 10 s lag, 50]
+
+
+def test_a_fresh_broker_that_reports_counts_before_the_head_timestamp_never_calls_an_old_backlog_young():
+    """Seen on a freshly installed RabbitMQ: the first documents carry no statistics, the next ones
+    counts and the publish counter but no head timestamp yet. Seven messages have waited since
+    t=1000; the observer starts at t=1040."""
+    first = stats_from_api({"name": "q", "type": "classic"}, now=1040)
+    assert first.pending and first.oldest_age_seconds is None
+    history = {"publish": 7, "publish_details": {"samples": [{"sample": 7 if t >= 1000 else 0, "timestamp": t * 1000}
+                                                             for t in range(945, 1050, 5)]}}
+    counted = stats_from_api({"name": "q", "type": "classic", "messages_ready": 7, "messages_unacknowledged": 0,
+                              "consumers": 0, "message_stats": history}, now=1047)
+    assert not counted.pending and counted.ready == 7
+    low = counted.oldest_age_seconds - counted.oldest_age_error_seconds
+    assert low >= 40, counted
+
+
+def test_a_queue_whose_head_age_cannot_be_known_says_so():
+    never_counted = stats_from_api({"name": "q", "messages_ready": 5, "message_stats": {"publish": 1}}, now=10)
+    assert never_counted.oldest_age_seconds is None and never_counted.oldest_age_is_lower_bound
+    no_rates = stats_from_api({"name": "q", "messages_ready": 5}, now=10)
+    assert no_rates.oldest_age_seconds is None and no_rates.oldest_age_is_lower_bound
+    empty = stats_from_api({"name": "q", "messages_ready": 0}, now=10)
+    assert not empty.oldest_age_is_lower_bound
 
 
 def test_visibility_headroom():

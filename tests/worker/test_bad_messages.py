@@ -1,10 +1,10 @@
 """Bad messages go to the DLQ with the reason, and the worker keeps consuming."""
 import base64
 import pickle
-import uuid
 
 from kombu import Connection, Producer
 
+from raw_messages import DROP, task_headers
 from worker_support import core_env, dead_letters, wait_for  # noqa: F401
 
 
@@ -25,13 +25,6 @@ def _publish_raw(broker_url, queue, body, *, headers, content_type, content_enco
             content_type=content_type, content_encoding=content_encoding)
 
 
-def _task_headers(task="core.record", **overrides):
-    headers = {"lang": "py", "task": task, "id": str(uuid.uuid4()), "root_id": None, "parent_id": None,
-               "group": None, "retries": 0, "eta": None, "expires": None, "argsrepr": "", "kwargsrepr": ""}
-    headers.update(overrides)
-    return headers
-
-
 def test_bad_messages_are_dead_lettered_with_the_reason_and_consuming_goes_on(
         broker_url, record_url, recorded, producer, unique_name, worker_factory, tmp_path):
     worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1,
@@ -42,13 +35,12 @@ def test_bad_messages_are_dead_lettered_with_the_reason_and_consuming_goes_on(
     not_json = b"{this is not json"
 
     _publish_raw(broker_url, q, not_json, headers={}, content_type="application/json")
-    _publish_raw(broker_url, q, not_json, headers=_task_headers(id="garbage-body"),
+    _publish_raw(broker_url, q, not_json, headers=task_headers(id="garbage-body"),
                  content_type="application/json")
     unknown = producer.send_task("core.no_such_task", args=(1,), queue=q)
-    broken = _task_headers()
-    del broken["id"]
+    broken = task_headers(id=DROP)
     _publish_raw(broker_url, q, b'[["x"], {}, {}]', headers=broken, content_type="application/json")
-    _publish_raw(broker_url, q, pickled, headers=_task_headers(id="pickled"),
+    _publish_raw(broker_url, q, pickled, headers=task_headers(id="pickled"),
                  content_type="application/x-python-serialize", content_encoding="binary")
     producer.send_task("core.record", args=("after", "ok"), queue=q)
 
@@ -71,7 +63,7 @@ def test_bad_messages_are_dead_lettered_with_the_reason_and_consuming_goes_on(
 
     (broken_env,) = by_reason["invalid-message"]
     assert broken_env.task == "core.record"
-    assert broken_env.detail == "broken headers: 'id' must be a non-empty str, got None"
+    assert broken_env.detail == "header 'id' must be a non-empty string, got None"
     assert "id" not in broken_env.headers
 
     (refused,) = by_reason["content-refused"]

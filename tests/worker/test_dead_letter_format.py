@@ -1,12 +1,10 @@
-"""Pure parts of dead-lettering: envelope round trip, DLQ message parsing, redrive messages, header checks."""
+"""Pure parts of dead-lettering: envelope round trip, DLQ message parsing, redrive messages."""
 import base64
 import datetime as dt
 import json
-import types
 
 import pytest
 
-from taskherd.worker.components.bad_messages import broken_headers
 from taskherd.worker.deadletter import ENVELOPE_HEADER, Envelope, Reason, json_safe
 from taskherd.worker.deliveries import delivery_key, exceeds
 from taskherd.commands.dlq import parse, redrive_message
@@ -69,20 +67,6 @@ def test_native_x_death_message_is_read_and_redriven_without_death_headers():
 def test_unknown_dlq_message_has_a_stable_ref_and_no_queue():
     letter = parse(b"hello", {}, "text/plain", "utf-8")
     assert letter.kind == "unknown" and letter.queue is None and letter.ref == parse(b"hello", {}, None, None).ref
-
-
-@pytest.mark.parametrize("headers,problem", [
-    ({"task": "t"}, "'id' must be a non-empty str, got None"),
-    ({"task": "t", "id": ""}, "'id' must be a non-empty str, got ''"),
-    ({"task": 5, "id": "x"}, "'task' must be a non-empty str, got 5"),
-    ({"task": "t", "id": "x", "retries": "three"}, "'retries' must be an integer, got 'three'"),
-    ({"task": "t", "id": "x", "retries": 0}, None),
-    ({}, None),  # not protocol 2: Celery's own decoding path decides
-])
-def test_broken_headers(headers, problem):
-    message = types.SimpleNamespace(headers=headers)
-    found = broken_headers(message)
-    assert (found is None) if problem is None else (problem in found)
 
 
 def test_delivery_budget():

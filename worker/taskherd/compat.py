@@ -9,10 +9,11 @@ instead of a worker that silently stops recovering or counting.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable
 
 
 class Internal:
@@ -116,6 +117,22 @@ INTERNALS: tuple[Internal, ...] = (
              why="take back a job no pool child has seen, when draining"),
     Internal("celery", "celery.concurrency.asynpool:AsynPool", "instance attributes", parameters=("outbound_buffer",),
              why="take back a job no pool child has seen, when draining"),
+    # Bad messages (taskherd.worker.components.bad_messages): a Redis list item kombu cannot parse
+    # is caught between the pop and kombu's parse (taskherd.worker.redis_items).
+    Internal("kombu", "kombu.transport.redis:Channel._get_client", "callable",
+             why="check each item a Redis channel pops before kombu parses it"),
+    Internal("kombu", "kombu.transport.redis:Channel._brpop_read", "callable",
+             why="check each item a Redis channel pops before kombu parses it (it reads BRPOP "
+                 "through its client's parse_response)"),
+    Internal("kombu", "kombu.transport.redis:Channel.sep", "attribute",
+             why="name the queue of a priority list an unreadable item was popped from"),
+    Internal("kombu", "kombu.transport.virtual:Channel.codecs", "attribute",
+             why="check a Redis item's body_encoding as kombu will decode it"),
+    Internal("redis", "redis.client:Redis.parse_response", "callable", parameters=("connection", "command_name"),
+             why="check each item a Redis channel pops before kombu parses it"),
+    # Bad messages: a task's argument check, as apply_async runs it (celery.app.task).
+    Internal("celery", "celery.utils.functional:head_from_fun", "callable", parameters=("fun", "bound"),
+             why="check a message's arguments against its task's signature before it reaches the pool"),
     # Hard time limits (taskherd.worker.task): the main process's side of a task.
     Internal("celery", "celery.worker.request:Request.on_timeout", "callable", parameters=("soft", "timeout"),
              why="dead-letter a task killed by its hard time limit"),
@@ -163,3 +180,68 @@ def redis_qos_base() -> type:
     return kombu_redis.QoS
 
 
+def guard_redis_items(guard: Callable[[Any, str], Any]) -> None:
+    """Makes every kombu Redis channel of this process pass each item it pops off a queue list
+    (BRPOP when consuming, RPOP for ``basic_get``) through ``guard(item, queue)`` and parse what
+    ``guard`` returns instead. Installing a guard again replaces the previous one."""
+    from kombu.transport import redis as kombu_redis
+
+    channel = kombu_redis.Channel
+    original = getattr(channel._get_client, "taskherd_original", channel._get_client)
+    separator = channel.sep
+    classes: dict[type, type] = {}
+
+    def queue_of(list_key: Any) -> str:
+        # The key comes without the global_keyprefix (kombu's client strips it) but may carry a
+        # priority suffix: <queue><sep><priority>.
+        name = list_key.decode("utf-8", "replace") if isinstance(list_key, bytes) else str(list_key)
+        return name.rsplit(separator, 1)[0]
+
+    def guarded_class(base: type) -> type:
+        if base not in classes:
+            class GuardedRedis(base):
+                def parse_response(self, connection, command_name, **options):
+                    response = super().parse_response(connection, command_name, **options)
+                    if command_name == "BRPOP" and response:
+                        list_key, item = response
+                        return list_key, guard(item, queue_of(list_key))
+                    return response
+
+                def rpop(self, name, count=None):
+                    item = super().rpop(name, count)
+                    return guard(item, queue_of(name)) if count is None and item is not None else item
+
+            classes[base] = GuardedRedis
+        return classes[base]
+
+    def _get_client(self):
+        client = original(self)
+        if isinstance(client, functools.partial):  # kombu's prefixed client, with its prefix bound
+            return functools.partial(guarded_class(client.func), *client.args, **client.keywords)
+        return guarded_class(client)
+
+    _get_client.taskherd_original = original
+    channel._get_client = _get_client
+
+
+def redis_item_loads(item: Any) -> Any:
+    """A popped Redis item parsed exactly as kombu's Redis channel parses it."""
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    return loads(bytes_to_str(item))
+
+
+def redis_body_codecs() -> dict[str, Any]:
+    """kombu's body encodings of virtual transports by name (``{"base64": …}``): each ``.decode(body)``."""
+    from kombu.transport import virtual
+
+    return dict(virtual.Channel.codecs)
+
+
+def argument_checker(task: Any) -> Callable[..., Any] | None:
+    """The function ``apply_async`` calls to check a task's arguments against its signature
+    (raising TypeError), or None when the task has none or opted out (``typing=False``)."""
+    if not getattr(task, "typing", False):
+        return None
+    return getattr(task, "__header__", None)

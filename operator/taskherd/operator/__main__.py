@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-namespace", default=None)
     parser.add_argument("--metrics-port", type=int, default=None, help=f"0 disables (default {config.metrics_port})")
     parser.add_argument("--liveness", default=None, help=f"kopf liveness endpoint (default {config.liveness_endpoint})")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="log every write as '**DRY-RUN**: would …' instead of making it (no Lease)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.namespaces:
@@ -31,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         config.lease_namespace = args.lease_namespace
     if args.metrics_port is not None:
         config.metrics_port = args.metrics_port
+    if args.dry_run:
+        config.dry_run = True
     if args.liveness is not None:
         config.liveness_endpoint = args.liveness or None
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if not args.verbose:  # kopf logs every watch event and every health probe at INFO
-        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
+        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
     import kopf

@@ -1,6 +1,7 @@
 """Delivering pages: Alertmanager's v2 API (`POST /api/v2/alerts`) or a plain JSON webhook."""
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
@@ -46,6 +47,16 @@ class HttpPoster:
     async def __call__(self, url: str, body: Any) -> None:
         response = await self._client.post(url, json=body)
         response.raise_for_status()
+
+
+class DryRunPoster:
+    """Logs the page it would POST (`**DRY-RUN**: would …`) instead of sending it."""
+
+    def __init__(self, log: logging.Logger | None = None) -> None:
+        self.log = log or logging.getLogger("taskherd.operator")
+
+    async def __call__(self, url: str, body: Any) -> None:
+        self.log.info("**DRY-RUN**: would POST a page to %s: %s", url, body)
 
 
 async def deliver(page: Page, *, alertmanager_url: str | None, webhook_url: str | None, poster: Poster,

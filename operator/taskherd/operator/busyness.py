@@ -2,7 +2,7 @@
 
 Why metrics rather than `kubectl exec taskherd probe`: an HTTP GET needs no `pods/exec` RBAC
 (exec is close to root in the pod), no websocket stream and no process fork in the worker; the
-worker serves `taskherd_tasks_in_flight` on :9808 anyway. The reader is injectable: handlers take
+worker serves `taskherd_tasks_in_flight` on its metrics port anyway. The reader is injectable: handlers take
 any `async (pod) -> int | None`.
 """
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any, Awaitable, Callable, Mapping
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from taskherd.contract import WORKER_METRICS_PORT
+
 from .deletion_cost import PodBusyness
 
-METRICS_PORT = 9808
 IN_FLIGHT_METRIC = "taskherd_tasks_in_flight"
 
 BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | None"]]
@@ -42,7 +43,7 @@ def pod_is_running(pod: Mapping[str, Any]) -> bool:
 class MetricsBusynessReader:
     """GET http://<podIP>:<port>/metrics and read the in-flight gauge."""
 
-    def __init__(self, *, port: int = METRICS_PORT, timeout: float = 2.0,
+    def __init__(self, *, port: int = WORKER_METRICS_PORT, timeout: float = 2.0,
                  client: httpx.AsyncClient | None = None) -> None:
         self.port = port
         self._client = client or httpx.AsyncClient(timeout=timeout)

@@ -1,4 +1,6 @@
-"""Operator settings, in one place: environment variables, overridable by `python -m taskherd.operator` flags."""
+"""Operator settings, in one place: the environment (read through taskherd.contract, which names the
+variable, its value and the valid range when one is wrong), overridable by the flags of
+`python -m taskherd.operator`."""
 from __future__ import annotations
 
 import os
@@ -6,16 +8,22 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from .metrics import METRICS_PORT
+from taskherd import contract
+
+#: the operator's variables of the contract (their parsers, ranges and defaults live there).
+VARIABLES = ("TASKHERD_WATCH_NAMESPACES", "TASKHERD_LEASE_NAME", "TASKHERD_LEADER_ELECTION",
+             "TASKHERD_OPERATOR_METRICS_PORT", "TASKHERD_OPERATOR_HEALTH_PORT", "TASKHERD_WORKER_METRICS_PORT",
+             "TASKHERD_ALERTMANAGER_URL")
 
 
-def _namespaces(value: str | None) -> list[str]:
-    return [n.strip() for n in (value or "").split(",") if n.strip()]
+def health_endpoint(port: int) -> str | None:
+    """kopf's liveness endpoint on every interface; 0 turns it off."""
+    return f"http://0.0.0.0:{port}/healthz" if port else None
 
 
 @dataclass(kw_only=True)
 class OperatorConfig:
-    #: namespaces to watch (TASKHERD_WATCH_NAMESPACES, comma separated); empty = the operator's own.
+    #: namespaces to watch (TASKHERD_WATCH_NAMESPACES); empty = the operator's own.
     namespaces: list[str] = field(default_factory=list)
     #: namespace of the leader Lease (POD_NAMESPACE, set by the chart from the downward API).
     lease_namespace: str = "default"
@@ -24,25 +32,32 @@ class OperatorConfig:
     #: False = standalone (a single replica, no Lease).
     leader_election: bool = True
     #: port of the operator's /metrics; 0 disables.
-    metrics_port: int = METRICS_PORT
-    #: kopf's liveness endpoint.
-    liveness_endpoint: str | None = "http://0.0.0.0:8080/healthz"
+    metrics_port: int = contract.OPERATOR_METRICS_PORT
+    #: kopf's liveness endpoint; None disables.
+    liveness_endpoint: str | None = health_endpoint(contract.OPERATOR_HEALTH_PORT)
     #: Alertmanager used when a WorkerPool names no alert target.
     default_alertmanager_url: str | None = None
     #: port of the workers' metrics (taskherd_tasks_in_flight).
-    worker_metrics_port: int = 9808
+    worker_metrics_port: int = contract.WORKER_METRICS_PORT
+    #: log every write (scale, annotation, status, Event, page) as `**DRY-RUN**: would …` instead
+    #: of making it; implies no leader election (taking the Lease is a write too).
+    dry_run: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
+        """Raises contract.ContractError naming every variable that is set to an invalid value."""
         env = dict(os.environ if env is None else env)
+        values, problems = contract.read(VARIABLES, env)
+        if problems:
+            raise contract.ContractError(problems)
         own = env.get("POD_NAMESPACE") or "default"
         return cls(
-            namespaces=_namespaces(env.get("TASKHERD_WATCH_NAMESPACES")) or [own],
+            namespaces=list(values["TASKHERD_WATCH_NAMESPACES"] or ()) or [own],
             lease_namespace=own,
-            lease_name=env.get("TASKHERD_LEASE_NAME", "taskherd-operator"),
-            leader_election=env.get("TASKHERD_LEADER_ELECTION", "true").lower() not in ("0", "false", "no"),
-            metrics_port=int(env.get("TASKHERD_OPERATOR_METRICS_PORT", METRICS_PORT)),
-            liveness_endpoint=env.get("TASKHERD_LIVENESS_ENDPOINT", "http://0.0.0.0:8080/healthz") or None,
-            default_alertmanager_url=env.get("TASKHERD_ALERTMANAGER_URL") or None,
-            worker_metrics_port=int(env.get("TASKHERD_WORKER_METRICS_PORT", 9808)),
+            lease_name=values["TASKHERD_LEASE_NAME"],
+            leader_election=values["TASKHERD_LEADER_ELECTION"],
+            metrics_port=values["TASKHERD_OPERATOR_METRICS_PORT"],
+            liveness_endpoint=health_endpoint(values["TASKHERD_OPERATOR_HEALTH_PORT"]),
+            default_alertmanager_url=values["TASKHERD_ALERTMANAGER_URL"],
+            worker_metrics_port=values["TASKHERD_WORKER_METRICS_PORT"],
         )

@@ -9,13 +9,13 @@ from typing import Any
 import kopf
 
 from . import kube
-from .alerts import HttpPoster
+from .alerts import DryRunPoster, HttpPoster
+from .broker import BrokerObserver
 from .busyness import MetricsBusynessReader
 from .config import OperatorConfig
 from .leader import AlwaysLeader, LeaderElector
 from .metrics import OperatorMetrics
-from .observe import BrokerObserver
-from .reconcile import Deps
+from .poll import Deps
 from .scheduler import PoolScheduler
 
 #: set by __main__ before kopf starts; from the environment otherwise (`kopf run -m ...`).
@@ -42,14 +42,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
         from prometheus_client import start_http_server
         start_http_server(config.metrics_port)
     elector = (LeaderElector(namespace=config.lease_namespace, name=config.lease_name, identity=config.identity,
-                             api=api.api) if config.leader_election else AlwaysLeader())
-    deps = Deps(kube=api, observe=BrokerObserver(kube=api), busyness=MetricsBusynessReader(port=config.worker_metrics_port),
-                poster=HttpPoster(), metrics=metrics, default_alertmanager_url=config.default_alertmanager_url)
+                             api=api.api) if config.leader_election and not config.dry_run else AlwaysLeader())
+    writer = kube.DryRunKube(api) if config.dry_run else api
+    deps = Deps(kube=writer, observe=BrokerObserver(kube=api),
+                busyness=MetricsBusynessReader(port=config.worker_metrics_port),
+                poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
+                default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector
     memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading)
     memo.tasks = [asyncio.create_task(elector.run()), asyncio.create_task(memo.scheduler.run())]
-    logger.info("taskherd operator %s watching %s (leader election %s)", config.identity, config.namespaces,
-                "on" if config.leader_election else "off")
+    logger.info("taskherd operator %s watching %s (leader election %s%s)", config.identity, config.namespaces,
+                "on" if isinstance(elector, LeaderElector) else "off", ", DRY RUN" if config.dry_run else "")
 
 
 @kopf.on.cleanup()

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-#: default port of the operator's /metrics (the worker uses 9808).
-METRICS_PORT = 9809
-
 
 class OperatorMetrics:
     def __init__(self, *, registry: CollectorRegistry = REGISTRY) -> None:
@@ -17,7 +14,7 @@ class OperatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=registry)
         self.errors = Counter(
             "taskherd_operator_errors_total",
-            "Errors by kind (broker, scale, status, page, busyness, spec)", ["kind"], registry=registry)
+            "Errors by kind (spec, broker, scale, busyness, terminations, event, page, status, internal)", ["kind"], registry=registry)
         self.pages = Counter(
             "taskherd_operator_dead_letter_pages_total", "Dead-letter pages sent, by kind (fire, resend, resolve)",
             ["kind"], registry=registry)

@@ -1,101 +1,86 @@
-"""Observing a pool's queues: the broker URL from its Secret, then `taskherd.queues.inspect_queues`.
+"""The observe step of a poll: read everything one WorkerPool's decision needs, change nothing.
 
-`inspect_queues` is blocking (redis-py / HTTP to the RabbitMQ management API), so it runs in a
-worker thread. The observer is injectable: the reconcile loop takes any
-`async (namespace, BrokerSpec) -> Observation` and tests pass a fake.
+Reads the spec, the queues (through the broker Secret), the scale subresource of the target, and
+the worker pods when they matter (their busyness before a possible scale-down, their terminations
+every TERMINATIONS_EVERY_SECONDS). A failed read becomes a `Problem` in the snapshot, never an
+exception: the plan turns it into a condition.
 """
 from __future__ import annotations
 
-import asyncio
-import re
-import threading
-import time
-from typing import Any, Awaitable, Callable, Mapping
-from urllib.parse import urlsplit
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .kube import Kube, NotFound
-from .policy import BrokerSpec
-from .scaling import Observation
+from .busyness import read_busyness
+from .deletion_cost import ANNOTATION
+from .kube import NotFound, Scale, Unsupported
+from .pause import pause_from
+from .plan import PoolMemory, Problem, Snapshot, needs_busyness
+from .policy import InvalidSpec, parse_spec
+from .status import redact
 
-ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
-#: a Secret is re-read at most this often (a rotated URL is picked up within this delay).
-SECRET_TTL_SECONDS = 30.0
-#: Redis clients kept (one connection pool per broker URL).
-MAX_REDIS_CLIENTS = 64
+if TYPE_CHECKING:
+    from .poll import Deps
 
-
-class ObservationError(RuntimeError):
-    """The queues could not be observed; the message is shown in the BrokerReachable condition."""
+log = logging.getLogger("taskherd.operator")
 
 
-def redact(text: str) -> str:
-    """Error texts end up in the status: never show a password from a broker URL."""
-    return re.sub(r"://[^/@\s]*@", "://***@", text)
+def _error_text(exc: BaseException) -> str:
+    return redact(f"{type(exc).__name__}: {exc}")
 
 
-def aggregate(stats: Mapping[str, Any], broker: BrokerSpec) -> Observation:
-    """Sum the pool's work queues; DLQs are reported per queue (their ready count)."""
-    work = [stats[q] for q in broker.queues if q in stats]
-    ages = [s.oldest_age_seconds for s in work if s.oldest_age_seconds is not None]
-    return Observation(
-        ready=sum(s.ready for s in work),
-        unacked=sum(s.unacked for s in work),
-        oldest_message_age_seconds=max(ages) if ages else None,
-        dead_letters={q: stats[q].ready for q in broker.dead_letter_queues if q in stats},
-    )
+async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> Snapshot:
+    now = deps.clock()
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except InvalidSpec as exc:
+        return Snapshot(body=body, now=now, spec_problem=Problem("InvalidSpec", str(exc)), errors=("spec",))
+    errors: list[str] = []
+    read: dict[str, Any] = {"pause": pause_from(meta.get("annotations"))}
+    try:
+        read["observation"] = await deps.observe(namespace, spec.broker)
+    except Exception as exc:  # noqa: BLE001 - a condition, not a crash loop
+        errors.append("broker")
+        read["broker_problem"] = Problem(getattr(exc, "reason", "BrokerUnreachable"),
+                                         redact(str(exc)) or type(exc).__name__)
+    target = spec.target.describe(namespace)
+    try:
+        read["scale"] = await deps.kube.get_scale(namespace, spec.target)
+    except NotFound:
+        errors.append("scale")
+        read["scale_problem"] = Problem("ScaleTargetNotFound", f"{target} not found")
+    except Unsupported as exc:
+        errors.append("scale")
+        read["scale_problem"] = Problem("ScaleTargetUnsupported", f"{target} cannot be scaled: {exc}")
+    except Exception as exc:  # noqa: BLE001 - API errors (403, 5xx, timeouts) are conditions too
+        errors.append("scale")
+        read["scale_problem"] = Problem("FailedGetScale", f"scale of {target} not read: {_error_text(exc)}")
 
-
-class BrokerObserver:
-    def __init__(self, *, kube: Kube, inspect: Callable[..., Mapping[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.kube = kube
-        self._inspect = inspect
-        self._clock = clock
-        self._secrets: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
-        self._redis_clients: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def _inspect_default(self, url: str, queues: list[str], *, management_url: str | None,
-                         global_keyprefix: str) -> Mapping[str, Any]:
-        """`taskherd.queues.inspect_queues`, except that Redis clients are kept between polls:
-        a new connection per poll cost 2 ms of the 3 ms CPU of a poll (bench/operator_scale.py)."""
-        if urlsplit(url).scheme in ("redis", "rediss"):
-            import redis
-
-            from taskherd.queues.redis import inspect_redis
-            with self._lock:
-                client = self._redis_clients.get(url)
-                if client is None:
-                    if len(self._redis_clients) >= MAX_REDIS_CLIENTS:  # a rotated URL leaves its old client
-                        self._redis_clients.pop(next(iter(self._redis_clients))).close()
-                    client = self._redis_clients[url] = redis.Redis.from_url(
-                        url, socket_timeout=10, socket_connect_timeout=5)
-            return inspect_redis(url, queues, global_keyprefix=global_keyprefix, client=client)
-        from taskherd.queues import inspect_queues
-        return inspect_queues(url, queues, management_url=management_url, global_keyprefix=global_keyprefix)
-
-    async def _secret(self, namespace: str, name: str) -> dict[str, str]:
-        cached = self._secrets.get((namespace, name))
-        if cached and self._clock() - cached[0] < SECRET_TTL_SECONDS:
-            return cached[1]
+    scale: Scale | None = read.get("scale")
+    want_busyness = scale is not None and needs_busyness(spec, read["pause"], read.get("observation"),
+                                                         scale.replicas, memory, now)
+    # A scale subresource without a selector (a custom resource may declare none) names no pods:
+    # listing with an empty selector would read every pod of the namespace.
+    has_pods = scale is not None and bool(scale.selector)
+    want_busyness, want_terminations = has_pods and want_busyness, has_pods and memory.terminations_due(now)
+    if want_busyness or want_terminations:
         try:
-            data = await self.kube.read_secret(namespace, name)
-        except NotFound as exc:
-            raise ObservationError(f"broker Secret {namespace}/{name} not found") from exc
-        self._secrets[(namespace, name)] = (self._clock(), data)
-        return data
-
-    async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
-        secret = await self._secret(namespace, broker.secret_name)
-        if broker.secret_key not in secret:
-            raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} "
-                                   f"(keys: {sorted(secret)})")
-        management = secret.get(broker.management_url_key) if broker.management_url_key else None
-        inspect = self._inspect or self._inspect_default
-        try:
-            stats = await asyncio.to_thread(
-                inspect, secret[broker.secret_key], list(broker.queues) + list(broker.dead_letter_queues),
-                management_url=management, global_keyprefix=broker.global_keyprefix)
-        except Exception as exc:  # BrokerUnreachable and anything the client library raises
-            raise ObservationError(redact(f"{type(exc).__name__}: {exc}")) from exc
-        return aggregate(stats, broker)
+            pods = await deps.kube.list_pods(namespace, scale.selector)
+        except Exception as exc:  # noqa: BLE001 - busyness unknown: the plan keeps every pod
+            errors.append("busyness")
+            log.warning("%s/%s: worker pods not read: %s", namespace, meta["name"], _error_text(exc))
+            read["busyness_unreadable"] = want_busyness
+            pods = None
+        if pods is not None and want_busyness:
+            read["busyness"] = tuple(await read_busyness(pods, deps.busyness))
+            read["cost_annotations"] = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(ANNOTATION)
+                                        for p in pods}
+        if pods is not None and want_terminations:
+            try:
+                read["pod_events"] = tuple(await deps.kube.list_pod_events(namespace))
+                read["pods"] = tuple(pods)
+            except Exception as exc:  # noqa: BLE001 - the report is best effort
+                errors.append("terminations")
+                log.warning("%s/%s: terminations not read: %s", namespace, meta["name"], _error_text(exc))
+    return Snapshot(body=body, now=now, spec=spec, errors=tuple(errors), **read)

@@ -3,7 +3,7 @@
 `desired_replicas()` decides; the caller applies the result through the Deployment's scale
 subresource and appends `decision.recommendation` to the history it passes next time.
 
-Rules (each one a property test in tests/operator/test_scaling.py):
+Rules (each one a property test in tests/operator/test_operator_scaling.py):
 - depth (ready + unacked) needs ceil(depth / targetDepthPerWorker) workers; scale-up goes there in
   one step, and 0 -> N happens on the first poll that sees work;
 - an oldest waiting message older than maxOldestMessageAgeSeconds adds workers even when the
@@ -13,6 +13,9 @@ Rules (each one a property test in tests/operator/test_scaling.py):
 - scale-down goes to the highest recommendation of the stabilisation window (the HPA's rule),
   only once the history covers the whole window, and never below the busy workers;
 - N -> 0 only when the queues are empty and no worker is busy;
+- an age known only from below ("at least 7 s") is never read as young: above the limit it
+  scales up like a known age; under it, or unknown, it blocks any scale-down while messages wait;
+- queues whose figures the broker has not reported yet hold the current count;
 - the result is always within [minReplicas, maxReplicas];
 - when the workers' throughput is known (``Observation.throughput``: arrival rate, mean service
   time, slots per worker), Little's law gives the workers the arrivals keep busy,
@@ -102,10 +105,18 @@ class Observation:
 
     ready: int
     unacked: int
-    #: age of the oldest READY message over all queues; None when empty or unknown.
+    #: age of the oldest READY message over all queues; None when none waits (or, with ready > 0,
+    #: when nothing is known about it: the same as a lower bound of 0).
     oldest_message_age_seconds: float | None = None
-    #: dead-letter queue -> messages in it.
-    dead_letters: Mapping[str, int] = field(default_factory=dict)
+    #: the oldest message has waited AT LEAST oldest_message_age_seconds: the broker could only
+    #: bound it from below (taskherd.queues' AGE_LOWER_BOUND, an unstamped message, ...).
+    oldest_message_age_is_lower_bound: bool = False
+    #: how the age was measured (taskherd.queues.stats AGE_*); None when unknown.
+    oldest_message_age_method: str | None = None
+    #: dead-letter queue -> messages in it; None while the broker has not reported it.
+    dead_letters: Mapping[str, int | None] = field(default_factory=dict)
+    #: queues whose figures the broker has not reported yet (their counts are unknown, not 0).
+    pending_queues: tuple[str, ...] = ()
     #: the workers' throughput, when their metrics were read; None: the depth and age rules alone.
     throughput: Throughput | None = None
 
@@ -115,7 +126,11 @@ class Observation:
 
     @property
     def dead_letter_depth(self) -> int:
-        return sum(self.dead_letters.values())
+        return sum(d for d in self.dead_letters.values() if d is not None)
+
+    @property
+    def age_known_only_from_below(self) -> bool:
+        return self.ready > 0 and (self.oldest_message_age_is_lower_bound or self.oldest_message_age_seconds is None)
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,19 @@ def _age_ratio(policy: ScalingPolicy, observation: Observation) -> float | None:
     limit, age = policy.max_oldest_message_age_seconds, observation.oldest_message_age_seconds
     if limit is None or age is None or observation.ready == 0 or age <= limit:
         return None
-    return age / limit
+    return age / limit  # a lower bound over the limit is over the limit
+
+
+def _age_in_doubt(policy: ScalingPolicy, observation: Observation) -> str | None:
+    """Why a scale-down cannot be justified: messages wait and their age may be over the limit."""
+    limit = policy.max_oldest_message_age_seconds
+    if limit is None or not observation.age_known_only_from_below:
+        return None
+    age = observation.oldest_message_age_seconds
+    if age is not None and age > limit:
+        return None  # known to be over the limit: the age rule already acts on it
+    known = "unknown" if not age else f"at least {int(age)}s, perhaps more"
+    return f"the oldest message's age is {known} (limit {limit:g}s)"
 
 
 def _needed(policy: ScalingPolicy, observation: Observation, current: int,
@@ -166,7 +193,8 @@ def _needed(policy: ScalingPolicy, observation: Observation, current: int,
     settling = any(r.age_triggered and now - AGE_SETTLE_SECONDS < r.at <= now for r in history)
     by_age = current if settling else min(depth, max(current + 1, math.ceil(current * ratio)))
     if by_age > by_depth:
-        return by_age, (f"oldest message waited {observation.oldest_message_age_seconds:.0f}s > "
+        at_least = "at least " if observation.oldest_message_age_is_lower_bound else ""
+        return by_age, (f"oldest message waited {at_least}{int(observation.oldest_message_age_seconds)}s > "
                         f"{policy.max_oldest_message_age_seconds:g}s limit, needs {by_age}"), not settling
     return by_depth, why, False
 
@@ -191,6 +219,10 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
     if observation is None:
         held = _clamp(current, policy)
         return Decision(held, f"queues could not be observed: holding {held}")
+    if observation.pending_queues:
+        held = _clamp(current, policy)
+        return Decision(held, f"the broker has not reported {', '.join(observation.pending_queues)} yet: "
+                              f"holding {held}")
     need, why, age_triggered = _needed(policy, observation, current, history, now)
     sustained = None
     if observation.throughput is not None:
@@ -208,6 +240,9 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
         why = f"{why}; clamped to [{policy.min_replicas}, {policy.max_replicas}]"
     if target >= current or current > policy.max_replicas:
         return Decision(target, why, recommendation)
+    doubt = _age_in_doubt(policy, observation)
+    if doubt is not None:
+        return Decision(current, f"{why}; holding {current}: {doubt}", Recommendation(now, current))
     # Scale-down: the highest recommendation of the window wins, and only a history that covers
     # the whole window may lower anything (a restarted operator first watches for one window).
     window = policy.scale_down_stabilization_seconds

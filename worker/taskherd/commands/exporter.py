@@ -50,7 +50,11 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
     messages = GaugeMetricFamily("taskherd_queue_messages", "Messages in the queue by state (ready: waiting; "
                                  "unacked: delivered to a worker, not yet acknowledged)", labels=["queue", "state"])
     age = GaugeMetricFamily("taskherd_queue_oldest_message_age_seconds",
-                            "Age of the oldest ready message, from its publish stamp", labels=["queue"])
+                            "Age of the oldest ready message, from its publish stamp (a lower bound where "
+                            "taskherd_queue_oldest_message_age_is_lower_bound is 1)", labels=["queue"])
+    lower_bound = GaugeMetricFamily("taskherd_queue_oldest_message_age_is_lower_bound",
+                                    "1 when the broker only tells how old the oldest message is at least "
+                                    "(RabbitMQ without a head timestamp)", labels=["queue"])
     unacked_age = GaugeMetricFamily("taskherd_queue_oldest_unacked_age_seconds",
                                     "Age of the oldest unacknowledged delivery (Redis)", labels=["queue"])
     visibility = GaugeMetricFamily("taskherd_queue_visibility_timeout_seconds",
@@ -66,12 +70,13 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
     duration.add_metric([], snapshot.duration_seconds)
     for queue in dead_letters if snapshot.success else []:
         stats = snapshot.stats.get(queue)
-        if stats is None:
-            continue
+        if stats is None or stats.pending:
+            continue  # RabbitMQ has not reported the queue yet: its zeros would mean "unknown"
         messages.add_metric([queue, "ready"], stats.ready)
         messages.add_metric([queue, "unacked"], stats.unacked)
         if stats.oldest_age_seconds is not None:
             age.add_metric([queue], stats.oldest_age_seconds)
+            lower_bound.add_metric([queue], 1.0 if stats.oldest_age_is_lower_bound else 0.0)
         if stats.oldest_unacked_age_seconds is not None:
             unacked_age.add_metric([queue], stats.oldest_unacked_age_seconds)
         if stats.visibility_timeout_seconds is not None:
@@ -79,9 +84,9 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
         if stats.consumers is not None:
             consumers.add_metric([queue], stats.consumers)
         name = dead_letters[queue]
-        if name in snapshot.stats:
+        if name in snapshot.stats and not snapshot.stats[name].pending:
             dlq.add_metric([queue, name], snapshot.stats[name].ready)
-    return [messages, age, unacked_age, visibility, consumers, dlq, success, polled, duration]
+    return [messages, age, lower_bound, unacked_age, visibility, consumers, dlq, success, polled, duration]
 
 
 class QueuePoller(Collector):

@@ -1,13 +1,16 @@
-"""Queue inspection on RabbitMQ through the management HTTP API (one GET per queue).
+"""Queue inspection on RabbitMQ through the management HTTP API (one or two GETs per queue).
 
 - ready / unacked / consumers: ``messages_ready``, ``messages_unacknowledged``, ``consumers``.
-  The management statistics are refreshed every ``collect_statistics_interval`` (5 s by default;
-  a new quorum queue reports nothing for its first ~10 s): figures lag by that much.
-- Oldest ready age, classic queues: ``head_message_timestamp``, i.e. the AMQP ``timestamp``
-  property of the head message (stamped by taskherd.worker.stamping; whole seconds). It is null
-  when the head is paged out or unstamped; we then fall back to the publish-counter estimate.
-- Oldest ready age, quorum queues: no head timestamp exists; see publish_history.py for the
-  estimate and its error.
+  The management statistics are refreshed every ``collect_statistics_interval`` (5 s by default):
+  figures lag by that much. A new queue (or any queue on a freshly started node) has no counts
+  for its first seconds: its ``QueueStats.pending`` is True, its zeros mean "not reported yet".
+- Oldest ready age, when the head carries a timestamp: ``head_message_timestamp``, i.e. the AMQP
+  ``timestamp`` property of the head message (stamped by taskherd.worker.stamping; whole seconds).
+  Classic queues only, and absent while the head is paged out, unstamped, or not in the
+  statistics yet.
+- Otherwise: the broker's own history of the publish counter (publish_history.py), which brackets
+  when the head was published, or says "at least" when the head is older than the history.
+  Nothing is consumed or requeued to find out.
 - Oldest unacked age: the API does not expose delivery times: None.
 - A queue that does not exist (a DLQ nothing was ever dead-lettered to) reads as empty.
 """
@@ -18,12 +21,19 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from .publish_history import DEFAULT_HISTORY, PublishHistory
-from .stats import AGE_FROM_HEAD_TIMESTAMP, BrokerUnreachable, QueueStats
+from .publish_history import head_age, samples_of
+from .stats import AGE_FROM_HEAD_TIMESTAMP, AGE_LOWER_BOUND, BrokerUnreachable, QueueStats
 
 DEFAULT_MANAGEMENT_PORT = 15672
 #: head_message_timestamp has whole-second resolution.
 HEAD_TIMESTAMP_RESOLUTION = 1.0
+#: Windows of the publish counter's history, as (seconds, sample spacing): the default retention
+#: keeps 5 s samples for 10 minutes and 60 s samples for an hour. The second is asked for only when
+#: the head is older than the first; the API refuses more than a few hundred samples per request.
+COUNTER_WINDOWS = ((600, 5), (3600, 60))
+#: Only what the inspection reads (the full document lists every consumer and more).
+COLUMNS = ("name,type,messages_ready,messages_unacknowledged,consumers,head_message_timestamp,"
+           "message_stats.publish,message_stats.publish_details")
 
 
 def management_url_for(amqp_url: str) -> str:
@@ -39,43 +49,49 @@ def vhost_of(amqp_url: str) -> str:
 
 
 def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | None = None,
-                     now: float | None = None, history: PublishHistory | None = None,
-                     timeout: float = 10.0) -> dict[str, QueueStats]:
+                     now: float | None = None, timeout: float = 10.0) -> dict[str, QueueStats]:
     api = urlsplit(management_url or management_url_for(amqp_url))
     base = f"{api.scheme}://{api.hostname}:{api.port or DEFAULT_MANAGEMENT_PORT}{api.path.rstrip('/')}"
     auth = (unquote(api.username or "guest"), unquote(api.password or "guest"))
     vhost = vhost_of(amqp_url)
-    history = DEFAULT_HISTORY if history is None else history
     result = {}
     try:
         with httpx.Client(base_url=base, auth=auth, timeout=timeout) as client:
             for queue in queues:
-                response = client.get(f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}")
-                if response.status_code == 404:
-                    result[queue] = QueueStats(queue=queue, ready=0, unacked=0, consumers=0,
-                                               oldest_age_seconds=None, oldest_unacked_age_seconds=None)
-                    continue
-                response.raise_for_status()
-                result[queue] = stats_from_api(response.json(), vhost=vhost, base=base,
-                                               now=time.time() if now is None else now, history=history)
+                path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+                for age, spacing in COUNTER_WINDOWS:
+                    response = client.get(path, params={"columns": COLUMNS, "msg_rates_age": age,
+                                                        "msg_rates_incr": spacing})
+                    if response.status_code == 404:
+                        result[queue] = QueueStats(queue=queue, ready=0, unacked=0, consumers=0,
+                                                   oldest_age_seconds=None, oldest_unacked_age_seconds=None)
+                        break
+                    response.raise_for_status()
+                    result[queue] = stats_from_api(response.json(), now=time.time() if now is None else now)
+                    if result[queue].oldest_age_method != AGE_LOWER_BOUND:
+                        break  # older than this window: look further back
     except httpx.HTTPError as exc:
         raise BrokerUnreachable(f"RabbitMQ management API at {base} (vhost {vhost!r}): {exc}") from exc
     return result
 
 
-def stats_from_api(body: dict, *, vhost: str, base: str, now: float, history: PublishHistory) -> QueueStats:
-    """One QueueStats from one /api/queues/<vhost>/<name> document. Pure apart from ``history``."""
+def stats_from_api(body: dict, *, now: float) -> QueueStats:
+    """One QueueStats from one /api/queues/<vhost>/<name> document (pure)."""
     queue = body["name"]
+    if "messages_ready" not in body:  # the queue's statistics have not been emitted yet
+        return QueueStats(queue=queue, ready=0, unacked=0, consumers=int(body.get("consumers") or 0),
+                          oldest_age_seconds=None, oldest_unacked_age_seconds=None, pending=True)
     ready = int(body.get("messages_ready") or 0)
-    published_total = int((body.get("message_stats") or {}).get("publish") or 0)
-    # Always observed, so that the history spans the time before the head timestamp goes missing.
-    estimate = history.observe((base, vhost, queue), now=now, published_total=published_total, ready=ready)
     age = error = method = None
     head_timestamp = body.get("head_message_timestamp")
+    stats = body.get("message_stats") or {}
     if ready and isinstance(head_timestamp, (int, float)) and head_timestamp > 0:
         age, error, method = max(0.0, now - head_timestamp), HEAD_TIMESTAMP_RESOLUTION, AGE_FROM_HEAD_TIMESTAMP
-    elif ready and estimate is not None:
-        age, error, method = estimate.age_seconds, estimate.error_seconds, estimate.method
+    elif ready and "publish" in stats:
+        estimate = head_age(samples_of(stats.get("publish_details")), published_total=int(stats["publish"]),
+                            ready=ready, now=now)
+        if estimate is not None:
+            age, error, method = estimate.age_seconds, estimate.error_seconds, estimate.method
     return QueueStats(
         queue=queue,
         ready=ready,

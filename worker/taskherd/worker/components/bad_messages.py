@@ -1,12 +1,20 @@
 """The worker's consumer: a message it cannot run goes to the DLQ with the reason, never silently away.
 
-Celery's own consumer logs and acks an undecodable message, and rejects (drops, on Redis) one
-that names an unknown task or carries broken headers; an exception it did not foresee (a protocol-2
-message without an ``id`` header, say) escapes into the event loop and restarts the connection,
-redelivering the same message in a loop. This subclass, installed as ``worker_consumer`` by the BadMessages component, turns
-each of those into a DLQ envelope — with the raw body base64-encoded, since it could not be
-decoded or must not be (pickle is refused by ``accept_content`` before anything is unpickled) —
-then acks the message, and goes on consuming.
+Left to itself, Celery logs and acks a message it cannot decode; rejects (drops, on Redis) one
+that names an unknown task or carries an ETA it cannot convert; lets an exception it did not
+foresee (a protocol-2 message without an ``id`` header, say) escape into the event loop, which
+restarts the connection and redelivers the same message in a loop; and checks the shape of a
+protocol-2 body only in the pool child, where ``kwargs`` as a list is a FAILURE that gets acked
+and ``args: "ab"`` runs as ``f("a", "b")``. On Redis, an item that is not a kombu message at all
+ends the consumer before any of this.
+
+This subclass, installed as ``worker_consumer`` by the BadMessages component, checks every
+message in the main process before Celery turns it into a request (:mod:`taskherd.worker.task_messages`:
+content type and encoding, headers, body shape, arguments against the task's signature), has each
+Redis item checked as it is popped (:mod:`taskherd.worker.redis_items`), and turns every message
+it cannot run into a DLQ envelope — with the raw bytes base64-encoded, since they could not be
+decoded or must not be (pickle is refused before anything is unpickled) — then acks it and goes
+on consuming. A message whose envelope cannot be published is not acked: it goes back.
 
 It also declares each work queue's DLQ when the connection starts (RabbitMQ), so native
 dead-lettering has somewhere to go before the first envelope is ever published.
@@ -14,14 +22,18 @@ dead-lettering has somewhere to go before the first envelope is ever published.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
 from celery import bootsteps
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.exceptions import ContentDisallowed
+from kombu.serialization import prepare_accept_content
 from vine import promise
 
+from taskherd import compat
+from taskherd.worker import redis_items, task_messages
 from taskherd.worker.deadletter import (Envelope, Reason, dead_letter_queue_declaration, exception_fields,
                                        json_safe, publish_envelope, raw_body_fields)
 from taskherd.worker.profile import Profile, get_profile
@@ -40,89 +52,160 @@ def _headers_of(message: Any) -> dict:
 #: Exceptions that say "this message is malformed", whatever a transport files them under.
 _MESSAGE_FAULTS = (LookupError, TypeError, ValueError, AttributeError, UnicodeError)
 
-#: Protocol-2 headers every task message must carry, with their types.
-_REQUIRED_HEADERS = {"id": str, "task": str}
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Why a message cannot run: the envelope's reason and detail, and the exception if one said so."""
+
+    reason: str
+    detail: str
+    exc: BaseException | None = None
 
 
-def broken_headers(message: Any) -> str | None:
-    """Why a protocol-2 task message's headers are unusable, or None if they look fine.
-
-    Only messages that claim to be protocol 2 (a ``task`` header) are checked; anything else is
-    left to Celery's decoding path (protocol 1, or not a task message at all).
-    """
-    headers = getattr(message, "headers", None)
-    if not isinstance(headers, dict) or "task" not in headers:
-        return None
-    for name, kind in _REQUIRED_HEADERS.items():
-        value = headers.get(name)
-        if not isinstance(value, kind) or not value:
-            return f"broken headers: {name!r} must be a non-empty {kind.__name__}, got {value!r}"
-    for name in ("retries", "group_index"):
-        if headers.get(name) is not None and not isinstance(headers.get(name), int):
-            return f"broken headers: {name!r} must be an integer, got {headers.get(name)!r}"
+def unreadable_item_problem(message: Any) -> str | None:
+    """The problem of a Redis item that was not a kombu message (see redis_items), else None."""
+    problem = _headers_of(message).get(redis_items.UNREADABLE_HEADER)
+    if problem is not None and getattr(message, "content_type", None) == redis_items.UNREADABLE_CONTENT_TYPE:
+        return str(problem)
     return None
 
 
+def verdict_on(message: Any, *, accepted: set[str], tasks: dict) -> Verdict | None:
+    """Why ``message`` cannot run, or None when Celery may take it (an unknown task name is left
+    to Celery, which reports it through ``on_unknown_task``)."""
+    unreadable = unreadable_item_problem(message)
+    if unreadable:
+        return Verdict(Reason.UNDECODABLE, f"not a kombu message: {unreadable}")
+    problem = task_messages.refused_content_problem(message.content_type, accepted)
+    if problem:
+        return Verdict(Reason.CONTENT_REFUSED, problem)
+    problem = task_messages.encoding_problem(message.content_type, message.content_encoding)
+    if problem:
+        return Verdict(Reason.UNDECODABLE, problem)
+    if not message.body:
+        return Verdict(Reason.UNDECODABLE, "empty body (valid: a JSON document)")
+    try:
+        body = message.decode()  # cached on the message: Celery's request reads it from there
+    except ContentDisallowed as exc:
+        return Verdict(Reason.CONTENT_REFUSED, f"content refused: {exc}", exc)
+    except Exception as exc:  # noqa: BLE001 - kombu wraps the decoder's errors in DecodeError
+        return Verdict(Reason.UNDECODABLE, f"body could not be decoded: {exc}", exc)
+    headers = getattr(message, "headers", None)
+    if not isinstance(headers, dict):
+        return Verdict(Reason.INVALID_MESSAGE, f"headers must be a table/object, got {type(headers).__name__}")
+    problem = _task_message_problem(headers, body, tasks)
+    return Verdict(Reason.INVALID_MESSAGE, problem) if problem else None
+
+
+def _task_message_problem(headers: dict, body: Any, tasks: dict) -> str | None:
+    if "task" in headers:  # protocol 2
+        problem = task_messages.header_problem(headers) or task_messages.body_problem(body)
+        if problem:
+            return problem
+        name, (args, kwargs, _) = headers["task"], body
+    elif isinstance(body, dict) and "task" in body:  # protocol 1 (old Celery, some other languages)
+        problem = task_messages.protocol1_problem(body, headers)
+        if problem:
+            return problem
+        name, args, kwargs = body["task"], body.get("args", ()), body.get("kwargs", {})
+    else:
+        return "not a Celery task message (no 'task' header or field)"
+    task = tasks.get(name)
+    if task is None:
+        return None  # Celery's unknown-task path names it
+    return task_messages.signature_problem(name, compat.argument_checker(task), args, kwargs)
+
+
+def _protocol1_body(message: Any) -> dict:
+    """The decoded body of a protocol-1 message (already decoded and cached by then), else {}."""
+    try:
+        body = message.decode()
+    except Exception:  # noqa: BLE001 - not decodable: no protocol-1 fields to read
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 class Consumer(CeleryConsumer):
-    """Celery's consumer, dead-lettering what it would drop, ack-and-forget or choke on."""
+    """Celery's consumer, dead-lettering what it would drop, ack-and-forget, run wrongly or choke on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Before the first connection: every Redis channel this worker opens checks what it pops.
+        compat.guard_redis_items(functools.partial(redis_items.guarded, loads=compat.redis_item_loads,
+                                                   body_codecs=compat.redis_body_codecs()))
+        self._accepted_content = set(prepare_accept_content(self.app.conf.accept_content))
 
     def on_decode_error(self, message, exc):
         reason = Reason.CONTENT_REFUSED if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
-        self._dead_letter_message(message, reason, f"body could not be decoded: {exc}", exc)
+        compression = _headers_of(message).get("compression")
+        body = f"body (compression {compression!r})" if compression else "body"
+        self._dead_letter_message(message, Verdict(reason, f"{body} could not be decoded: {exc}", exc))
 
     def on_unknown_message(self, body, message):
-        self._dead_letter_message(message, Reason.INVALID_MESSAGE,
-                                  "not a Celery task message (no 'task' header or field)", None)
+        self._dead_letter_message(message, Verdict(Reason.INVALID_MESSAGE,
+                                                   "not a Celery task message (no 'task' header or field)"))
 
     def on_unknown_task(self, body, message, exc):
-        name = _headers_of(message).get("task")
-        self._dead_letter_message(message, Reason.UNKNOWN_TASK,
-                                  f"no task named {name!r} is registered on this worker", exc)
+        name = _headers_of(message).get("task") or _protocol1_body(message).get("task")
+        self._dead_letter_message(message, Verdict(Reason.UNKNOWN_TASK,
+                                                   f"no task named {name!r} is registered on this worker", exc))
 
     def on_invalid_task(self, body, message, exc):
         if isinstance(exc, ContentDisallowed):
-            self._dead_letter_message(message, Reason.CONTENT_REFUSED,
-                                      f"content type {message.content_type!r} refused (JSON only): {exc}", exc)
+            verdict = Verdict(Reason.CONTENT_REFUSED,
+                              f"content type {message.content_type!r} refused (JSON only): {exc}", exc)
         else:
-            self._dead_letter_message(message, Reason.INVALID_MESSAGE, f"invalid task message: {exc}", exc)
+            verdict = Verdict(Reason.INVALID_MESSAGE, f"invalid task message: {exc}", exc)
+        self._dead_letter_message(message, verdict)
 
     def create_task_handler(self, promise=promise):
         handle = super().create_task_handler(promise)
         connection_errors = tuple(self.connection_errors or ())
 
         def on_task_received(message):
-            problem = broken_headers(message)
-            if problem:
-                return self._dead_letter_message(message, Reason.INVALID_MESSAGE, problem, None)
+            verdict = verdict_on(message, accepted=self._accepted_content, tasks=self.app.tasks)
+            if verdict:
+                return self._dead_letter_message(message, verdict)
             try:
                 return handle(message)
-            except Exception as exc:  # broken headers and the like: dead-letter, keep consuming
+            except Exception as exc:  # what the checks did not foresee: dead-letter, keep consuming
                 # kombu's Redis transport counts KeyError among its connection errors: a missing
                 # key in a message must not pass for a lost connection (that restarts the
                 # consumer and redelivers the same message, forever).
                 if isinstance(exc, connection_errors) and not isinstance(exc, _MESSAGE_FAULTS):
                     raise  # the connection is gone: Celery reconnects and the broker redelivers
-                self._dead_letter_message(message, Reason.INVALID_MESSAGE,
-                                          f"message could not be turned into a task: {exc!r}", exc)
+                self._dead_letter_message(message, Verdict(
+                    Reason.INVALID_MESSAGE, f"message could not be turned into a task: {exc!r}", exc))
 
         return on_task_received
 
-    def _dead_letter_message(self, message: Any, reason: str, detail: str, exc: BaseException | None) -> None:
+    def _dead_letter_message(self, message: Any, verdict: Verdict) -> None:
         profile = get_profile(self.app)
-        headers = _headers_of(message)
         delivery_info = getattr(message, "delivery_info", None) or {}
         queue = queue_of(self.app, profile, delivery_info)
-        task_id = headers.get("id")
+        if unreadable_item_problem(message) is not None:
+            # The body is the popped item itself: it had no headers or content type of its own.
+            headers: dict = {}
+            raw = raw_body_fields(message.body, None, None)
+        else:
+            headers = _headers_of(message)
+            body = message.body if isinstance(message.body, (bytes, str, type(None))) else repr(message.body)
+            raw = raw_body_fields(body, message.content_type, message.content_encoding)
+        task, task_id = headers.get("task"), headers.get("id")
+        if task is None and verdict.reason in (Reason.INVALID_MESSAGE, Reason.UNKNOWN_TASK):
+            # Decoded (JSON, accepted) by now: a protocol-1 body names its task and id itself.
+            protocol1 = _protocol1_body(message)
+            task, task_id = protocol1.get("task"), protocol1.get("id")
         envelope = Envelope(
-            reason=reason, detail=detail, queue=queue,
-            task=headers.get("task") if isinstance(headers.get("task"), str) else None,
+            reason=verdict.reason, detail=verdict.detail, queue=queue,
+            task=task if isinstance(task, str) else None,
             task_id=task_id if isinstance(task_id, str) else None,
             headers=json_safe(headers) if isinstance(getattr(message, "headers", None), dict)
             else {"unparseable_headers": repr(getattr(message, "headers", None))},
             attempts=0, hostname=self.hostname, exchange=delivery_info.get("exchange"),
             routing_key=delivery_info.get("routing_key"),
-            **(exception_fields(exc) if exc is not None else {}),
-            **raw_body_fields(message.body, message.content_type, message.content_encoding),
+            **(exception_fields(verdict.exc) if verdict.exc is not None else {}),
+            **raw,
         )
         envelope.first_failure_at = envelope.last_failure_at = envelope.dead_lettered_at
         try:
@@ -133,11 +216,11 @@ class Consumer(CeleryConsumer):
         except Exception:
             # Not in our DLQ: on RabbitMQ reject into native dead-lettering (the queue's DLX);
             # on Redis a reject would drop it, so it goes back to the queue.
-            logger.exception("taskherd: could not dead-letter a %s message from %s", reason, queue)
+            logger.exception("taskherd: could not dead-letter a %s message from %s", verdict.reason, queue)
             message.reject_log_error(logger, self.connection_errors, requeue=not profile.broker_is_amqp)
             return
-        logger.error("taskherd: %s message (task=%r id=%r) from %s dead-lettered to %s: %s",
-                     reason, envelope.task, envelope.task_id, queue, profile.dead_letter_queue_for(queue), detail)
+        logger.error("taskherd: %s message (task=%r id=%r) from %s dead-lettered to %s: %s", verdict.reason,
+                     envelope.task, envelope.task_id, queue, profile.dead_letter_queue_for(queue), verdict.detail)
         message.ack_log_error(logger, self.connection_errors)
 
 

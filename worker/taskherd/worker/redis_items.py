@@ -1,0 +1,130 @@
+"""Redis list items that are not kombu messages: caught as they are popped, kept whole.
+
+A Redis consumer pops an item off its list (BRPOP) and only then parses it. kombu's parse and its
+delivery bookkeeping raise on anything but the JSON kombu itself writes — not JSON, no
+``properties``, a body that is not valid base64, … — and at that moment the item exists only in
+the worker's memory: the exception ends the consumer ("Unrecoverable error") or passes for a lost
+connection (a ``KeyError``), and the item is gone. One bad producer takes every worker of the
+queue down in turn.
+
+:func:`guarded` checks each popped item for everything kombu's parse and bookkeeping need. An item
+that fails is replaced by a well-formed message that carries the original bytes (base64) and the
+problem (header :data:`UNREADABLE_HEADER`). kombu then records it in ``unacked`` like any delivery
+— so it survives a crash of the worker — and the consumer dead-letters it as
+``undecodable-message`` with the original bytes. A valid item is returned as it came, untouched.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import uuid
+from typing import Any, Callable, Mapping
+
+#: Header of a replacement message: why the original item is not a kombu message.
+UNREADABLE_HEADER = "taskherd_unreadable_item"
+#: Content type of a replacement message: its body is the original item, byte for byte.
+UNREADABLE_CONTENT_TYPE = "application/x-taskherd-unreadable-item"
+
+
+def item_problem(item: bytes, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> str | None:
+    """Why kombu could not turn ``item`` into a delivery, or None.
+
+    ``loads``: kombu's JSON decoding of an item; ``body_codecs``: kombu's body encodings by name
+    (both passed in, so that the check reads an item exactly as kombu will).
+    """
+    try:
+        payload = loads(item)
+    except Exception as exc:  # noqa: BLE001 - whatever kombu's parse raises, kombu would raise too
+        return f"not valid kombu JSON ({type(exc).__name__}: {_short(exc)})"
+    if not isinstance(payload, dict):
+        return f"a JSON {_json_kind(payload)}, not a kombu message (a JSON object with 'properties')"
+    properties = payload.get("properties")
+    if not isinstance(properties, dict):
+        return f"'properties' must be a JSON object, got {_shown(properties)}"
+    tag = properties.get("delivery_tag")
+    if not isinstance(tag, str) or not tag:
+        return f"'properties.delivery_tag' must be a non-empty string, got {_shown(tag)}"
+    info = properties.get("delivery_info")
+    if not isinstance(info, dict):
+        return f"'properties.delivery_info' must be a JSON object, got {_shown(info)}"
+    for name in ("exchange", "routing_key"):
+        if not isinstance(info.get(name), str):
+            return f"'properties.delivery_info.{name}' must be a string, got {_shown(info.get(name))}"
+    priority = properties.get("priority")
+    if isinstance(priority, float) and not math.isfinite(priority):
+        return f"'properties.priority' must be a finite number, got {_shown(priority)}"
+    for name in ("content-type", "content-encoding"):
+        if payload.get(name) is not None and not isinstance(payload.get(name), str):
+            return f"{name!r} must be a string, got {_shown(payload.get(name))}"
+    if payload.get("headers") is not None and not isinstance(payload.get("headers"), dict):
+        return f"'headers' must be a JSON object, got {_shown(payload.get('headers'))}"
+    return _body_problem(payload.get("body"), properties.get("body_encoding"), body_codecs)
+
+
+def _body_problem(body: Any, encoding: Any, body_codecs: Mapping[str, Any]) -> str | None:
+    if body is not None and not isinstance(body, str):
+        return f"'body' must be a string, got {_shown(body)}"
+    if encoding is None or encoding == "":
+        return None
+    if not isinstance(encoding, str):
+        return f"'properties.body_encoding' must be a string, got {_shown(encoding)}"
+    if encoding.lower() == "utf-8":
+        return None  # kombu leaves the body as it is
+    codec = body_codecs.get(encoding)
+    if codec is None:
+        return f"unknown 'properties.body_encoding' {encoding!r} (valid: {', '.join(sorted(body_codecs))}, utf-8)"
+    if body:
+        try:
+            codec.decode(body)
+        except Exception as exc:  # noqa: BLE001 - kombu's decode raises the same
+            return f"body is not valid {encoding} ({type(exc).__name__}: {_short(exc)})"
+    return None
+
+
+def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
+    """A kombu message carrying ``item`` whole, to be dead-lettered from ``queue``."""
+    return json.dumps({
+        "body": base64.b64encode(item).decode("ascii"),
+        "content-type": UNREADABLE_CONTENT_TYPE,
+        "content-encoding": "binary",
+        "headers": {UNREADABLE_HEADER: problem},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "delivery_mode": 2,
+            "priority": 0,
+        },
+    }).encode("utf-8")
+
+
+def guarded(item: Any, queue: str, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> Any:
+    """``item`` if kombu can deliver it, else its :func:`replacement` (see the module doc)."""
+    if not isinstance(item, (bytes, str)):
+        return item  # nothing popped
+    raw = item.encode("utf-8", "surrogateescape") if isinstance(item, str) else item
+    problem = item_problem(raw, loads=loads, body_codecs=body_codecs)
+    return item if problem is None else replacement(raw, queue=queue, problem=problem)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else type(value).__name__
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = "missing/null" if value is None else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else f"{text[:limit]}…"
