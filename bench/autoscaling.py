@@ -263,6 +263,31 @@ FIGURES = (("p50 wait s", lambda r: r.quantile(0.50), "{:.1f}"), ("p99 wait s", 
            ("peak pods", lambda r: r.peak_replicas, "{:.0f}"))
 
 
+def plot(path: Path, results: dict[str, Result], *, start: float, end: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (replicas, backlog) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for name, result in results.items():
+        if name == "KEDA default (RabbitMQ http)":
+            continue  # on the burst it draws over KEDA default (Redis)
+        times = [t for t, _ in result.replica_trace] + [end]
+        counts = [r for _, r in result.replica_trace] + [result.replica_trace[-1][1]]
+        replicas.step(times, counts, where="post", label=name)
+        backlog.plot([t for t, _ in result.ready_trace], [r for _, r in result.ready_trace], label=name)
+    replicas.set_ylabel("replicas (spec)")
+    backlog.set_ylabel("ready messages")
+    backlog.set_xlabel("seconds (400 one-second tasks arrive at t=120-130 s)")
+    replicas.set_xlim(start, end)
+    replicas.legend(fontsize=8)
+    replicas.set_title("burst trace: scale-up and scale-down, one run (bench/autoscaling.py)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    print(f"plot written to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
@@ -270,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=Path, help="JSON with start_seconds (default: the last bench/scaleup.py "
                                                      "run, else the committed sample)")
     parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--plot", type=Path, help="write a PNG of the first burst of run 1 (replicas and backlog)")
     args = parser.parse_args(argv)
     starts, source = load_starts(args.starts)
     print(f"pod start (scale call -> Ready, taking tasks): median {statistics.median(starts):.1f} s, "
@@ -287,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             for scaler in scalers(min_replicas):
                 per_scaler.setdefault(scaler.name, []).append(
                     run_once(trace, scaler, starts, args.seed * 7919 + run, min_replicas))
+        if args.plot and trace_name == "burst":
+            plot(args.plot, {name: results[0] for name, results in per_scaler.items()}, start=100, end=500)
         print(f"\n{trace_name}: {description}, {len(trace.arrivals)} tasks")
         print(f"{'scaler':<30}" + "".join(f"{label:>14}" for label, _, _ in FIGURES))
         for name, results in per_scaler.items():

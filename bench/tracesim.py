@@ -95,6 +95,8 @@ class Result:
     peak_replicas: int = 0
     #: (time, replicas) after each change of spec.replicas
     replica_trace: list[tuple[float, int]] = field(default_factory=list)
+    #: (time, ready messages) at each of the scaler's polls
+    ready_trace: list[tuple[float, int]] = field(default_factory=list)
 
     def quantile(self, q: float) -> float:
         if not self.waits:
@@ -163,7 +165,9 @@ class Simulation:
         return self.result
 
     def _poll(self, now: float) -> None:
-        replicas, next_at = self.scaler.poll(self.view(now))
+        view = self.view(now)
+        self.result.ready_trace.append((now, view.ready_messages))
+        replicas, next_at = self.scaler.poll(view)
         if replicas is not None:
             self.set_replicas(now, replicas)
         self._push(next_at, "poll", 0)
