@@ -1,7 +1,7 @@
 """Scale-up on the local cluster: from the scale call to new pods Ready and taking tasks, with a breakdown.
 
 The chart (charts/taskherd) is installed in a fresh namespace under the `restricted` Pod Security
-Standard with one worker pool of bench/scaleup_app.py (configure(app), concurrency 2), operator and
+Standard with one worker pool of bench/cluster_app.py (configure(app), concurrency 2), operator and
 exporter off: the benchmark itself makes the scale call, through the Deployment's scale subresource
 as the operator does (`kubectl scale`). The broker is the host's loopback Redis (a leased
 database), which pods reach through a forwarder on the pod bridge. A backlog of short tasks waits
@@ -17,7 +17,7 @@ Each round scales 1 -> N (6) and times, per new pod (host clock; the local clust
   Ready            scale call -> the pod's Ready condition (the probes' periods decide the lag)
 
 Pod events come from a `kubectl get pods --watch`, the worker's own timestamps from
-bench/scaleup_app.py. Variants differ only in the chart's probe values: the chart's defaults, and
+bench/cluster_app.py. Variants differ only in the chart's probe values: the chart's defaults, and
 probes every second. Medians over rounds; "all N" is the last of the new pods.
 
 By default the pods run THIS checkout's worker package: its modules are compiled here and mounted
@@ -32,38 +32,26 @@ $TASKHERD_HOME/bench/scaleup.json, which bench/autoscaling.py replays.
 from __future__ import annotations
 
 import argparse
-import base64
-import contextlib
 import datetime as dt
 import json
 import os
-import py_compile
 import statistics
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 
 import redis
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from e2e.lib import cluster as clusterlib  # noqa: E402
-from e2e.lib.forwarder import Forwarder, pod_gateway_address  # noqa: E402
 from support.services import leased_redis_db  # noqa: E402
 
 from autoscaling import measured_starts_path  # noqa: E402
+from cluster_bench import Release  # noqa: E402
 
-CHART = ROOT / "charts" / "taskherd"
-APP = ROOT / "bench" / "scaleup_app.py"
-POOL, QUEUE = "bench", "scaleup"
+QUEUE = "scaleup"
 #: probe values of each variant (merged over the chart's)
 VARIANTS = {
     "chart defaults": {},
@@ -74,163 +62,34 @@ PHASES = (("schedule", "scale_call", "bound"), ("container start", "bound", "pro
           ("first task", "connected", "first_task"))
 
 
-class PodWatch(threading.Thread):
-    """`kubectl get pods --watch`: when each pod was first seen, bound to a node, Ready, deleted."""
-
-    def __init__(self, cluster: clusterlib.Cluster, namespace: str, selector: str):
-        super().__init__(daemon=True)
-        self.process = subprocess.Popen(
-            [cluster.kubectl_bin, "--kubeconfig", cluster.kubeconfig, "-n", namespace, "get", "pods", "-l", selector,
-             "--watch", "--output-watch-events", "-o", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=cluster.env())
-        self.seen: dict[str, dict[str, float]] = {}
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        pending = ""
-        for line in self.process.stdout:  # one compact JSON event per line (pretty ones span lines)
-            pending += line
-            try:
-                event = json.loads(pending)
-            except ValueError:
-                continue
-            now, pending = time.time(), ""
-            pod = event.get("object") or {}
-            name = pod.get("metadata", {}).get("name")
-            if not name:
-                continue
-            with self.lock:
-                times = self.seen.setdefault(name, {"added": now})
-                if (pod.get("spec") or {}).get("nodeName"):
-                    times.setdefault("bound", now)
-                conditions = (pod.get("status") or {}).get("conditions") or []
-                if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
-                    times.setdefault("ready", now)
-                if event.get("type") == "DELETED" or pod["metadata"].get("deletionTimestamp"):
-                    times.setdefault("deleted", now)
-
-    def live(self) -> list[str]:
-        with self.lock:
-            return [name for name, times in self.seen.items() if "deleted" not in times]
-
-    def times(self, name: str) -> dict[str, float]:
-        with self.lock:
-            return dict(self.seen.get(name, {}))
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-
-
-def code_overlay(namespace: str) -> tuple[str, list[dict]]:
-    """A ConfigMap of this checkout's taskherd package as sourceless, unchecked .pyc files: the
-    image's Python imports them before its own copy (PYTHONPATH) without recompiling at boot."""
-    package = ROOT / "worker" / "taskherd"
-    binary, items = {}, []
-    with tempfile.TemporaryDirectory() as scratch:
-        for index, source in enumerate(sorted(package.rglob("*.py"))):
-            relative = source.relative_to(package.parent).with_suffix(".pyc")
-            target = Path(scratch) / f"m{index}.pyc"
-            py_compile.compile(str(source), cfile=str(target), dfile=str(relative.with_suffix(".py")), doraise=True,
-                               invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-            binary[f"m{index}"] = base64.b64encode(target.read_bytes()).decode()
-            items.append({"key": f"m{index}", "path": str(relative)})
-    manifest = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taskherd-code", "namespace": namespace},
-                "binaryData": binary}
-    return yaml.safe_dump(manifest), items
-
-
-def values(port: int, probes: dict, overlay_items: list | None) -> dict:
-    volumes = [{"name": "app", "configMap": {"name": "scaleup-app"}}]
-    mounts = [{"name": "app", "mountPath": "/app", "readOnly": True}]
-    path = "/app"
-    if overlay_items is not None:
-        volumes.append({"name": "code", "configMap": {"name": "taskherd-code", "items": overlay_items}})
-        mounts.append({"name": "code", "mountPath": "/overlay", "readOnly": True})
-        path = "/overlay:/app"
-    return {
-        "broker": {"existingSecret": {"name": "broker"}, "ports": [port]},
-        "operator": {"enabled": False}, "exporter": {"enabled": False},
-        "workerPoolDefaults": {"image": {"pullPolicy": "Never"}},
-        "workerPools": [{
-            "name": POOL, "app": "scaleup_app", "queues": [QUEUE], "concurrency": 2,
-            "timeLimits": {"softSeconds": 20, "hardSeconds": 30}, "drainMarginSeconds": 5, "shutdownSeconds": 5,
-            "autoscaling": {"enabled": False}, "replicas": 1, "podDisruptionBudget": {"enabled": False},
-            "resources": {"requests": {"cpu": "10m", "memory": "96Mi"}, "limits": {"memory": "384Mi"}},
-            "probes": probes,
-            "env": [{"name": "PYTHONPATH", "value": path}],
-            "extraVolumes": volumes, "extraVolumeMounts": mounts,
-        }],
-    }
-
-
-class Bench:
-    def __init__(self, cluster: clusterlib.Cluster, namespace: str, release: str, host_url: str):
-        self.cluster, self.namespace, self.release = cluster, namespace, release
-        self.ledger = redis.Redis.from_url(host_url)
-        self.host_url = host_url
-        self.deployment = f"{release}-taskherd-{POOL}"
-        self.selector = f"taskherd.io/pool={POOL},app.kubernetes.io/instance={release}"
-
-    def kubectl(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
-        return self.cluster.kubectl("-n", self.namespace, *args, **kwargs)
-
-    def helm(self, *args: str) -> None:
-        result = subprocess.run([self.cluster.helm_bin, "--kubeconfig", self.cluster.kubeconfig, *args],
-                                env=self.cluster.env(), capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise SystemExit(f"helm {' '.join(args[:2])} failed: {result.stderr.strip()}\n{self.diagnostics()}")
-
-    def diagnostics(self) -> str:
-        out = self.kubectl("get", "pods,events", "-o", "wide", check=False)
-        logs = self.kubectl("logs", "-l", self.selector, "--tail=30", check=False)
-        return f"{out.stdout}{out.stderr}\n{logs.stdout}{logs.stderr}"
-
-    def publish(self, count: int, seconds: float) -> None:
-        from celery import Celery
-
-        producer = Celery(broker=self.host_url, set_as_current=False)
-        with producer.producer_or_acquire() as publisher:
-            for _ in range(count):
-                producer.send_task("scaleup.work", args=(seconds,), queue=QUEUE, producer=publisher)
-        producer.close()
-
-    def settle(self, watch: PodWatch, replicas: int, timeout: float = 300) -> list[str]:
-        """Waits until exactly `replicas` pods exist and are Ready; returns their names."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = watch.live()
-            if len(live) == replicas and all("ready" in watch.times(p) for p in live):
-                return live
-            time.sleep(0.5)
-        raise SystemExit(f"the pool did not settle at {replicas} Ready pods in {timeout:.0f}s:\n{self.diagnostics()}")
-
-    def round(self, watch: PodWatch, to: int, backlog: int) -> list[dict[str, float]]:
-        before = set(self.settle(watch, 1))
-        self.ledger.delete(QUEUE)
-        self.publish(backlog, 1.0)
-        scale_call = time.time()
-        self.kubectl("scale", f"deployment/{self.deployment}", f"--replicas={to}")
-        deadline = time.monotonic() + 300
-        while True:
-            new = [p for p in watch.live() if p not in before]
-            boots = {p: self.ledger.hgetall(f"boot:{p}") for p in new}
-            if len(new) == to - 1 and all("ready" in watch.times(p) and b"first_task" in boots[p] for p in new):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"scale to {to}: not every new pod was Ready and working after 300 s:\n"
-                                 f"{self.diagnostics()}")
-            time.sleep(0.25)
-        pods = []
-        for name in new:
-            record = {k.decode(): float(v) for k, v in boots[name].items()}
-            record.update(watch.times(name))
-            record["scale_call"] = scale_call
-            pods.append(record)
-        self.ledger.delete(QUEUE)
-        self.kubectl("scale", f"deployment/{self.deployment}", "--replicas=1")
-        self.settle(watch, 1)
-        return pods
+def scale_round(release: Release, to: int, backlog: int) -> list[dict[str, float]]:
+    """1 -> `to` with `backlog` one-second tasks waiting; per new pod, its timestamps (module doc)."""
+    ledger = redis.Redis.from_url(release.host_ledger_url)
+    before = set(release.settle(1))
+    ledger.delete(QUEUE)
+    release.publish("cluster.work", (1.0,), count=backlog)
+    scale_call = time.time()
+    release.scale(to)
+    deadline = time.monotonic() + 300
+    while True:
+        new = [p for p in release.watch.live() if p not in before]
+        boots = {p: ledger.hgetall(f"boot:{p}") for p in new}
+        if len(new) == to - 1 and all("ready" in release.watch.times(p) and b"first_task" in boots[p] for p in new):
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"scale to {to}: not every new pod was Ready and working after 300 s:\n"
+                             f"{release.diagnostics()}")
+        time.sleep(0.25)
+    pods = []
+    for name in new:
+        record = {k.decode(): float(v) for k, v in boots[name].items()}
+        record.update(release.watch.times(name))
+        record["scale_call"] = scale_call
+        pods.append(record)
+    ledger.delete(QUEUE)
+    release.scale(1)
+    release.settle(1)
+    return pods
 
 
 def ago(pods: list[dict], start: str, end: str) -> list[float]:
@@ -266,48 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--image-code", action="store_true", help="run the image's taskherd, not this checkout's")
     args = parser.parse_args(argv)
-    cluster = clusterlib.resolve()
-    cluster.check_reachable()
-    if not cluster.is_local:
-        raise SystemExit("bench/scaleup.py needs the local cluster (`make cluster`): its pods reach the host's "
-                         "loopback Redis through the pod bridge")
-    release = "sc" + uuid.uuid4().hex[:5]
-    namespace = f"bench-scaleup-{release}"
     results, samples = {}, {}
-    with contextlib.ExitStack() as stack:
-        host_url = stack.enter_context(leased_redis_db(os.environ["TASKHERD_REDIS_URL"]))
-        db = host_url.rsplit("/", 1)[1]
-        redis_port = int(host_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-        gateway = pod_gateway_address()
-        forwarder = Forwarder(listen_host=gateway, target=("127.0.0.1", redis_port))
-        stack.callback(forwarder.close)
-        cluster.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n  labels:\n"
-                      f"    taskherd.io/bench: scaleup\n    pod-security.kubernetes.io/enforce: restricted\n")
-        stack.callback(lambda: cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False))
-        clusterlib.wait_for("default ServiceAccount", lambda: cluster.kubectl(
-            "-n", namespace, "get", "sa", "default", check=False).returncode == 0, timeout=60, interval=0.5)
-        bench = Bench(cluster, namespace, release, host_url)
-        bench.kubectl("create", "secret", "generic", "broker", f"--from-literal=url=redis://{gateway}:{forwarder.port}/{db}")
-        bench.kubectl("create", "configmap", "scaleup-app", f"--from-file=scaleup_app.py={APP}")
-        overlay_items = None
-        if not args.image_code:
-            manifest, overlay_items = code_overlay(namespace)
-            bench.kubectl("create", "-f", "-", input=manifest)  # not apply: its annotation would exceed 256 KiB
-        watch = PodWatch(cluster, namespace, bench.selector)
-        watch.start()
-        stack.callback(watch.stop)
-        values_file = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "values.yaml"
-        installed = False
-        stack.callback(lambda: installed and bench.helm("uninstall", release, "-n", namespace, "--wait",
-                                                        "--timeout", "3m"))
+    with leased_redis_db(os.environ["TASKHERD_REDIS_URL"]) as host_url, \
+            Release(host_broker_url=host_url, host_ledger_url=host_url, queue=QUEUE, label="scaleup",
+                    image_code=args.image_code) as release:
         for variant in args.variants.split(","):
-            values_file.write_text(yaml.safe_dump(values(forwarder.port, VARIANTS[variant], overlay_items)))
-            bench.helm("upgrade", "--install", release, str(CHART), "-n", namespace, "-f", str(values_file),
-                       "--wait", "--timeout", "5m")
-            installed = True
+            release.install({"probes": VARIANTS[variant]})
             rounds = []
             for index in range(args.rounds):
-                pods = bench.round(watch, args.to, args.backlog)
+                pods = scale_round(release, args.to, args.backlog)
                 rounds.append(pods)
                 last = max(p["ready"] - p["scale_call"] for p in pods)
                 print(f"  {variant}, round {index + 1}: 1 -> {args.to}, all Ready after {last:.1f} s", flush=True)

@@ -1,10 +1,13 @@
-"""The Celery app bench/scaleup.py deploys: configure(app) as a user's app does, plus boot timestamps.
+"""The Celery app the cluster benchmarks deploy (bench/cluster_bench.py): configure(app) as a user's
+app does, plus what the benchmarks read back from a Redis ledger (BENCH_LEDGER_URL, else the broker).
 
-Each pod records, in the Redis hash ``boot:<POD_NAME>`` of its broker (epoch seconds, the host's
-clock: the local cluster shares it), when its process started, when this module began and ended
-importing, when Celery's worker_init fired, when the consumer was connected to the broker, when
-the worker was ready, and when it started its first task. The timestamps are kept in memory and
-written once, after the broker connection exists, so measuring does not slow the boot down.
+- Boot timestamps (bench/scaleup.py): each pod records, in the hash ``boot:<POD_NAME>`` (epoch
+  seconds, the host's clock: the local cluster shares it), when its process started, when this
+  module began importing and was configured, when Celery's worker_init fired, when the consumer
+  was connected to the broker, when the worker was ready, and when it started its first task.
+  They are kept in memory and written once the worker is ready, so measuring does not slow the boot.
+- ``cluster.hold`` (bench/pod_kill.py) appends ``{"pod", "pid", "at"}`` to ``starts:<token>`` each time it
+  starts, then sleeps.
 """
 import os
 import time
@@ -25,7 +28,7 @@ from celery import Celery, bootsteps, signals  # noqa: E402
 
 from taskherd.worker import configure  # noqa: E402
 
-app = Celery("scaleup_app")
+app = Celery("cluster_app")
 app.conf.broker_connection_retry_on_startup = True
 configure(app)
 
@@ -34,10 +37,16 @@ BOOT: dict[str, float] = {"process_started": _process_started(), "import_started
                           "configured": time.time()}
 
 
-def _ledger():
-    import redis
+_client = None
 
-    return redis.Redis.from_url(os.environ["TASKHERD_BROKER_URL"])
+
+def _ledger():
+    global _client
+    if _client is None:
+        import redis
+
+        _client = redis.Redis.from_url(os.environ.get("BENCH_LEDGER_URL") or os.environ["TASKHERD_BROKER_URL"])
+    return _client
 
 
 @signals.worker_init.connect
@@ -63,7 +72,15 @@ def _on_worker_ready(**_):
     _ledger().hset(f"boot:{POD}", mapping=BOOT)
 
 
-@app.task(name="scaleup.work", ignore_result=True)
+@app.task(name="cluster.work", ignore_result=True)
 def work(seconds: float) -> None:
     _ledger().hsetnx(f"boot:{POD}", "first_task", time.time())
+    time.sleep(seconds)
+
+
+@app.task(name="cluster.hold", ignore_result=True)
+def hold(token: str, seconds: float) -> None:
+    import json
+
+    _ledger().rpush(f"starts:{token}", json.dumps({"pod": POD, "pid": os.getpid(), "at": time.time()}))
     time.sleep(seconds)
