@@ -4,7 +4,7 @@
 # figures. `make bench` runs them all in this order (scaleup before autoscaling, which replays the
 # pod start times scaleup measured); `make bench-<name>` runs one.
 BENCHES := throughput throughput_grid probe_cost redelivery recovery_overhead inspection_cost \
-           operator_reaction operator_scale scaleup autoscaling
+           operator_reaction operator_scale scaleup pod_kill autoscaling
 
 .PHONY: bench $(addprefix bench-,$(BENCHES))
 
@@ -13,5 +13,5 @@ bench: $(addprefix bench-,$(BENCHES))
 $(addprefix bench-,$(BENCHES)): bench-%: venv services
 	source scripts/services.sh env && $(PY) bench/$*.py
 
-# The scale-up benchmark needs the cluster and the images (as the cluster tests do).
-bench-scaleup: cluster-for-tests
+# The cluster benchmarks need the cluster and the images (as the cluster tests do).
+bench-scaleup bench-pod_kill: cluster-for-tests
