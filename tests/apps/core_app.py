@@ -1,20 +1,30 @@
 """A Celery app under the taskherd profile, for the reliability-core tests (tests/worker/).
 
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_RECORD_URL (a Redis database
-where tasks record what they did), and TEST_* knobs for the profile.
+where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), TEST_RESTORE_SWEEP=1
+(kombu's visibility sweep every second), TEST_TASK_TIME_LIMIT (registers core.own_time_limit with
+that limit), and TEST_* knobs for the profile.
 """
 import os
 import signal
 import time
 
+import psycopg
 import redis
 from celery import Celery
 
 from taskherd.worker import PermanentError, configure
+from taskherd.worker.idempotency import RedisStore, idempotent
 
 env = os.environ.get
 app = Celery("core", broker=env("TEST_BROKER_URL"))
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=True)
+if env("TEST_KEYPREFIX"):
+    app.conf.broker_transport_options = {"global_keyprefix": env("TEST_KEYPREFIX")}
+if env("TEST_RESTORE_SWEEP"):
+    # kombu's sweep for unacked messages older than the visibility timeout: every second, not 100 s.
+    app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}),
+                                         "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
 
 configure(
     app,
@@ -37,6 +47,12 @@ _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL")
 
 def record(key: str, value: str = "") -> None:
     _record.rpush(key, f"{time.time()}|{os.getpid()}|{value}")
+
+
+if env("TEST_TASK_TIME_LIMIT"):
+    @app.task(name="core.own_time_limit", time_limit=float(env("TEST_TASK_TIME_LIMIT")))
+    def own_time_limit():
+        """A task with a hard time limit of its own (not the app's)."""
 
 
 @app.task(name="core.record")
@@ -95,3 +111,49 @@ def ignores_soft_limit(key):
             time.sleep(0.1)
         except Exception:  # noqa: BLE001 - a task that swallows SoftTimeLimitExceeded
             pass
+
+
+@app.task(name="core.fails_after")
+def fails_after(key, seconds):
+    """Fails permanently after ``seconds``: with a soft limit just after, its envelope is being
+    published (or the pause after a failed publish is running) when the soft limit expires."""
+    record(key)
+    time.sleep(seconds)
+    raise ValueError(f"failed after {seconds}s")
+
+
+class OperationalError(Exception):
+    """Django's ``django.db.utils.OperationalError``: raised ``from`` the driver's own error."""
+
+
+@app.task(name="core.wrapped_db_error")
+def wrapped_db_error(key):
+    """The database is unreachable, as an ORM reports it: a wrapper raised from psycopg's error."""
+    record(key)
+    try:
+        psycopg.connect("postgresql://taskherd@127.0.0.1:1/nowhere", connect_timeout=2)
+    except psycopg.OperationalError as exc:
+        raise OperationalError(str(exc)) from exc
+
+
+# Leases as short as the test asks, so that a dead holder's key frees itself within the test.
+_store = RedisStore(client=_record, lease_seconds=float(env("TEST_LEASE_SECONDS", "3"))) if _record else None
+
+
+@app.task(name="core.dies_after_claim", bind=True)
+def dies_after_claim(self, key):
+    """Claims its idempotency key, and on its first run dies holding it (think: the OOM killer)."""
+    record(key + ":runs")
+    return _dies_after_claim(self, key)
+
+
+def _guarded_by_task_id(fn):
+    return idempotent(_store, key=lambda task, key: f"task:{task.request.id}")(fn) if _store else fn
+
+
+@_guarded_by_task_id
+def _dies_after_claim(task, key):
+    if _record.llen(key + ":runs") == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    record(key, "effect")
+    return "done"

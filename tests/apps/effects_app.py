@@ -28,6 +28,7 @@ import psycopg
 import redis
 from celery import Celery
 
+from apps.effects_schema import process_connection
 from taskherd.worker import ProfileWarning, configure
 from taskherd.worker.idempotency import PostgresStore, RedisStore, idempotent
 
@@ -53,15 +54,10 @@ else:
         configure(app)
 
 store = PostgresStore()
-_connections: dict[int, psycopg.Connection] = {}
 
 
 def _connection() -> psycopg.Connection:
-    """One connection per pool process (never shared across a fork)."""
-    conn = _connections.get(os.getpid())
-    if conn is None or conn.closed:
-        conn = _connections[os.getpid()] = psycopg.connect(DSN, autocommit=True)
-    return conn
+    return process_connection(DSN)
 
 
 def _attempt(task) -> int:

@@ -1,4 +1,7 @@
-"""Tables the effects tests read: `attempts` (one row per run) and `ledger` (one row per effect)."""
+"""Tables the effects tests read: `attempts` (one row per run) and `ledger` (one row per effect),
+and the one PostgreSQL connection per process their worker apps use."""
+import os
+
 import psycopg
 
 from taskherd.worker.idempotency import PostgresStore
@@ -17,3 +20,15 @@ def create_tables(dsn: str) -> None:
         PostgresStore().create_table(conn)
         for ddl in TABLES:
             conn.execute(ddl)
+
+
+_connections: dict[tuple[int, str], psycopg.Connection] = {}
+
+
+def process_connection(dsn: str) -> psycopg.Connection:
+    """One autocommit connection per process (a prefork child never shares its parent's)."""
+    key = (os.getpid(), dsn)
+    conn = _connections.get(key)
+    if conn is None or conn.closed:
+        conn = _connections[key] = psycopg.connect(dsn, autocommit=True)
+    return conn

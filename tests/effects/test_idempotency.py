@@ -201,6 +201,66 @@ def ledger(dsn: str, key: str) -> list[str]:
         return [r[0] for r in conn.execute("SELECT who FROM ledger WHERE key = %s", (key,))]
 
 
+def test_a_redis_that_stops_answering_does_not_stall_another_stores_leases(redis_url, tmp_path):
+    """Two stores in one process: store A's Redis freezes (SIGSTOP) while A holds a key. Store B's
+    1.5 s lease, held for 5 s, must keep being renewed: A's hung renewal is another thread's, and
+    it times out instead of blocking for ever (A's client was made without a socket timeout)."""
+    from support.private_redis import private_redis
+
+    with private_redis(tmp_path / "frozen") as (frozen_url, frozen):
+        store_a = RedisStore(client=redis.Redis.from_url(frozen_url), lease_seconds=3)
+        store_b = RedisStore(client=redis.Redis.from_url(redis_url), lease_seconds=1.5)
+        key_a, key_b = f"a-{uuid.uuid4().hex}", f"b-{uuid.uuid4().hex}"
+        with store_a.guard(key_a) as claim_a:
+            assert not claim_a.done
+            frozen.send_signal(signal.SIGSTOP)
+            try:
+                with store_b.guard(key_b) as claim_b:
+                    states = []
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline:
+                        states.append((store_b.state(key_b) or {}).get("state"))
+                        time.sleep(0.1)
+                    claim_b.set_result("b done")  # LeaseLost at the end of the block if B's key lapsed
+            finally:
+                frozen.send_signal(signal.SIGCONT)
+    assert set(states) == {"in_progress"}, f"B's key lapsed while A's Redis was frozen: {states}"
+    assert store_b.state(key_b)["state"] == "done"
+
+
+def test_a_redis_effect_commits_with_the_done_record_or_not_at_all(redis_client):
+    from taskherd.worker.idempotency import LeaseLost
+
+    store = RedisStore(client=redis_client, lease_seconds=0.5)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+    with store.guard(key) as claim:
+        claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
+        assert redis_client.llen(ledger) == 0, "queued, not applied, while the body runs"
+        claim.set_result("ok")
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged"] and store.state(key)["state"] == "done"
+    with store.guard(key) as again:
+        assert again.done and again.result == "ok"
+
+    class NoRenewals:  # a holder paused past its lease: its renewals never run
+        def add(self, renew, every_seconds):
+            return 0
+
+        def remove(self, lease_id):
+            return False
+
+    # Paused past its lease, taken over by another holder: the first holder's effect is discarded.
+    paused_store = RedisStore(client=redis_client, lease_seconds=0.5)
+    paused_store._renewer = NoRenewals()  # noqa: SLF001
+    paused = f"tx-{uuid.uuid4().hex}"
+    with pytest.raises(LeaseLost):
+        with paused_store.guard(paused) as first:
+            first.in_transaction(lambda pipe: pipe.rpush(ledger, "first"))
+            time.sleep(0.7)
+            with store.guard(paused) as second:
+                second.in_transaction(lambda pipe: pipe.rpush(ledger, "second"))
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged", b"second"]
+
+
 def test_postgres_duplicate_threads_run_the_effect_once(ledger_dsn):
     store = PostgresStore()
     barrier = threading.Barrier(12)

@@ -124,3 +124,48 @@ def test_missing_arguments_are_usage_errors(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["redrive", "-b", "redis://127.0.0.1:6390/1", "-Q", "q"])
     assert "redrive: name at least one ID, or pass --all" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_redrive_honours_the_global_keyprefix_of_the_work_queue(broker_url, record_url, recorded, unique_name,
+                                                                worker_factory):
+    """With kombu's global_keyprefix the work queue is the list `<prefix><queue>`: the redriven task
+    must land there (where the worker reads), not in an unprefixed list nobody reads."""
+    from celery import Celery
+    from taskherd.worker import configure
+
+    q, prefix = unique_name, "tenant-a:"
+    client = redis.Redis.from_url(broker_url)
+    client.set("bug", 1)
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    producer.conf.broker_transport_options = {"global_keyprefix": prefix}
+    configure(producer, queues=[q], delivery_counter_url=record_url)
+    worker_factory("apps.core_app", queues=[q], concurrency=1,
+                   env=core_env(broker_url, q, record_url, keyprefix=prefix))
+    task = producer.send_task("core.fails_while_flag", args=("prefixed", "bug"), queue=q)
+    wait_for(lambda: dead_letters(broker_url, q, keyprefix=prefix), timeout=30, what="the dead letter")
+    assert client.exists(f"{q}.dlq") == 0, "the DLQ is prefixed too"
+
+    client.delete("bug")
+    code, out, _ = dlq("redrive", task.id, "--broker", broker_url, "--queue", q, "--global-keyprefix", prefix)
+    assert code == 0 and f"redriven {task.id}" in out
+    wait_for(lambda: len(recorded("prefixed")) == 2, timeout=30, what="the redriven task to run again")
+    assert client.exists(q) == 0, "nothing was left in an unprefixed list"
+    assert dead_letters(broker_url, q, keyprefix=prefix) == []
+    producer.close()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_redrive_to_a_queue_that_does_not_exist_keeps_the_dead_letter(broker_url, record_url, producer,
+                                                                     unique_name, worker_factory):
+    """RabbitMQ confirms an unroutable message unless it is mandatory: a typo in --to must not
+    delete the dead letter and report success."""
+    q = unique_name
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    task = producer.send_task("core.validation", args=("typo", -1), queue=q)
+    wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="the dead letter")
+
+    code, out, err = dlq("redrive", task.id, "--broker", broker_url, "--queue", q, "--to", f"{q}-typo")
+    assert code == 1 and "redriven" not in out
+    assert f"there is no queue '{q}-typo' on the broker" in err and "it stays in the DLQ" in err
+    assert [letter.task_id for letter in dead_letters(broker_url, q)] == [task.id]

@@ -31,6 +31,8 @@ def test_the_profile_applies_every_setting():
     assert c.task_serializer == c.result_serializer == c.event_serializer == "json"
     assert c.broker_heartbeat == 10
     assert c.worker_cancel_long_running_tasks_on_connection_loss is True
+    # A broker outage must not make every worker exit (and be restarted) after 100 attempts.
+    assert c.broker_connection_retry is True and c.broker_connection_max_retries is None
     # Redis: outlives the longest run plus the longest retry countdown, with a margin.
     assert c.broker_transport_options["visibility_timeout"] == profile.visibility_timeout
     assert profile.visibility_timeout == derived_visibility_timeout(time_limit=60, backoff_cap=30) >= 60 + 30 + 60
@@ -52,6 +54,8 @@ def test_quorum_queues_get_a_delivery_limit_backstop():
     assert queue.queue_arguments["x-delivery-limit"] == 3
     assert profile.visibility_timeout is None  # RabbitMQ has none
     assert "visibility_timeout" not in app.conf.broker_transport_options
+    # Every publish (a retry, a task sent by a task) is confirmed before the original is acknowledged.
+    assert app.conf.broker_transport_options["confirm_publish"] is True
 
 
 def test_user_transport_options_are_kept():

@@ -3,7 +3,7 @@ dead-letter; a validation error dead-letters after one attempt with a complete e
 import socket
 import time
 
-from worker_support import core_env, dead_letters, wait_for  # noqa: F401  (tests/worker/conftest.py)
+from worker_support import core_env, dead_letters, make_dlq_unwritable, wait_for  # noqa: F401
 
 
 def test_always_transient_failure_retries_max_retries_times_then_dead_letters(
@@ -69,21 +69,8 @@ def test_a_dlq_that_cannot_be_written_loses_nothing(
         broker_url, record_url, recorded, producer, unique_name, worker_factory):
     """If the envelope cannot be published the original is requeued, not acked; once the DLQ is
     writable again the task is dead-lettered with its real reason."""
-    import redis
-    from kombu import Connection, Queue
-
-    q, dlq_name = unique_name, f"{unique_name}.dlq"
-    if broker_url.startswith("redis"):
-        client = redis.Redis.from_url(broker_url)
-        client.set(dlq_name, "not a list")  # LPUSH now fails with WRONGTYPE
-        repair = lambda: client.delete(dlq_name)  # noqa: E731
-    else:
-        with Connection(broker_url) as connection:  # a DLQ declared with other arguments
-            Queue(dlq_name, routing_key=dlq_name, queue_arguments={"x-max-length": 1})(connection.default_channel).declare()
-
-        def repair():
-            with Connection(broker_url) as connection:
-                connection.default_channel.queue_delete(dlq_name)
+    q = unique_name
+    repair = make_dlq_unwritable(broker_url, f"{q}.dlq")
     worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
     result = producer.send_task("core.validation", args=("unwritable", 1), queue=q)
 
@@ -93,3 +80,34 @@ def test_a_dlq_that_cannot_be_written_loses_nothing(
     (letter,) = wait_for(lambda: dead_letters(broker_url, q), timeout=30, what="the envelope after repair")
     assert letter.envelope.task_id == result.id
     assert letter.envelope.reason == "permanent-error", "requeues after a failed publish are not worker deaths"
+
+
+def test_a_database_error_wrapped_by_an_orm_is_retried_not_dead_lettered(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """Django and SQLAlchemy re-raise psycopg's OperationalError as their own: the classifier
+    follows the wrapping (`raise … from …`) to the driver's transient error."""
+    env = core_env(broker_url, unique_name, record_url, max_retries=2, backoff_base=0.1, backoff_cap=0.2)
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    task = producer.send_task("core.wrapped_db_error", args=("db",), queue=unique_name)
+    (letter,) = wait_for(lambda: dead_letters(broker_url, unique_name), timeout=60, what="the envelope")
+    assert letter.task_id == task.id and letter.envelope.exception_type == "apps.core_app.OperationalError"
+    assert letter.envelope.reason == "retries-exhausted" and letter.envelope.attempts == 3
+    assert len(recorded("db")) == 3
+
+
+def test_a_key_whose_holder_died_is_taken_over_after_its_lease_not_dead_lettered(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """The holder is killed right after claiming its key; the redelivery meets the key in progress.
+    Its retries wait for the lease (InProgress.retry_after) instead of spending the whole retry
+    budget (3 retries of at most 0.2 s here) before a 10 s lease can expire (the redelivery of a
+    killed child's message comes a few seconds after the kill)."""
+    env = core_env(broker_url, unique_name, record_url, max_retries=3, backoff_base=0.1, backoff_cap=0.2,
+                   lease_seconds=10)
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    task = producer.send_task("core.dies_after_claim", args=("held",), queue=unique_name)
+    wait_for(lambda: recorded("held"), timeout=60, what="the effect, after the lease expired",
+             explain=lambda: f"dead letters: {[l.envelope.reason for l in dead_letters(broker_url, unique_name)]}")
+    assert task.id and dead_letters(broker_url, unique_name) == []
+    assert [value for _, _, value in recorded("held")] == ["effect"]
+    runs = recorded("held:runs")
+    assert runs[-1][0] - runs[0][0] >= 9.5, "the run that took the key over came after the lease"

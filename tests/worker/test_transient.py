@@ -98,3 +98,78 @@ def test_real_database_and_cache_connection_errors_are_transient_and_their_data_
     assert classifier.is_transient(psycopg.errors.DeadlockDetected("deadlock detected"))
     assert not classifier.is_transient(psycopg.errors.UniqueViolation("duplicate key"))
     assert not classifier.is_transient(redis.ResponseError("WRONGTYPE"))
+
+
+def _real_psycopg_error():
+    import psycopg
+
+    try:
+        psycopg.connect("postgresql://taskherd@127.0.0.1:1/nowhere", connect_timeout=2)
+    except psycopg.OperationalError as exc:
+        return exc
+    raise AssertionError("connecting to port 1 succeeded")
+
+
+def test_a_driver_error_wrapped_by_an_orm_is_judged_by_the_driver_error():
+    driver_error = _real_psycopg_error()
+
+    class OperationalError(Exception):  # django.db.utils.OperationalError: raised `from` the driver's
+        pass
+
+    try:
+        raise OperationalError(str(driver_error)) from driver_error
+    except OperationalError as django_style:
+        assert classify(django_style)
+
+    class DBAPIError(Exception):  # sqlalchemy.exc.OperationalError: the driver's error in .orig
+        def __init__(self, orig):
+            super().__init__(str(orig))
+            self.orig = orig
+
+    assert classify(DBAPIError(driver_error))
+    assert not classify(DBAPIError(ValueError("bad literal")))
+
+
+def test_an_error_raised_while_handling_a_transient_one_is_a_new_failure():
+    try:
+        try:
+            raise ConnectionResetError("upstream reset")
+        except ConnectionResetError:
+            raise ValueError("order 42 is invalid")  # __context__ only: the code's own verdict
+    except ValueError as exc:
+        assert exc.__context__ is not None and not classify(exc)
+    wrapped_permanent = RuntimeError("wrapper")
+    wrapped_permanent.__cause__ = PermanentError("no")
+    assert not classify(wrapped_permanent)
+
+
+def test_a_wrapping_cycle_ends():
+    first, second = RuntimeError("a"), RuntimeError("b")
+    first.__cause__, second.__cause__ = second, first
+    assert not classify(first)
+
+
+def test_a_write_to_a_redis_replica_during_a_failover_is_transient(tmp_path):
+    """A replica answers writes with READONLY (redis-py's ReadOnlyError) until clients follow the new
+    primary: a real replica of a private redis-server here."""
+    import redis
+
+    from support.private_redis import private_redis
+
+    with private_redis(tmp_path / "primary") as (primary_url, _):
+        port = primary_url.split(":")[2].split("/")[0]
+        with private_redis(tmp_path / "replica", "--replicaof", "127.0.0.1", port) as (replica_url, _):
+            with pytest.raises(redis.exceptions.ReadOnlyError) as raised:
+                redis.Redis.from_url(replica_url).set("k", "v")
+    assert classify(raised.value)
+
+
+def test_retry_after_is_read_through_the_wrapping():
+    from taskherd.worker.idempotency import InProgress
+    from taskherd.worker.transient import retry_after
+
+    busy = InProgress("charge:1", retry_after=12.5)
+    wrapper = RuntimeError("wrapped")
+    wrapper.__cause__ = busy
+    assert retry_after(busy) == 12.5 and retry_after(wrapper) == 12.5
+    assert retry_after(ValueError("x")) is None

@@ -51,12 +51,12 @@ def core_env(broker_url: str, queue: str, record_url: str, **knobs: str) -> dict
     return env
 
 
-def dead_letters(broker_url: str, queue: str, dlq: str | None = None) -> list[DeadLetter]:
+def dead_letters(broker_url: str, queue: str, dlq: str | None = None, *, keyprefix: str = "") -> list[DeadLetter]:
     """The messages of ``queue``'s DLQ (``<queue>.dlq`` unless ``dlq`` names it), left in place;
     [] while the DLQ does not exist yet."""
     from amqp.exceptions import NotFound
 
-    store = open_dead_letters(broker_url, dlq or f"{queue}.dlq")
+    store = open_dead_letters(broker_url, dlq or f"{queue}.dlq", keyprefix=keyprefix)
     try:
         return store.letters()
     except NotFound:
@@ -68,3 +68,26 @@ def dead_letters(broker_url: str, queue: str, dlq: str | None = None) -> list[De
             pass
 
 
+
+
+def make_dlq_unwritable(broker_url: str, dlq: str, *, queue_type: str = "classic") -> Callable[[], None]:
+    """Makes publishing an envelope to ``dlq`` fail; returns the function that repairs it.
+
+    Redis: the DLQ key holds a string (LPUSH fails with WRONGTYPE). RabbitMQ: the DLQ is declared
+    with other arguments than the worker's (its declaration fails with PRECONDITION_FAILED) — a
+    classic queue with a length limit, or a classic one where the profile wants a quorum one."""
+    from kombu import Connection, Queue
+
+    if broker_url.startswith("redis"):
+        client = redis.Redis.from_url(broker_url)
+        client.set(dlq, "not a list")
+        return lambda: client.delete(dlq)
+    arguments = {"x-max-length": 1} if queue_type == "classic" else None
+    with Connection(broker_url) as connection:
+        Queue(dlq, routing_key=dlq, durable=True, queue_arguments=arguments)(connection.default_channel).declare()
+
+    def repair() -> None:
+        with Connection(broker_url) as connection:
+            connection.default_channel.queue_delete(dlq)
+
+    return repair

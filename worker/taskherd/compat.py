@@ -136,6 +136,29 @@ INTERNALS: tuple[Internal, ...] = (
     # Hard time limits (taskherd.worker.task): the main process's side of a task.
     Internal("celery", "celery.worker.request:Request.on_timeout", "callable", parameters=("soft", "timeout"),
              why="dead-letter a task killed by its hard time limit"),
+    # billiard sets a hard-timed-out job's result (Request.on_failure, which acks) before it calls
+    # the timeout handler: the envelope has to be published from on_failure.
+    Internal("celery", "celery.worker.request:Request.on_failure", "callable",
+             parameters=("exc_info", "send_failed_event", "return_ok"),
+             why="dead-letter a task killed by its hard time limit before Celery acknowledges it"),
+    Internal("celery", "celery.worker.request:Request", "instance attributes",
+             parameters=("_message", "_payload", "_request_dict"),
+             why="rebuild a task's envelope in the main process and put its message back on its queue"),
+    # The soft time limit is a signal billiard sends to the pool child (taskherd.worker.soft_limit).
+    Internal("billiard", "billiard.pool:SIG_SOFT_TIMEOUT", "attribute",
+             why="hold the soft time limit back while an envelope or a retry is published"),
+    Internal("billiard", "billiard.pool:soft_timeout_sighandler", "callable",
+             why="recognise the pool child's soft time limit handler"),
+    # Delayed (ETA/countdown) messages on Redis (taskherd.worker.delayed) and fast recovery: the
+    # message exactly as the transport stored it, to store it again.
+    Internal("kombu", "kombu.transport.virtual:Message", "instance attributes", parameters=("_raw",),
+             why="store a Redis delivery again exactly as kombu stored it (delay set, recovery records)"),
+    Internal("celery", "celery.worker.strategy:default", "callable", parameters=("task", "app", "consumer"),
+             why="take ETA/countdown messages out of the worker into the Redis delay set"),
+    Internal("celery", "celery.app.amqp:AMQP.create_task_message", "attribute",
+             why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
+    Internal("celery", "celery.app.amqp:AMQP.as_task_v2", "callable", parameters=("task_id", "name", "time_limit"),
+             why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
 )
 
 
@@ -165,6 +188,35 @@ def metric_file_writer(path: str):
     from prometheus_client.mmap_dict import MmapedDict
 
     return MmapedDict(path)
+
+
+def soft_time_limit_signal() -> int | None:
+    """The signal that raises SoftTimeLimitExceeded in this process, if billiard's handler is on it
+    (a prefork pool child); None elsewhere (the main process, the solo and thread pools)."""
+    import signal
+
+    from billiard import pool
+
+    signum = pool.SIG_SOFT_TIMEOUT
+    if signum is None or signal.getsignal(signum) is not pool.soft_timeout_sighandler:
+        return None
+    return signum
+
+
+def default_strategy():
+    """Celery's default task strategy: how the worker turns a message into a request."""
+    from celery.worker.strategy import default
+
+    return default
+
+
+def task_message_creator(app: Any):
+    """The function through which ``app`` builds every task message it publishes."""
+    return app.amqp.create_task_message
+
+
+def set_task_message_creator(app: Any, create) -> None:
+    app.amqp.create_task_message = create  # a cached_property: the instance attribute wins
 
 
 def set_redis_qos_class(qos_class: type) -> None:

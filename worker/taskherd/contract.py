@@ -207,6 +207,9 @@ VARIABLES = (
     Variable("TASKHERD_VISIBILITY_TIMEOUT", seconds, "a number of seconds > 0",
              readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
              doc="Redis visibility_timeout (ignored on RabbitMQ)"),
+    Variable("TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
+             chart=(), doc="RabbitMQ's consumer_timeout of the broker (default 1800): the hard time limit and "
+                           "retry countdowns must stay below it"),
     Variable("TASKHERD_MAX_TASKS_PER_CHILD", count_or_off, "a whole number >= 0 (0: no limit)",
              readers=(_CONFIGURE,), chart=(_WORKER,), doc="Celery worker_max_tasks_per_child"),
     Variable("TASKHERD_MAX_MEMORY_PER_CHILD_KB", count_or_off, "a whole number of KiB >= 0 (0: no limit)",

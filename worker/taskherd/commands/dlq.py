@@ -7,7 +7,9 @@ Redrive works as SQS redrive does: the chosen messages are published back to the
 came from as ordinary task messages — retry count reset, a fresh delivery budget
 (``taskherd_redrives`` + 1), same task id so idempotency keys still match — and only once the
 broker has confirmed that publish are they removed from the DLQ (a crash in between leaves a
-copy in both, never in neither).
+copy in both, never in neither). The publish is taskherd.worker.publishing's: on RabbitMQ a
+queue that does not exist (a typo in ``--to``) is refused by the broker and the dead letter
+stays; on Redis the ``--global-keyprefix`` applies to the work queue as to the DLQ.
 
 Browsing RabbitMQ takes the messages with ``basic.get`` and returns the ones not removed by
 closing the channel (they are requeued); Redis is read with LRANGE and changed with LREM.
@@ -25,6 +27,7 @@ from typing import Any, Iterable
 
 from taskherd.contract import broker_kind
 from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
+from taskherd.worker.publishing import Unroutable, publish
 
 from . import options
 
@@ -231,17 +234,15 @@ def open_dead_letters(broker_url: str, dlq: str, *, keyprefix: str = ""):
                      f"(valid: redis://, rediss://, amqp://, amqps://)")
 
 
-def publish_back(broker_url: str, letter: DeadLetter, queue: str) -> None:
-    """Publish ``letter`` to ``queue`` (default exchange, by name) with publisher confirms."""
-    from kombu import Connection, Producer
-
+def publish_back(broker_url: str, letter: DeadLetter, queue: str, *, keyprefix: str = "") -> None:
+    """Publish ``letter`` to ``queue`` (default exchange, by name); returns once the broker has it in
+    that queue, raises :class:`Unroutable` when RabbitMQ has no such queue."""
     body, headers, content_type, content_encoding = redrive_message(letter)
-    with Connection(broker_url, transport_options={"confirm_publish": True}) as connection:
-        with connection.channel() as channel:
-            properties = {"correlation_id": letter.task_id} if letter.task_id else {}
-            Producer(channel).publish(body, exchange="", routing_key=queue, headers=headers,
-                                      content_type=content_type, content_encoding=content_encoding,
-                                      delivery_mode=2, retry=True, **properties)
+    properties = {"correlation_id": letter.task_id} if letter.task_id else {}
+    publish(body, broker_url=broker_url, exchange="", routing_key=queue,
+            transport_options={"global_keyprefix": keyprefix} if keyprefix else None,
+            headers=headers, content_type=content_type, content_encoding=content_encoding, delivery_mode=2,
+            **properties)
 
 
 def _select(letters: list[DeadLetter], refs: Iterable[str], select_all: bool) -> list[DeadLetter]:
@@ -374,10 +375,12 @@ def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
             else:
                 _print_letter(letter, stdout)
         return 1 if missing else 0
-    return _redrive(store, chosen, args.broker, to=args.to, stdout=stdout, stderr=stderr) or (1 if missing else 0)
+    return (_redrive(store, chosen, args.broker, to=args.to, keyprefix=args.global_keyprefix, stdout=stdout,
+                     stderr=stderr) or (1 if missing else 0))
 
 
-def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, stdout, stderr) -> int:
+def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, keyprefix: str, stdout,
+             stderr) -> int:
     failed = 0
     for letter in letters:
         queue = to or letter.queue
@@ -385,7 +388,13 @@ def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | Non
             print(f"taskherd dlq: {letter.ref}: original queue unknown; pass --to QUEUE", file=stderr)
             failed += 1
             continue
-        publish_back(broker_url, letter, queue)  # confirmed before the DLQ copy is removed
+        try:
+            publish_back(broker_url, letter, queue, keyprefix=keyprefix)  # confirmed before the DLQ copy goes
+        except Unroutable:
+            print(f"taskherd dlq: {letter.ref}: there is no queue {queue!r} on the broker (it returned the message "
+                  f"unroutable); not redriven, it stays in the DLQ — check --to", file=stderr)
+            failed += 1
+            continue
         store.remove(letter)
         print(f"redriven {letter.ref} ({letter.task or 'message'}) -> {queue}", file=stdout)
     return 1 if failed else 0

@@ -12,7 +12,7 @@ needed to send the task back (``taskherd dlq redrive``). It is published through
   for what never reaches our code (a quorum queue's delivery limit, a reject by other code).
 
 The publisher raises when the broker did not take the envelope; callers must then NOT ack the
-original, so a failure to dead-letter never loses the message.
+original, so a failure to dead-letter never loses the message (they put it back on its queue).
 """
 from __future__ import annotations
 
@@ -134,37 +134,20 @@ def dead_letter_queue_declaration(name: str, *, queue_type: str = "classic"):
 
 def publish_envelope(envelope: Envelope, *, broker_url: str, dead_letter_queue: str,
                      transport_options: dict | None = None, queue_type: str = "classic",
-                     connection=None, timeout: float = 10.0) -> None:
-    """Publish ``envelope`` to ``dead_letter_queue``; returns only once the broker has it.
+                     timeout: float = 10.0) -> None:
+    """Publish ``envelope`` to ``dead_letter_queue``; returns only once the broker has it
+    (taskherd.worker.publishing: confirms and mandatory routing on RabbitMQ). Raises on failure."""
+    from .publishing import publish
 
-    RabbitMQ: publisher confirms (``confirm_publish``) — ``publish`` returns after the broker's
-    ack and raises on a nack. Redis: LPUSH returns after Redis applied it. Raises on failure.
-    """
-    from kombu import Connection, Producer
-
-    own = connection is None
-    if own:
-        options = {**(transport_options or {}), "confirm_publish": True}
-        connection = Connection(broker_url, transport_options=options, connect_timeout=timeout)
-    try:
-        connection.ensure_connection(max_retries=3, timeout=timeout)
-        with connection.channel() as channel:
-            queue = dead_letter_queue_declaration(dead_letter_queue, queue_type=queue_type)
-            queue(channel).declare()
-            Producer(channel).publish(
-                json_safe(envelope.to_dict()),
-                exchange="",
-                routing_key=dead_letter_queue,
-                serializer="json",
-                delivery_mode=2,
-                # Not Celery's "id"/"task" headers: a worker consuming a DLQ by mistake must not
-                # take an envelope for a task.
-                headers={ENVELOPE_HEADER: ENVELOPE_VERSION, "taskherd_reason": envelope.reason,
-                         "taskherd_task_id": envelope.task_id, "taskherd_task": envelope.task},
-                timestamp=int(time.time()),  # AMQP timestamps are whole seconds
-                retry=True,
-                retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
-            )
-    finally:
-        if own:
-            connection.release()
+    publish(
+        json_safe(envelope.to_dict()),
+        broker_url=broker_url, exchange="", routing_key=dead_letter_queue, transport_options=transport_options,
+        declare=[dead_letter_queue_declaration(dead_letter_queue, queue_type=queue_type)], timeout=timeout,
+        serializer="json",
+        delivery_mode=2,
+        # Not Celery's "id"/"task" headers: a worker consuming a DLQ by mistake must not
+        # take an envelope for a task.
+        headers={ENVELOPE_HEADER: ENVELOPE_VERSION, "taskherd_reason": envelope.reason,
+                 "taskherd_task_id": envelope.task_id, "taskherd_task": envelope.task},
+        timestamp=int(time.time()),  # AMQP timestamps are whole seconds
+    )

@@ -19,10 +19,21 @@ Settings applied and why (docs/reliability.md has the long form):
 - ``broker_heartbeat``: a dead broker connection is noticed in seconds, not minutes.
 - ``worker_cancel_long_running_tasks_on_connection_loss``: when the connection drops, the
   broker redelivers unacked messages; cancelling our copies avoids running them twice at once.
+- ``broker_connection_retry`` with ``broker_connection_max_retries=None``: a worker keeps
+  reconnecting through a broker outage instead of exiting after 100 attempts — an outage must not
+  restart every worker of the cluster (the heartbeat keeps liveness green meanwhile).
 - ``broker_transport_options["visibility_timeout"]`` (Redis): derived as
   ``time_limit + backoff_cap + margin`` — a message is restored to the queue once it has been
-  unacked that long, so it must outlive the longest run AND the longest retry countdown (retry
-  messages wait unacked in the worker until their ETA).
+  unacked that long, so it must outlive the longest run. (Retry countdowns and other ETA
+  messages wait in the delay set, taskherd.worker.delayed, not unacked in a worker; the
+  ``backoff_cap`` term keeps the margin for workers without the DelayedMessages component.)
+  A task's own ``time_limit`` and a per-call ``apply_async(time_limit=…)`` must be below it too:
+  the first is refused at worker start (BrokerCheck), the second at publish.
+- ``broker_transport_options["confirm_publish"]`` (RabbitMQ): every publish — a retry, a task a
+  task sends — returns once the broker has it; without confirms a retry could be lost in a broker
+  crash after the original was acknowledged.
+- ``rabbitmq_consumer_timeout``: RabbitMQ closes the channel of a delivery unacknowledged longer
+  than its ``consumer_timeout`` and redelivers it; the hard time limit must be below it.
 - ``task_queues``: each work queue is declared with ``x-dead-letter-exchange`` (the default
   exchange) and ``x-dead-letter-routing-key`` = its DLQ, ``x-queue-type`` and, for quorum
   queues, ``x-delivery-limit`` = ``max_deliveries`` as a broker-side backstop. Redis ignores queue arguments.
@@ -37,12 +48,13 @@ idle) and makes the ready count undercount the backlog — a trade-off a user ma
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from taskherd import contract
+from taskherd import compat, contract
 from taskherd.contract import broker_kind
 
 from .backoff import Rng
@@ -113,6 +125,9 @@ class Settings:
     queue_type: str = "classic"
     #: content types accepted from the broker: JSON only (pickle is remote code execution)
     accept_content: Sequence[str] = ("json",)
+    #: RabbitMQ only, seconds: the broker's consumer_timeout (rabbitmq.conf, in ms there; 30 min by
+    #: default), which the hard time limit must stay below; None: disabled on the broker
+    rabbitmq_consumer_timeout: float | None = 1800.0
 
 
 #: configure() keywords
@@ -128,6 +143,7 @@ ENVIRONMENT: dict[str, str] = {
     "TASKHERD_QUEUES": "queues",
     "TASKHERD_DEAD_LETTER_QUEUES": "dead_letter_queues",
     "TASKHERD_DELIVERY_COUNTER_URL": "delivery_counter_url",
+    "TASKHERD_RABBITMQ_CONSUMER_TIMEOUT": "rabbitmq_consumer_timeout",
 }
 BROKER_URL_VARIABLE = "TASKHERD_BROKER_URL"
 BROKER_TYPE_VARIABLE = "TASKHERD_BROKER_TYPE"
@@ -191,8 +207,11 @@ def _non_json(values: Any) -> list[str]:
 
 
 def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
-             app_serialization: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Every problem with the combination (errors, warnings); pure, so tests call it directly."""
+             app_serialization: Mapping[str, Any], parks_delayed_messages: bool = False) -> tuple[list[str], list[str]]:
+    """Every problem with the combination (errors, warnings); pure, so tests call it directly.
+
+    ``parks_delayed_messages``: the DelayedMessages component is installed, so on Redis a retry's
+    countdown is spent in the delay set rather than unacknowledged in a worker."""
     s = settings
     errors: list[str] = []
     warns: list[str] = []
@@ -212,10 +231,24 @@ def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
                       f"(valid: > {s.time_limit!r}, derived default "
                       f"{derived_visibility_timeout(time_limit=s.time_limit, backoff_cap=max(s.backoff_cap, 0))!r}); "
                       f"otherwise Redis redelivers a task that is still running")
-    elif visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap:
+    elif (visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap
+          and not parks_delayed_messages):
         warns.append(f"visibility_timeout={visibility!r} is less than time_limit + backoff_cap = "
                      f"{s.time_limit + s.backoff_cap!r}: a retry waiting for its countdown may be redelivered "
                      f"and run twice")
+    consumer_timeout = s.rabbitmq_consumer_timeout if kind == "amqp" else None
+    if consumer_timeout is not None and not (isinstance(consumer_timeout, (int, float)) and consumer_timeout > 0):
+        errors.append(f"rabbitmq_consumer_timeout={consumer_timeout!r} must be a number of seconds > 0, or None "
+                      f"when consumer_timeout is disabled on the broker")
+    elif consumer_timeout is not None and s.time_limit > 0 and s.time_limit >= consumer_timeout:
+        errors.append(f"time_limit={s.time_limit!r} is not below rabbitmq_consumer_timeout={consumer_timeout!r}: "
+                      f"RabbitMQ closes the channel of a task that runs that long and redelivers it while it runs "
+                      f"(valid: time_limit < {consumer_timeout!r}); or raise consumer_timeout in rabbitmq.conf "
+                      f"(milliseconds there) and pass its value here, in seconds")
+    elif consumer_timeout is not None and s.time_limit > 0 and s.time_limit + s.backoff_cap >= consumer_timeout:
+        warns.append(f"time_limit + backoff_cap = {s.time_limit + s.backoff_cap!r} is not below "
+                     f"rabbitmq_consumer_timeout={consumer_timeout!r}: a retry waiting for its countdown, held "
+                     f"unacknowledged by a busy worker, may be redelivered by RabbitMQ and run twice")
     bad_accept = _non_json(s.accept_content)
     if bad_accept:
         errors.append(f"accept_content={list(s.accept_content)!r} accepts non-JSON content {bad_accept!r} "
@@ -326,6 +359,39 @@ def _broker_url(app: Any, environ: Mapping[str, str]) -> tuple[str, list[str]]:
     return broker_url, problems
 
 
+def time_limit_problem(task: str, time_limit: Any, *, below: float, what: str = "visibility_timeout") -> str | None:
+    """Why ``task`` must not run with hard limit ``time_limit``, if it must not: the broker (Redis's
+    ``visibility_timeout``, RabbitMQ's consumer timeout) would deliver it again while it runs."""
+    if isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool) and time_limit >= below:
+        return (f"task {task!r}: time_limit={time_limit!r} is not below {what}={below!r}: a run that long is "
+                f"delivered a second time while it still runs (valid: time_limit < {below!r}; shorten the limit, "
+                f"or raise {what} in configure())")
+    return None
+
+
+def refuse_time_limits_at_publish(app: Any, *, below: float) -> None:
+    """Every task message ``app`` builds with a hard time limit not below ``below`` raises
+    :class:`ProfileError` instead of being published (Redis: see the module docstring)."""
+    create = compat.task_message_creator(app)
+    if getattr(create, "taskherd_limit", None) is not None:  # configure() ran before: replace the limit
+        create = create.__wrapped__
+    parameters = list(inspect.signature(create).parameters)
+    name_at, limit_at = parameters.index("name"), parameters.index("time_limit")
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        time_limit = args[limit_at] if len(args) > limit_at else kwargs.get("time_limit")
+        if time_limit is not None:
+            name = args[name_at] if len(args) > name_at else kwargs.get("name")
+            problem = time_limit_problem(name, time_limit, below=below)
+            if problem:
+                raise ProfileError([problem])
+        return create(*args, **kwargs)
+
+    checked.__wrapped__ = create
+    checked.taskherd_limit = below
+    compat.set_task_message_creator(app, checked)
+
+
 def configure(app: Any, *, components: Sequence[Component] | None = None, **settings: Any) -> Profile:
     """Apply the reliability profile to ``app`` and return the validated :class:`Profile`.
 
@@ -363,8 +429,11 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     app_serialization = {name: conf.get(name) for name in
                          ("task_serializer", "result_serializer", "event_serializer",
                           "accept_content", "result_accept_content")}
+    from .components.delayed import DelayedMessages
+
     more_errors, warns = validate(wanted, broker_url=broker_url, queues=queue_names,
-                                  app_serialization=app_serialization)
+                                  app_serialization=app_serialization,
+                                  parks_delayed_messages=any(isinstance(c, DelayedMessages) for c in resolved))
     errors += more_errors
     if errors:
         raise ProfileError(errors)
@@ -395,6 +464,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     transport_options = dict(conf.broker_transport_options or {})
     if profile.visibility_timeout is not None:
         transport_options["visibility_timeout"] = profile.visibility_timeout
+    if kind == "amqp":
+        transport_options["confirm_publish"] = True
     conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -411,11 +482,15 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
         event_serializer=JSON_CONTENT,
         broker_heartbeat=profile.broker_heartbeat,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
         broker_transport_options=transport_options,
         task_queues=_queue_declarations(profile, list(conf.task_queues or ())),
     )
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
+    if profile.visibility_timeout is not None:
+        refuse_time_limits_at_publish(app, below=profile.visibility_timeout)
     install_components(app, profile.components, profile)  # each class once: configure() may run twice
     return profile

@@ -8,14 +8,25 @@ On each delivery, in the pool child, before the task body runs:
 1. a redelivered message is counted (``deliveries``); past ``max_deliveries`` deliveries the
    task is dead-lettered unrun — it killed its worker on every earlier one;
 2. the body runs; an exception is classified (``transient``):
-   - transient and ``retries < max_retries``: ``self.retry`` after a full-jitter backoff delay;
+   - transient and ``retries < max_retries``: ``self.retry`` after a full-jitter backoff delay,
+     or after the error's own ``retry_after`` when it is longer (a busy idempotency key: the time
+     left on its lease);
    - transient and out of retries, or permanent: the envelope is published to the DLQ (the
      broker confirms it), then the exception is re-raised so Celery records the failure and
      acknowledges the message — in that order, so a crash in between duplicates the envelope
      rather than losing the task.
+   The soft time limit is held back while the retry or the envelope is published
+   (taskherd.worker.soft_limit), so it cannot replace the outcome with a plain failure.
 
 A hard time limit kills the child before it can do anything: :class:`Request` (the main
-process's side of a task) publishes that envelope instead.
+process's side of a task) publishes that envelope instead, before Celery acknowledges.
+
+A message whose retry or envelope could not be published goes back to its queue
+(:meth:`Request.put_back`): rejected with requeue, or — on a quorum queue, where every return
+counts against ``x-delivery-limit`` and ends in RabbitMQ's native, at-most-once dead-lettering —
+published again (confirmed) and then acknowledged.
+
+On Redis, ETA/countdown messages do not wait in the worker (taskherd.worker.delayed).
 """
 from __future__ import annotations
 
@@ -25,14 +36,17 @@ import time
 from typing import Any
 
 import celery
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+from billiard.einfo import ExceptionWithTraceback
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker.request import Request as CeleryRequest
 
-from . import deliveries
+from . import deliveries, soft_limit
 from .backoff import backoff_delay
 from .deadletter import (FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
 from .profile import Profile, get_profile
+from .publishing import message_properties, publish
+from .transient import retry_after
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +65,18 @@ _MERGED_INTO_REQUEST = frozenset({"args", "kwargs", "delivery_info", "hostname",
 #: Seconds a child waits before requeueing a message it could not dead-letter, so that a DLQ
 #: that stays unwritable (full, mis-declared) is retried calmly rather than in a hot loop.
 DEAD_LETTER_FAILURE_PAUSE = 1.0
+
+#: Seconds added to an error's ``retry_after`` (a lease's time left is measured when the claim
+#: failed; the retry must come after the lease has really expired).
+RETRY_AFTER_MARGIN = 0.25
+
+
+def retry_delay(exc: BaseException, retries: int, profile: Profile) -> float:
+    """Seconds before retry number ``retries``: full-jitter backoff, but never before the error's
+    own ``retry_after`` (retrying a busy key before its lease can expire only spends the budget)."""
+    delay = backoff_delay(retries, base=profile.backoff_base, cap=profile.backoff_cap, rng=profile.backoff_rng)
+    wait = retry_after(exc)
+    return delay if wait is None else max(delay, wait + RETRY_AFTER_MARGIN)
 
 
 class PublishFailed(Reject):
@@ -103,8 +129,10 @@ def _dead_letter(app: Any, profile: Profile, envelope: Envelope) -> None:
 class Task(celery.Task):
     """Celery Task with transient-only retries, a DLQ envelope and a bound on worker-killing deliveries."""
 
-    #: Main-process side of each task: dead-letters hard time limits.
+    #: Main-process side of each task: dead-letters hard time limits, puts messages back.
     Request = "taskherd.worker.task:Request"
+    #: How the worker takes a message in: on Redis, ETA/countdown messages go to the delay set.
+    Strategy = "taskherd.worker.delayed:strategy"
 
     def _delivery_key(self) -> str:
         request = self.request
@@ -162,11 +190,11 @@ class Task(celery.Task):
         first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or failed_at
         transient = profile.classifier.is_transient(exc)
         if transient and retries < profile.max_retries:
-            delay = backoff_delay(retries, base=profile.backoff_base, cap=profile.backoff_cap,
-                                  rng=profile.backoff_rng)
+            delay = retry_delay(exc, retries, profile)
             try:
-                raise self.retry(exc=exc, countdown=delay, max_retries=profile.max_retries,
-                                 headers={**(request.headers or {}), FIRST_FAILURE_HEADER: first_failure})
+                with soft_limit.deferred("a retry was being published"):
+                    raise self.retry(exc=exc, countdown=delay, max_retries=profile.max_retries,
+                                     headers={**(request.headers or {}), FIRST_FAILURE_HEADER: first_failure})
             except Reject as rejected:
                 # Celery rejects WITHOUT requeue when publishing the retry fails: on Redis that
                 # drops the task. Put it back instead; it will be retried from this message.
@@ -202,13 +230,14 @@ class Task(celery.Task):
             routing_key=(request.delivery_info or {}).get("routing_key"),
             **(exception_fields(exc) if exc is not None else {}),
         )
-        try:
-            _dead_letter(self.app, profile, envelope)
-        except Exception as publish_error:
-            # Not in the DLQ, so it must not be acked: back to the queue, to be tried again.
-            logger.exception("taskherd: could not dead-letter %s[%s]; requeueing it", self.name, request.id)
-            time.sleep(DEAD_LETTER_FAILURE_PAUSE)
-            raise PublishFailed(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
+        with soft_limit.deferred("an envelope was being published"):
+            try:
+                _dead_letter(self.app, profile, envelope)
+            except Exception as publish_error:
+                # Not in the DLQ, so it must not be acked: back to the queue, to be tried again.
+                logger.exception("taskherd: could not dead-letter %s[%s]; putting it back", self.name, request.id)
+                time.sleep(DEAD_LETTER_FAILURE_PAUSE)
+                raise PublishFailed(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
 
 
 def _context_headers(request: Any, name: str) -> dict:
@@ -220,19 +249,66 @@ def _context_headers(request: Any, name: str) -> dict:
 
 
 class Request(CeleryRequest):
-    """The main process's view of a task: a hard time limit killed the child, dead-letter it here."""
+    """The main process's view of a task: dead-letters hard time limits, puts messages back."""
 
-    def on_timeout(self, soft: bool, timeout: float) -> None:
+    #: set when a hard-timed-out task could not be dead-lettered and went back to its queue
+    _put_back_after_timeout = False
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state
 
-        if not soft and not state.should_terminate and self.task.acks_late:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, TimeLimitExceeded) and self.task.acks_late and not state.should_terminate:
+            # billiard sets a hard-timed-out job's result (this call, which acks) BEFORE it calls
+            # on_timeout: the envelope must be in the DLQ before super() acknowledges.
+            timeout = exc.args[0] if exc.args else self.task.time_limit
             try:
                 self._dead_letter_hard_timeout(timeout)
             except Exception:
                 logger.exception("taskherd: could not dead-letter %s[%s] after its hard time limit; "
-                                 "requeueing it", self.name, self.id)
-                self.reject(requeue=True)  # acknowledge() below becomes a no-op
+                                 "putting it back", self.name, self.id)
+                self._put_back_after_timeout = True
+                state.task_ready(self)
+                self.put_back()
+                return None
+        elif isinstance(exc, PublishFailed) and exc.requeue:
+            state.task_ready(self)
+            self.put_back()
+            return None
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft and self._put_back_after_timeout:
+            # Back on its queue, not failed: no FAILURE result, no failure hooks.
+            logger.error("taskherd: hard time limit (%ss) exceeded for %s[%s]; it went back to its queue because "
+                         "its dead-letter queue could not be written", timeout, self.name, self.id)
+            return
         super().on_timeout(soft, timeout)
+
+    def put_back(self) -> None:
+        """Return the message to its queue without acknowledging it away (module docstring)."""
+        profile = get_profile(self.task.app)
+        if profile.broker_is_amqp and profile.queue_type == "quorum":
+            try:
+                self._publish_again(profile)
+            except Exception:
+                logger.exception("taskherd: could not publish %s[%s] again; rejecting it back to its quorum "
+                                 "queue (this counts against x-delivery-limit)", self.name, self.id)
+            else:
+                self.acknowledge()
+                return
+        self.reject(requeue=True)
+
+    def _publish_again(self, profile: Profile) -> None:
+        message = self._message
+        info = self.delivery_info or {}
+        publish(message.body, broker_url=profile.broker_url, exchange=info.get("exchange") or "",
+                routing_key=info.get("routing_key") or queue_of(self.task.app, profile, info),
+                transport_options=dict(self.task.app.conf.broker_transport_options or {}),
+                headers=dict(message.headers or {}), content_type=message.content_type,
+                content_encoding=message.content_encoding, **message_properties(message))
 
     def _dead_letter_hard_timeout(self, timeout: float) -> None:
         app = self.task.app

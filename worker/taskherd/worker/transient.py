@@ -5,12 +5,19 @@ installed cannot have raised the exception, and importing one just to ``isinstan
 would make every worker pay for every client. HTTP errors are recognised by the module of their
 class (``requests``, ``httpx``, ``urllib3``, ``aiohttp``) and their status code; database and cache
 drivers' connection errors (psycopg, psycopg2, redis) by module and class name.
+
+A wrapped error is judged by what it wraps: ORMs re-raise a driver's error as their own
+(Django's ``OperationalError`` ``from`` psycopg's, SQLAlchemy's with the driver's in ``.orig``),
+so an exception that is neither transient nor permanent itself is decided by its ``__cause__``
+(``raise … from …``) or ``.orig``, recursively. ``__context__`` alone (an error raised while
+handling another) is not followed: that is a new failure, often the code's own verdict on the
+first one ("upstream unreachable" turned into "invalid order").
 """
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 class TransientError(Exception):
@@ -57,11 +64,18 @@ _HTTP_TRANSIENT_NAMES = frozenset({
 #: Database and cache clients' errors that pass by themselves, by (root module, class name) anywhere
 #: in the MRO: a dropped connection, a server restarting, a deadlock or serialization failure
 #: (psycopg's DeadlockDetected and SerializationFailure are OperationalErrors). redis-py's
-#: ConnectionError is not the builtin one, so the builtin check alone would miss it.
+#: ConnectionError is not the builtin one, so the builtin check alone would miss it; a replica
+#: promoted during a failover answers writes with READONLY (ReadOnlyError) or MASTERDOWN until
+#: the clients follow the new primary, and a cluster resharding answers TRYAGAIN / CLUSTERDOWN.
 _DRIVER_TRANSIENT = frozenset({
     ("psycopg", "OperationalError"), ("psycopg2", "OperationalError"),
     ("redis", "ConnectionError"), ("redis", "TimeoutError"), ("redis", "BusyLoadingError"),
+    ("redis", "ReadOnlyError"), ("redis", "MasterDownError"), ("redis", "TryAgainError"),
+    ("redis", "ClusterDownError"),
 })
+
+#: How deep a chain of wrapped exceptions is followed (a cycle or a pathological chain stops here).
+MAX_WRAPPING_DEPTH = 8
 
 
 def _is_transient_driver_error(exc: BaseException) -> bool:
@@ -116,13 +130,51 @@ class ErrorClassifier:
     detect_http_clients: bool = True
 
     def is_transient(self, exc: BaseException) -> bool:
+        for error in wrapping_chain(exc):
+            verdict = self._verdict(error)
+            if verdict is not None:
+                return verdict
+        return False
+
+    def _verdict(self, exc: BaseException) -> bool | None:
+        """True/False when ``exc`` itself decides; None when only what it wraps can."""
         if isinstance(exc, self.permanent):
             return False
         if self.detect_http_clients and is_http_client_error(exc):
             # A 4xx other than 408/425/429 is the request's fault even though the client's
             # HTTPError may subclass an IOError-like base: decide on the status first.
             return _is_transient_http(exc)
-        return isinstance(exc, self.transient) or _is_transient_driver_error(exc)
+        if isinstance(exc, self.transient) or _is_transient_driver_error(exc):
+            return True
+        return None
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds before a retry can succeed, when the error says so (``retry_after``, e.g.
+    :class:`taskherd.worker.idempotency.InProgress`: the lease time left), on it or on what it wraps."""
+    for error in wrapping_chain(exc):
+        value = _safe_getattr(error, "retry_after")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            return float(value)
+    return None
+
+
+def wrapping_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it wraps, and so on (at most MAX_WRAPPING_DEPTH, never a cycle)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < MAX_WRAPPING_DEPTH:
+        seen.add(id(current))
+        yield current
+        current = wrapped(current)
+
+
+def wrapped(exc: BaseException) -> BaseException | None:
+    """The exception ``exc`` wraps: its ``__cause__`` (``raise … from …``), else SQLAlchemy's ``.orig``."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    orig = _safe_getattr(exc, "orig")
+    return orig if isinstance(orig, BaseException) else None
 
 
 def make_classifier(*, transient: Iterable[type[BaseException]] = (),

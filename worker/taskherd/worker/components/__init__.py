@@ -90,6 +90,8 @@ def default_components() -> list[Component]:
     """The components configure() installs when given none, in order, with their defaults
     (configure() then applies the pod's environment to each, as to any component it is given)."""
     from .bad_messages import BadMessages
+    from .broker_check import BrokerCheck
+    from .delayed import DelayedMessages
     from .drain import Drain
     from .heartbeat import Heartbeat
     from .metrics import Metrics
@@ -97,7 +99,8 @@ def default_components() -> list[Component]:
     from .recovery import FastRecovery
     from .task_class import TaskClass
 
-    return [kind() for kind in (TaskClass, BadMessages, PublishStamps, Heartbeat, Drain, Metrics, FastRecovery)]
+    return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
+                                 Metrics, FastRecovery, DelayedMessages)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:

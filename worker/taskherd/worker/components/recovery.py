@@ -116,7 +116,7 @@ class FastRecovery(Component):
             label = "taskherd fast recovery"
 
             def start(self, worker):
-                broker_url = _broker_url(worker.app)
+                broker_url = first_broker_url(worker.app)
                 if broker_kind(broker_url) != "redis":
                     return
                 if broker_url.lower().startswith("sentinel"):
@@ -287,38 +287,46 @@ class Lease(threading.Thread):
                            self.worker_id, exc, self.settings.timeout)
 
 
+class Destinations:
+    """The Redis lists kombu's own restore would push a delivered message back to (binding lookup,
+    priority sub-list, key prefix), cached briefly: bindings rarely change, and the cache saves one
+    SMEMBERS per delivery."""
+
+    def __init__(self, keys: Keys):
+        self.keys = keys
+        self._cache: dict[tuple[str, str, int], tuple[float, list[str]]] = {}
+
+    def of(self, channel: Any, message: Any) -> list[str]:
+        delivery = message.delivery_info
+        priority = channel._get_message_priority(message._raw, reverse=False)
+        key = (delivery["exchange"], delivery["routing_key"], priority)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached and now - cached[0] < 30:
+            return cached[1]
+        lists = [self.keys(channel._q_for_pri(queue, priority))
+                 for queue in channel._lookup(delivery["exchange"], delivery["routing_key"])]
+        self._cache[key] = (now, lists)
+        return lists
+
+
 class Tracker:
     """This process's identity and key names, used by TrackingQoS."""
 
     def __init__(self, *, worker_id: str, prefix: str = ""):
         self.worker_id = worker_id
         self.keys = Keys(prefix)
-        self._destinations: dict[tuple[str, str, int], tuple[float, list[str]]] = {}
+        self.destinations = Destinations(self.keys)
 
     def held_record(self, channel: Any, message: Any) -> str:
         """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed)."""
-        raw = message._raw
-        payload = json.loads(json.dumps(raw))  # a copy: the consumer keeps reading the original
+        payload = json.loads(json.dumps(message._raw))  # a copy: the consumer keeps reading the original
         try:
             payload["headers"]["redelivered"] = True
             payload["properties"]["delivery_info"]["redelivered"] = True
         except (KeyError, TypeError):
             pass
-        delivery = message.delivery_info
-        priority = channel._get_message_priority(raw, reverse=False)
-        lists = self._lists(channel, delivery["exchange"], delivery["routing_key"], priority)
-        return json.dumps({"lists": lists, "message": json.dumps(payload)})
-
-    def _lists(self, channel: Any, exchange: str, routing_key: str, priority: int) -> list[str]:
-        # Bindings rarely change; a short cache saves one SMEMBERS per delivery.
-        key = (exchange, routing_key, priority)
-        now = time.monotonic()
-        cached = self._destinations.get(key)
-        if cached and now - cached[0] < 30:
-            return cached[1]
-        lists = [self.keys(channel._q_for_pri(queue, priority)) for queue in channel._lookup(exchange, routing_key)]
-        self._destinations[key] = (now, lists)
-        return lists
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
 
 
 def _tracking_qos_class():
@@ -423,6 +431,7 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     return lease
 
 
-def _broker_url(app: Any) -> str:
+def first_broker_url(app: Any) -> str:
+    """The app's broker URL (the first, when several are given for failover)."""
     url = app.conf.broker_url or app.conf.broker_write_url or ""
     return url[0] if isinstance(url, (list, tuple)) else url.split(";")[0]

@@ -35,13 +35,21 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def in_progress_record(holder: str) -> str:
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def in_progress_record(holder: str, token: str | None = None) -> str:
     # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
-    return json.dumps({"state": IN_PROGRESS, "holder": holder, "token": uuid.uuid4().hex})
+    return json.dumps({"state": IN_PROGRESS, "holder": holder, "token": token or new_token()})
 
 
-def done_record(holder: str, result: Any) -> str:
-    return json.dumps({"state": DONE, "holder": holder, "result": result})
+def done_record(holder: str, result: Any, token: str | None = None) -> str:
+    # With the claim's token, a holder whose reply was lost recognises the done record as its own.
+    record = {"state": DONE, "holder": holder, "result": result}
+    if token:
+        record["token"] = token
+    return json.dumps(record)
 
 
 def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: str | None = None) -> Decision:

@@ -1,8 +1,9 @@
 """Redis store: a `SET NX` state machine, in_progress (with a lease) -> done (with the result).
 
 - The claim is one Lua script: SET NX PX lease, or else return the record and its TTL.
-- While the body runs, the process-wide renewer extends the lease every third of it, only if the
-  record is still this claim's (compare-and-PEXPIRE).
+- While the body runs, the store's renewer thread extends the lease every third of it, only if
+  the record is still this claim's (compare-and-PEXPIRE), on connections whose socket timeout is
+  that third: a Redis that stops answering delays nothing but its own leases.
 - On success the record becomes done, kept for `result_ttl_seconds`, only if it is still ours (or
   has expired with nobody taking it, in which case the effect still ran exactly once).
 - On an exception the record is deleted (if ours) so that a retry runs the effect again.
@@ -11,6 +12,12 @@
 A duplicate that finds the key in progress raises `InProgress` (after waiting up to
 `wait_seconds`, if asked to). A duplicate that finds it done gets the stored result back.
 
+An effect that is itself a write to the store's Redis can commit WITH the done record:
+`claim.in_transaction(lambda pipe: pipe.rpush("ledger", order))` queues it, and the end of the
+guard runs it and the done record in one MULTI/EXEC, WATCHing the key — so the effect is applied
+exactly when the key becomes done, and not at all if another holder took the key over. For such
+effects the gap between "effect committed" and "done record written" does not exist.
+
 Redis unreachable: before the effect, `StoreUnavailable` (transient: nothing ran). After the
 effect, the done mark is retried briefly and then given up with an error log rather than raised:
 raising would make the task retry and, once the lease expires, repeat the effect.
@@ -18,19 +25,21 @@ raising would make the task retry and, once the lease expires, repeat the effect
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
-from .records import Action, decide, done_record, in_progress_record
-from .renewer import renewer
+from .records import Action, decide, done_record, in_progress_record, new_token
+from .renewer import Renewer
 from .scripts import Scripts
 
 logger = logging.getLogger(__name__)
@@ -62,6 +71,20 @@ return 0
 """
 
 
+@dataclasses.dataclass
+class RedisClaim(Claim):
+    """A Redis store's claim: also takes effects that commit with the done record."""
+
+    _transactional: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list, repr=False)
+
+    def in_transaction(self, queue_effects: Callable[[Any], Any]) -> None:
+        """``queue_effects(pipeline)`` queues commands on the store's own Redis; they run at the end
+        of the guard in the same MULTI/EXEC as the done record (module docstring)."""
+        if self.done:
+            raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        self._transactional.append(queue_effects)
+
+
 def _positive(name: str, value: float, minimum: float) -> float:
     if not isinstance(value, (int, float)) or value < minimum:
         raise ValueError(f"RedisStore {name}={value!r}; valid: a number >= {minimum}")
@@ -91,7 +114,8 @@ class RedisStore:
         self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
         scripts = Scripts(client)
         self._claim = scripts.register(_CLAIM)
-        self._renew = scripts.register(_RENEW)
+        self._renew = Scripts(client, socket_timeout=self.lease_seconds / 3).register(_RENEW)
+        self._renewer = Renewer(name=f"taskherd-lease-renewer-{prefix}")
         self._complete = scripts.register(_COMPLETE)
         self._release = scripts.register(_RELEASE)
 
@@ -106,7 +130,8 @@ class RedisStore:
         redis_key = self.prefix + key
         lease_ms = int(self.lease_seconds * 1000)
         holder = f"{socket.gethostname()}:{os.getpid()}"
-        record = in_progress_record(holder)
+        token = new_token()
+        record = in_progress_record(holder, token)
         deadline = time.monotonic() + wait_seconds
         while True:
             try:
@@ -121,16 +146,16 @@ class RedisStore:
             time.sleep(self.poll_interval_seconds)
 
         if decision.action is Action.RETURN:
-            yield Claim(key, done=True, result=decision.result)
+            yield RedisClaim(key, done=True, result=decision.result)
             return
 
-        lease_id = renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
-                               self.lease_seconds / 3)
-        claim = Claim(key, done=False)
+        lease_id = self._renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
+                                     self.lease_seconds / 3)
+        claim = RedisClaim(key, done=False)
         try:
             yield claim
         except BaseException:
-            renewer.remove(lease_id)
+            self._renewer.remove(lease_id)
             try:
                 self._release(keys=[redis_key], args=[record])
             except _UNREACHABLE:
@@ -138,17 +163,57 @@ class RedisStore:
                 logger.warning("idempotency key %r: could not release it after a failure; it frees itself "
                                "after the %ss lease", key, self.lease_seconds, exc_info=True)
             raise
-        renewer.remove(lease_id)
-        self._finish(key, redis_key, record, holder, claim.result)
+        self._renewer.remove(lease_id)
+        self._finish(key, redis_key, record, holder, token, claim)
 
-    def _finish(self, key: str, redis_key: str, record: str, holder: str, result: Any) -> None:
+    def _finish(self, key: str, redis_key: str, record: str, holder: str, token: str, claim: RedisClaim) -> None:
         ttl_ms = int(self.result_ttl_seconds * 1000)
+        result = claim.result
         try:
-            done = done_record(holder, result)
+            done = done_record(holder, result, token)
             error = None
         except TypeError as exc:
             # The effect has happened: record it as done anyway, so it never runs again, then say why.
-            done, error = done_record(holder, None), exc
+            done, error = done_record(holder, None, token), exc
+        if claim._transactional:
+            self._commit(key, redis_key, record, done, ttl_ms, claim._transactional)
+        else:
+            self._complete_after_effect(key, redis_key, record, done, ttl_ms)
+        if error is not None:
+            raise TypeError(f"idempotency key {key!r}: result {result!r} is not JSON-serialisable ({error}); "
+                            "the key is recorded as done with result None") from error
+
+    def _commit(self, key: str, redis_key: str, record: str, done: str, ttl_ms: int,
+                effects: list[Callable[[Any], Any]]) -> None:
+        """The effects and the done record in one MULTI/EXEC, if the key is still ours (or lapsed
+        with nobody taking it). Nothing has happened yet, so a Redis failure is raised (the task
+        retries; its retry finds the key done if this EXEC was applied and only its reply lost)."""
+        for delay in (*_FINISH_RETRY_DELAYS, None):
+            try:
+                with self.client.pipeline() as pipe:
+                    pipe.watch(redis_key)
+                    current = pipe.get(redis_key)
+                    current = current.decode() if isinstance(current, bytes) else current
+                    if current == done:
+                        return  # an earlier try was applied; its reply was lost
+                    if current not in (record, None):
+                        raise LeaseLost(key, lease_seconds=self.lease_seconds)
+                    pipe.multi()
+                    for queue_effects in effects:
+                        queue_effects(pipe)
+                    pipe.set(redis_key, done, px=ttl_ms)
+                    pipe.execute()
+                    return
+            except WatchError:
+                pass  # the key changed between WATCH and EXEC (a renewal in flight): look again
+            except _UNREACHABLE as exc:
+                if delay is None:
+                    raise StoreUnavailable(key, cause=exc) from exc
+            if delay is not None:
+                time.sleep(delay)
+        raise StoreUnavailable(key, cause=WatchError(f"{redis_key} kept changing under the commit"))
+
+    def _complete_after_effect(self, key: str, redis_key: str, record: str, done: str, ttl_ms: int) -> None:
         for delay in (*_FINISH_RETRY_DELAYS, None):
             try:
                 completed = self._complete(keys=[redis_key], args=[record, done, ttl_ms])
@@ -162,6 +227,3 @@ class RedisStore:
                 time.sleep(delay)
         if not completed:
             raise LeaseLost(key, lease_seconds=self.lease_seconds)
-        if error is not None:
-            raise TypeError(f"idempotency key {key!r}: result {result!r} is not JSON-serialisable ({error}); "
-                            "the key is recorded as done with result None") from error

@@ -1,8 +1,11 @@
-"""One background thread per process extends the lease of every claim it is told about.
+"""A background thread extends the lease of every claim of one store it is told about.
 
-Shared rather than one thread per claim: starting a thread per task costs more than the task
-itself for short tasks (see bench/throughput.py). Fork-safe: a forked child (prefork pool) starts
-its own thread on first use, because threads do not survive fork.
+One per store and process, shared by the store's claims rather than one thread per claim: starting
+a thread per task costs more than the task itself for short tasks (see bench/throughput.py). Not
+one per process: a store whose Redis stops answering must not stall the renewals of another
+store's leases (and its renewals run with a socket timeout, so the thread itself comes back and
+retries). A renewal that fails is retried sooner than the next regular one. Fork-safe: a forked
+child (prefork pool) starts its own thread on first use, because threads do not survive fork.
 """
 from __future__ import annotations
 
@@ -25,8 +28,13 @@ class _Lease:
     lost: bool = False
 
 
+#: Seconds before a failed renewal is tried again (at most; never later than the next regular one).
+RETRY_SECONDS = 0.5
+
+
 class Renewer:
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, name: str = "taskherd-lease-renewer", clock: Callable[[], float] = time.monotonic):
+        self._name = name
         self._clock = clock
         self._leases: dict[int, _Lease] = {}
         self._ids = itertools.count()
@@ -42,7 +50,7 @@ class Renewer:
         with self._lock:
             if self._pid != os.getpid():   # first use, or we are a forked child
                 self._pid, self._leases, self._wakes_at = os.getpid(), {}, float("inf")
-                self._thread = threading.Thread(target=self._run, name="taskherd-lease-renewer", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             lease_id = next(self._ids)
             due = self._clock() + every_seconds
@@ -71,12 +79,11 @@ class Renewer:
                     lease.lost = not lease.renew()
                 except Exception:  # a broker blip: keep trying until the lease itself runs out
                     logger.warning("idempotency lease renewal failed; retrying", exc_info=True)
+                    with self._lock:
+                        lease.due = min(lease.due, self._clock() + RETRY_SECONDS)
             with self._lock:
                 waiting = [lease.due for lease in self._leases.values() if not lease.lost]
                 self._wakes_at = min(waiting) if waiting else float("inf")
             timeout = max(self._wakes_at - self._clock(), 0.0) if waiting else None
             self._wake.wait(timeout)
 
-
-#: The process-wide renewer every RedisStore uses.
-renewer = Renewer()

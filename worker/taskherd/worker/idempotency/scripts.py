@@ -6,6 +6,9 @@ here at about 50 µs of CPU per command, more than the command's own socket work
 two commands per task, so that machinery was the larger part of its cost (bench/throughput.py).
 Sending the script on a connection this thread owns skips it. Clients without a connection pool
 (cluster clients and the like) take redis-py's ordinary path.
+
+``socket_timeout`` overrides the client's own (often none) on these connections: the lease
+renewals use it, so that one Redis that stops answering cannot hang the renewing thread.
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
 
 class Scripts:
-    def __init__(self, client):
+    def __init__(self, client, *, socket_timeout: float | None = None):
         self._client = client
         self._pool = getattr(client, "connection_pool", None)
+        self._socket_timeout = socket_timeout
         self._local = threading.local()
 
     def register(self, source: str) -> Callable[..., Any]:
@@ -55,5 +59,12 @@ class Scripts:
     def _connection(self):
         local = self._local
         if getattr(local, "pid", None) != os.getpid():  # new thread, or a forked child
-            local.pid, local.connection = os.getpid(), self._pool.make_connection()
+            local.pid, local.connection = os.getpid(), self._new_connection()
         return local.connection
+
+    def _new_connection(self):
+        if self._socket_timeout is None:
+            return self._pool.make_connection()
+        options = {**self._pool.connection_kwargs, "socket_timeout": self._socket_timeout,
+                   "socket_connect_timeout": self._socket_timeout}
+        return self._pool.connection_class(**options)

@@ -1,0 +1,79 @@
+"""The worker's start-up self-check against real brokers: a Redis that evicts keys is refused, one
+without persistence or with CONFIG disabled is warned about, and on RabbitMQ the consumer timeout
+the time limits were checked against is stated (3.10 does not let a client read it)."""
+import warnings
+
+import pytest
+from celery import Celery
+
+from support.private_redis import private_redis
+from taskherd.worker import ProfileError, configure
+
+from worker_support import core_env, wait_for  # noqa: F401
+
+
+def test_a_redis_that_evicts_keys_is_refused(tmp_path, unique_name, worker_factory):
+    with private_redis(tmp_path / "redis", "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru") as (url, _):
+        with pytest.raises(AssertionError, match=r"worker exited \(1\)") as exited:
+            worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=core_env(url, unique_name, url))
+    said = str(exited.value)
+    assert "maxmemory-policy='allkeys-lru' evicts keys under memory pressure" in said, said[-3000:]
+    assert "fix: CONFIG SET maxmemory-policy noeviction" in said
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "allkeys-random"])
+def test_every_evicting_policy_is_refused_even_the_volatile_ones(tmp_path, policy):
+    """volatile-* only evicts keys with a TTL: idempotency done-records and leases are such keys."""
+    from taskherd.worker.components.broker_check import _read_redis, redis_findings
+
+    with private_redis(tmp_path / "redis", "--maxmemory-policy", policy) as (url, _):
+        info, save, unreadable = _read_redis(url)
+    findings = redis_findings("test", info, save, unreadable=unreadable)
+    assert [f"maxmemory-policy={policy!r}" in error for error in findings.errors] == [True]
+
+
+def test_a_redis_without_persistence_starts_with_a_warning_and_one_with_aof_without(
+        tmp_path, unique_name, worker_factory):
+    with private_redis(tmp_path / "volatile") as (url, _):
+        worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=core_env(url, unique_name, url))
+        assert "persistence is off (appendonly no, save '')" in worker.log()
+        assert "fix: 'appendonly yes'" in worker.log()
+        worker.stop()
+    with private_redis(tmp_path / "durable", "--appendonly", "yes") as (url, _):
+        worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=core_env(url, unique_name, url))
+        assert "taskherd broker check" not in worker.log()
+        worker.stop()
+
+
+def test_a_redis_that_refuses_config_is_warned_about_not_refused(tmp_path, unique_name, worker_factory):
+    """Managed Redis services disable CONFIG: the snapshot schedule cannot be read."""
+    with private_redis(tmp_path / "managed", "--rename-command", "CONFIG", "") as (url, _):
+        worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=core_env(url, unique_name, url))
+        assert "appendonly is off and the snapshot schedule could not be read" in worker.log()
+        worker.stop()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_rabbitmq_states_the_consumer_timeout_it_assumed(broker_url, record_url, unique_name, worker_factory):
+    worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1,
+                            env=core_env(broker_url, unique_name, record_url))
+    assert "RabbitMQ 3.10.8: its consumer_timeout cannot be read by a client" in worker.log()
+    assert "assumes rabbitmq_consumer_timeout=1800s, above time_limit=30s" in worker.log()
+
+
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_a_hard_limit_at_or_above_rabbitmqs_consumer_timeout_is_refused(broker_url):
+    app = Celery("long", broker=broker_url, set_as_current=False)
+    with pytest.raises(ProfileError) as refused:
+        configure(app, soft_time_limit=1700, time_limit=1800)
+    assert "time_limit=1800 is not below rabbitmq_consumer_timeout=1800.0" in str(refused.value)
+    with pytest.raises(ProfileError, match="time_limit=100 is not below rabbitmq_consumer_timeout=60"):
+        configure(app, soft_time_limit=50, time_limit=100, rabbitmq_consumer_timeout=60)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        configure(app, soft_time_limit=50, time_limit=100, backoff_cap=120, rabbitmq_consumer_timeout=200,
+                  delivery_counter_url="redis://127.0.0.1:1/0")
+    assert any("a retry waiting for its countdown" in str(w.message) for w in caught)
+    configure(app, soft_time_limit=1700, time_limit=1800, rabbitmq_consumer_timeout=None,
+              delivery_counter_url="redis://127.0.0.1:1/0")  # consumer_timeout disabled on the broker
+    app.close()

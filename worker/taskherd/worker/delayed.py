@@ -1,0 +1,190 @@
+"""Delayed (ETA/countdown) messages on Redis wait in a sorted set, not unacknowledged in a worker.
+
+Celery takes an ETA message at once, whatever the prefetch limit, and holds it unacknowledged
+until its time. On Redis an unacknowledged message is redelivered once it is older than the
+visibility timeout, whether its worker is alive or not: a long countdown — or many short ones
+piled up behind each other in one worker — runs twice. So the worker does not hold them:
+
+1. **Park.** When a taskherd task's message arrives with an ETA in the future, the worker's
+   strategy (:func:`strategy`, the Task class's ``Strategy``) ZADDs it to the sorted set
+   ``taskherd.delayed`` (score = its ETA, epoch seconds) and then acknowledges it. The stored
+   message is kombu's own, with its ETA moved from the ``eta`` header to ``taskherd_eta`` (so that
+   when it comes back it is an ordinary message, held by no one until a worker is free for it)
+   and a new delivery tag, with the Redis lists kombu would deliver it to.
+2. **Move.** A thread of every worker's main process runs :data:`MOVE_DUE_SCRIPT` every
+   ``interval`` seconds (sooner when a message it parked falls due first): in one atomic script,
+   each message whose score has passed is RPUSHed to its lists (the consuming end, as kombu's
+   restore does: it is due, so it goes first) and removed from the set. Workers racing move
+   nothing twice.
+
+A crash between the ZADD and the acknowledgement leaves the message both parked and unacked: it
+runs twice (once when restored, once when due), with the same task id — never zero times. A
+delivery that cannot be parked (Redis error) is held by Celery as before. Messages wait in the
+set while no worker runs, as they would in a queue. RabbitMQ needs none of this (an unacked
+message stays with its live consumer; ``consumer_timeout`` is checked at start instead).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from taskherd import compat
+
+logger = logging.getLogger(__name__)
+
+DELAYED_KEY = "taskherd.delayed"
+#: Header keeping a parked message's original ETA (the ``eta`` header itself is removed).
+ORIGINAL_ETA_HEADER = "taskherd_eta"
+#: Messages moved per script call (a backlog falling due at once is moved in several calls).
+MOVE_BATCH = 100
+
+# KEYS: the delayed set. ARGV: now, batch. Returns {moved, next score or nil}.
+# The destination lists come from the records (computed by kombu's own lookup when the message
+# was parked); they are not in KEYS, which kombu's Redis transport (no cluster support) does not need.
+MOVE_DUE_SCRIPT = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, entry in ipairs(due) do
+  local record = cjson.decode(entry)
+  for _, list in ipairs(record['lists']) do redis.call('RPUSH', list, record['message']) end
+  redis.call('ZREM', KEYS[1], entry)
+end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {#due, head[2]}
+"""
+
+
+def due_time(headers: Any, *, default_timezone: dt.tzinfo) -> float | None:
+    """Epoch seconds of a protocol-2 message's ETA, or None (no ETA, or one that cannot be read:
+    Celery then handles the message itself, as it would without taskherd)."""
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    eta = headers.get("eta")
+    if not isinstance(eta, str) or not eta:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(eta)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=default_timezone)
+    return when.timestamp()
+
+
+def parked_message(raw: dict[str, Any]) -> dict[str, Any]:
+    """What is stored for a delivery: kombu's message with its ETA moved aside and a new tag."""
+    payload = json.loads(json.dumps(raw))  # a copy: the consumer keeps reading the original
+    headers = payload.setdefault("headers", {})
+    headers[ORIGINAL_ETA_HEADER] = headers.pop("eta", None)
+    properties = payload.setdefault("properties", {})
+    # A new delivery tag: if this worker dies before acknowledging the original, the original is
+    # restored under its own tag and must not share kombu's unacked entry with this copy.
+    properties["delivery_tag"] = str(uuid.uuid4())
+    return payload
+
+
+class DelaySet:
+    """The sorted set of parked messages in one Redis database (module docstring)."""
+
+    def __init__(self, client, *, prefix: str = "", clock: Callable[[], float] = time.time):
+        from .components.recovery import Destinations, Keys
+
+        self.client = client
+        self.keys = Keys(prefix)
+        self.key = self.keys(DELAYED_KEY)
+        self.destinations = Destinations(self.keys)
+        self.clock = clock
+        self._move = client.register_script(MOVE_DUE_SCRIPT)
+        #: set when a message parked here may fall due before the mover would next look
+        self.parked = threading.Event()
+
+    def park(self, message: Any, eta: float) -> None:
+        """Stores ``message`` to be delivered again at ``eta``; returns once Redis has it."""
+        record = {"lists": self.destinations.of(message.channel, message),
+                  "message": json.dumps(parked_message(message._raw))}
+        self.client.zadd(self.key, {json.dumps(record): eta})
+        self.parked.set()
+
+    def move_due(self) -> tuple[int, float | None]:
+        """Moves every due message to its queue: (how many, score of the next one or None)."""
+        moved, following = 0, None
+        while True:
+            reply = self._move(keys=[self.key], args=[self.clock(), MOVE_BATCH])
+            count = int(reply[0])
+            moved += count
+            following = float(reply[1]) if len(reply) > 1 else None  # Lua drops a trailing nil
+            if count < MOVE_BATCH:
+                return moved, following
+
+
+class Mover(threading.Thread):
+    """Moves due messages back to their queues, every ``interval`` seconds or when one falls due."""
+
+    def __init__(self, delays: DelaySet, *, interval: float):
+        super().__init__(name="taskherd-delayed-mover", daemon=True)
+        self.delays, self.interval = delays, interval
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.is_set():
+            self.delays.parked.clear()  # before looking: a park from now on cuts the wait short
+            wait = self.interval
+            try:
+                moved, following = self.delays.move_due()
+                if moved:
+                    logger.info("taskherd: %d delayed message(s) fell due and went back to their queues", moved)
+                if following is not None:
+                    wait = min(wait, max(0.0, following - self.delays.clock()))
+            except Exception as exc:  # noqa: BLE001 - Redis blip: the set keeps them, try again
+                logger.warning("taskherd: could not move due delayed messages (%s); retrying in %.1f s",
+                               exc, self.interval)
+            self.delays.parked.wait(wait)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self.delays.parked.set()
+
+
+#: The delay set this worker process parks into (set by the DelayedMessages component's bootstep).
+_active: DelaySet | None = None
+
+
+def activate(delays: DelaySet, *, interval: float) -> Mover:
+    """In a worker's main process: park ETA messages into ``delays`` and move the due ones."""
+    global _active
+    mover = Mover(delays, interval=interval)
+    mover.start()
+    _active = delays
+    return mover
+
+
+def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable:
+    """Celery's default strategy, except that on Redis an ETA message is parked (module docstring).
+
+    Only when this worker runs a mover: a message parked where nothing moves it would never run.
+    """
+    handle = compat.default_strategy()(task, app, consumer, **kwargs)
+    delays = _active
+    if delays is None:
+        return handle
+    connection_errors = consumer.connection_errors
+    timezone = app.timezone
+
+    def task_message_handler(message, body, ack, reject, callbacks, **options):
+        eta = due_time(message.headers, default_timezone=timezone)
+        if eta is None or eta <= delays.clock():
+            return handle(message, body, ack, reject, callbacks, **options)
+        try:
+            delays.park(message, eta)
+        except Exception as exc:  # noqa: BLE001 - hold it as Celery would rather than lose it
+            logger.warning("taskherd: could not park delayed %s[%s] (%s); the worker holds it until %s",
+                           task.name, message.headers.get("id"), exc, message.headers.get("eta"))
+            return handle(message, body, ack, reject, callbacks, **options)
+        ack(logger, connection_errors)
+        return None
+
+    return task_message_handler
