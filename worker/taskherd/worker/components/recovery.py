@@ -7,7 +7,8 @@ periodic sweep put it back. Nothing records WHICH worker holds it. This module a
 - **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. In the same
   MULTI/EXEC that writes kombu's ``unacked``/``unacked_index`` entries it writes
   ``owner[tag] = worker`` and ``held.<worker>[tag] = {destination lists, message}``, where the
-  message is exactly what kombu's own restore would push (``redelivered`` set) and the destination
+  message is exactly what kombu's own restore would push (``redelivered`` set, plus the delivery
+  count + 1 that taskherd.worker.deliveries reads) and the destination
   lists are kombu's (binding lookup, priority sub-list, key prefix). Ack, reject and kombu's own
   restores remove them again — the ack through a Lua script that only deletes kombu's entries if
   this worker still owns the delivery (a worker whose lease lapsed cannot ack away the entry of
@@ -50,6 +51,8 @@ import redis
 
 from taskherd import compat
 from taskherd.contract import broker_kind
+
+from .. import deliveries
 
 from . import Component
 
@@ -319,14 +322,22 @@ class Tracker:
         self.destinations = Destinations(self.keys)
 
     def held_record(self, channel: Any, message: Any) -> str:
-        """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed)."""
+        """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed):
+        the message marked redelivered and carrying its delivery count + 1 (taskherd.worker.deliveries)."""
         payload = json.loads(json.dumps(message._raw))  # a copy: the consumer keeps reading the original
-        try:
-            payload["headers"]["redelivered"] = True
-            payload["properties"]["delivery_info"]["redelivered"] = True
-        except (KeyError, TypeError):
-            pass
-        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(returned(payload))})
+
+
+def returned(payload: Any) -> Any:
+    """kombu's Redis message ``payload`` as it goes back to its queue: redelivered, with the
+    delivery count of its attempt + 1 in its headers (taskherd.worker.deliveries)."""
+    try:
+        payload["headers"] = deliveries.returned_headers(payload["headers"])
+        payload["headers"]["redelivered"] = True
+        payload["properties"]["delivery_info"]["redelivered"] = True
+    except (KeyError, TypeError, AttributeError):
+        pass  # not a task message taskherd knows: restored as kombu would
+    return payload
 
 
 def _tracking_qos_class():
@@ -399,7 +410,7 @@ def _tracking_qos_class():
                     pipe.hdel(held_key(bytes_to_str(owner)), tag)
                 if payload:
                     message, exchange, routing_key = loads(bytes_to_str(payload))
-                    self.channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+                    self.channel._do_restore_message(returned(message), exchange, routing_key, pipe, leftmost)
 
             with self.channel.conn_or_acquire(client) as client:
                 client.transaction(restore_transaction, self.unacked_key, OWNER_KEY)
