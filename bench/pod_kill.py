@@ -42,6 +42,8 @@ from support.services import fresh_vhost, leased_redis_db  # noqa: E402
 
 from cluster_bench import Release  # noqa: E402
 
+from taskherd.worker.components.recovery import DEFAULT_HEARTBEAT_INTERVAL  # noqa: E402
+
 QUEUE = "podkill"
 HOLD_SECONDS = 12.0
 KILL_AFTER = 1.0
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--brokers", default="redis,rabbitmq")
     parser.add_argument("--kinds", default="pod,child")
-    parser.add_argument("--pause", type=float, default=5.0, help="rounds start after uniform(0, PAUSE) seconds")
+    parser.add_argument("--pause", type=float, default=DEFAULT_HEARTBEAT_INTERVAL,
+                        help="rounds start after uniform(0, PAUSE) seconds (default: the lease refresh interval)")
     parser.add_argument("--image-code", action="store_true", help="run the image's taskherd, not this checkout's")
     args = parser.parse_args(argv)
     rng = random.Random(16)

@@ -232,10 +232,10 @@ VARIABLES = (
     Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
              chart=(_WORKER,), doc="parent of the prometheus_client multiprocess directories "
                                    "(default: <heartbeat dir>/prometheus)"),
-    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=15.0,
+    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=4.0,
              readers=("FastRecovery component",), chart=(),
              doc="Redis: a worker whose lease is this old is dead and its deliveries go back"),
-    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
+    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=1.0,
              readers=("FastRecovery component",), chart=(), doc="Redis: seconds between lease refreshes"),
     # The queue exporter.
     Variable("TASKHERD_EXPORTER_PORT", port, "a port number 1-65535", default=EXPORTER_PORT,

@@ -13,17 +13,20 @@ periodic sweep put it back. Nothing records WHICH worker holds it. This module a
   restores remove them again — the ack through a Lua script that only deletes kombu's entries if
   this worker still owns the delivery (a worker whose lease lapsed cannot ack away the entry of
   the worker the message went to next).
-- **Lease.** Each worker process keeps ``alive.<worker>`` with a TTL of ``timeout`` (15 s),
-  refreshed every ``heartbeat_interval`` (5 s), and registers itself in the set ``workers``.
-- **Restorer.** Every live worker, every ``heartbeat_interval``, looks for registered workers
-  whose lease is gone and runs ``RESTORE_SCRIPT`` for each: in one atomic script it re-checks the
-  lease, RPUSHes each still-unacked message it owns to its queue list(s) (the consuming end, as
-  kombu's restore does), deletes kombu's entries, and forgets the worker. Two restorers racing
-  restore nothing twice: the second finds the worker already forgotten. ``taskherd recover``
-  does the same standalone.
+- **Lease.** Each worker process keeps ``alive.<worker>`` with a TTL of ``timeout`` (4 s),
+  refreshed every ``heartbeat_interval`` (1 s) by one script that also registers it in the set
+  ``workers`` and records when the lease runs out in the sorted set ``expiry`` (Redis's own clock).
+- **Restorer.** Every live worker, every ``heartbeat_interval``, asks ``expiry`` for the workers
+  whose lease ran out (one call, however many workers there are; every minute it looks at every
+  registered worker instead) and runs ``RESTORE_SCRIPT`` for each: in one atomic script it
+  re-checks the lease, RPUSHes each still-unacked message it owns to its queue list(s) (the
+  consuming end, as kombu's restore does), deletes kombu's entries, and forgets the worker. Two
+  restorers racing restore nothing twice: the second finds the worker already forgotten.
+  ``taskherd recover`` does the same standalone.
 
-Target: SIGKILL of a whole worker → its task runs elsewhere within ``timeout`` + one restorer
-period (≤ 25 s with the defaults) instead of ``visibility_timeout``.
+Target: SIGKILL of a whole worker → its task runs elsewhere about ``timeout`` later (at most
+``timeout`` + one restorer period: 5 s with the defaults) instead of ``visibility_timeout``, for
+two script calls a second per worker (bench/pod_kill.py, bench/redelivery.py).
 
 The lease is refreshed by a daemon thread of the worker's main process, not by the event loop:
 with the solo or threads pool a long task blocks the loop, and a lease tied to it would lapse
@@ -60,9 +63,20 @@ logger = logging.getLogger(__name__)
 
 KEY_NAMESPACE = "taskherd.recovery."
 WORKERS_KEY = KEY_NAMESPACE + "workers"
+#: sorted set: worker id -> when its lease runs out (Redis server time, ms): a restorer pass asks
+#: only for the lapsed ones, whatever the number of workers
+EXPIRY_KEY = KEY_NAMESPACE + "expiry"
 OWNER_KEY = KEY_NAMESPACE + "owner"
 UNACKED_KEY = "unacked"  # kombu.transport.redis.Channel defaults
 UNACKED_INDEX_KEY = "unacked_index"
+
+
+#: Defaults (bench/pod_kill.py, docs/benchmarks.md): a killed worker's task runs again after about
+#: ``timeout`` (median), at most ``timeout + heartbeat_interval``; a live worker keeps its lease
+#: through ``timeout - heartbeat_interval`` seconds without a refresh (a stalled thread, a Redis
+#: blip). Each refresh and each restorer pass is one script call: about two commands a second.
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_TIMEOUT = 4.0
 
 
 def alive_key(worker_id: str) -> str:
@@ -85,9 +99,9 @@ class FastRecovery(Component):
                    "TASKHERD_RECOVERY_TIMEOUT": "timeout"}
 
     #: seconds between lease refreshes, and between restorer passes
-    heartbeat_interval: float = 5.0
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     #: seconds without a refresh after which a worker is dead and its messages are restored
-    timeout: float = 15.0
+    timeout: float = DEFAULT_TIMEOUT
 
     def problems(self) -> list[str]:
         if not self.heartbeat_interval > 0:
@@ -148,7 +162,7 @@ end
 return 0
 """
 
-# KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers. ARGV: w.
+# KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers, expiry. ARGV: w.
 # Returns -1 if the worker is alive (nothing done), else the number of messages restored.
 # Queue list keys come from the held records (computed by kombu's own lookup at delivery time);
 # they are not in KEYS, which kombu's Redis transport (no cluster support) does not need.
@@ -171,7 +185,26 @@ for i = 1, #entries, 2 do
 end
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
 return restored
+"""
+
+# KEYS: alive.<w>, workers, expiry. ARGV: record, timeout ms, w. Returns the previous record (nil
+# when the lease had lapsed). The expiry is the server's clock: no worker's clock is compared with
+# another's.
+REFRESH_SCRIPT = """
+local now = redis.call('TIME')
+local previous = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[2]), ARGV[3])
+return previous
+"""
+
+# KEYS: expiry. ARGV: limit. The workers whose lease ran out (server time), at most `limit`.
+LAPSED_SCRIPT = """
+local now = redis.call('TIME')
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now[1] * 1000 + math.floor(now[2] / 1000), 'LIMIT', 0,
+                  tonumber(ARGV[1]))
 """
 
 
@@ -186,7 +219,7 @@ class Keys:
 
     def restore_keys(self, worker_id: str) -> list[str]:
         return [self(alive_key(worker_id)), self(held_key(worker_id)), self(OWNER_KEY),
-                self(UNACKED_KEY), self(UNACKED_INDEX_KEY), self(WORKERS_KEY)]
+                self(UNACKED_KEY), self(UNACKED_INDEX_KEY), self(WORKERS_KEY), self(EXPIRY_KEY)]
 
 
 def restore_worker(client: redis.Redis, worker_id: str, *, prefix: str = "") -> int:
@@ -195,7 +228,8 @@ def restore_worker(client: redis.Redis, worker_id: str, *, prefix: str = "") -> 
 
 
 def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iterable[str] = ()) -> dict[str, int]:
-    """One restorer pass: worker id → messages restored, for each registered worker found dead."""
+    """A full restorer pass: worker id → messages restored, for each registered worker found dead
+    (every registered worker is looked at: `taskherd recover`, and a live worker now and then)."""
     keys = Keys(prefix)
     excluded = set(exclude)
     workers = [w.decode() if isinstance(w, bytes) else w for w in client.smembers(keys(WORKERS_KEY))]
@@ -206,12 +240,26 @@ def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iter
         for worker_id in workers:
             pipe.exists(keys(alive_key(worker_id)))
         alive = pipe.execute()
+    return _restore(client, [w for w, is_alive in zip(workers, alive) if not is_alive], prefix=prefix)
+
+
+def restore_lapsed_workers(client: redis.Redis, *, prefix: str = "", exclude: Iterable[str] = (),
+                           lapsed: Callable[..., Any] | None = None) -> dict[str, int]:
+    """The restorer pass of every interval: only the workers whose lease ran out, found in the
+    expiry index in one call (nothing else is read, however many workers there are)."""
+    keys = Keys(prefix)
+    lapsed = lapsed or client.register_script(LAPSED_SCRIPT)
+    excluded = set(exclude)
+    workers = [w.decode() if isinstance(w, bytes) else w for w in lapsed(keys=[keys(EXPIRY_KEY)], args=[100])]
+    return _restore(client, [w for w in workers if w not in excluded], prefix=prefix)
+
+
+def _restore(client: redis.Redis, workers: list[str], *, prefix: str) -> dict[str, int]:
     restored = {}
-    for worker_id, is_alive in zip(workers, alive):
-        if not is_alive:
-            count = restore_worker(client, worker_id, prefix=prefix)
-            if count >= 0:  # -1: it came back between our EXISTS and the script
-                restored[worker_id] = count
+    for worker_id in workers:
+        count = restore_worker(client, worker_id, prefix=prefix)
+        if count >= 0:  # -1: it refreshed its lease since we looked
+            restored[worker_id] = count
     return restored
 
 
@@ -223,6 +271,11 @@ def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float
     before it takes their leases' absence for their death. A new worker waits the same way.
     """
     return redis_healthy_since is not None and now - redis_healthy_since >= timeout
+
+
+#: A restorer pass that looks at every registered worker, every this many passes (the others ask
+#: the expiry index only).
+FULL_PASS_EVERY = 60
 
 
 class Lease(threading.Thread):
@@ -240,20 +293,29 @@ class Lease(threading.Thread):
         self._held_once = False
         self._pid = os.getpid()  # atexit handlers are inherited by forked pool children
         self._redis_healthy_since: float | None = None
+        self._refresh = client.register_script(REFRESH_SCRIPT)
+        self._lapsed = client.register_script(LAPSED_SCRIPT)
+        self._passes = 0
 
     def refresh(self) -> None:
         record = json.dumps({"pid": os.getpid(), "refreshed_at": self.clock()})
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys(alive_key(self.worker_id)), record, px=int(self.settings.timeout * 1000), get=True)
-            pipe.sadd(self.keys(WORKERS_KEY), self.worker_id)
-            previous, _ = pipe.execute()
+        previous = self._refresh(keys=[self.keys(alive_key(self.worker_id)), self.keys(WORKERS_KEY),
+                                       self.keys(EXPIRY_KEY)],
+                                 args=[record, int(self.settings.timeout * 1000), self.worker_id])
         if previous is None and self._held_once:
             logger.warning("taskherd recovery: the lease of %s had lapsed (no refresh for %.0f s); other workers may "
                            "have restored its messages", self.worker_id, self.settings.timeout)
         self._held_once = True
 
     def restore_others(self) -> dict[str, int]:
-        restored = restore_dead_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id])
+        # Every FULL_PASS_EVERY passes, every registered worker is looked at too: one registered
+        # by a version without the expiry index, or whose entry there was lost.
+        self._passes += 1
+        if self._passes % FULL_PASS_EVERY == 0:
+            restored = restore_dead_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id])
+        else:
+            restored = restore_lapsed_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id],
+                                              lapsed=self._lapsed)
         for worker_id, count in restored.items():
             logger.warning("taskherd recovery: worker %s lost its lease; restored %d unacked message(s)",
                            worker_id, count)
