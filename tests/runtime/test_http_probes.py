@@ -91,3 +91,40 @@ def test_probe_paths_over_http_and_metrics_passed_through(server):
     path.write_text("{not json")
     status, body = get(f"{base}/livez")
     assert status == 503 and body.startswith("liveness failed: cannot read heartbeat:")
+
+
+def test_a_real_worker_answers_its_probes_over_http(private_redis, unique_name, worker_factory, tmp_path):
+    """The kubelet's view: ready and alive; a broker outage fails readiness only; a stopped worker
+    does not answer at all (a probe timeout is a failure)."""
+    import signal
+    import socket
+
+    from runtime.helpers import free_port
+    from support.waiting import wait_until
+
+    port = free_port()
+    env = {"TEST_BROKER_URL": f"{private_redis.url}/1", "TEST_LEDGER_URL": f"{private_redis.url}/2",
+           "TEST_QUEUE": unique_name, "TASKHERD_HEARTBEAT_DIR": str(tmp_path / "hb"),
+           "TASKHERD_HEARTBEAT_INTERVAL": "0.5", "TEST_METRICS_PORT": str(port)}
+    worker = worker_factory("apps.runtime_app", queues=[unique_name], env=env, concurrency=1)
+    base = f"http://127.0.0.1:{port}"
+    for route in ("startupz", "readyz", "livez"):
+        wait_until(lambda: get(f"{base}/{route}")[0] == 200, timeout=15, what=f"/{route} answering 200")
+    status, body = get(f"{base}/metrics")
+    assert status == 200 and "taskherd_heartbeat_timestamp_seconds" in body, "the same server still serves /metrics"
+
+    private_redis.stop()
+    status, body = wait_until(lambda: (lambda r: r if r[0] == 503 else None)(get(f"{base}/readyz")), timeout=20,
+                              what="readiness failing during the broker outage")
+    assert body.startswith("readiness failed: broker disconnected")
+    assert get(f"{base}/livez")[0] == 200, "a broker outage must not fail liveness"
+    private_redis.start()
+    wait_until(lambda: get(f"{base}/readyz")[0] == 200, timeout=30, what="ready again once the broker is back")
+
+    worker.signal(signal.SIGSTOP)
+    try:
+        with pytest.raises((socket.timeout, urllib.error.URLError, TimeoutError)):
+            urllib.request.urlopen(f"{base}/livez", timeout=2).read()
+    finally:
+        worker.signal(signal.SIGCONT)
+    wait_until(lambda: get(f"{base}/livez")[0] == 200, timeout=15, what="alive again after SIGCONT")

@@ -231,7 +231,7 @@ VARIABLES = (
              doc="the preStop drain returns after this long even if tasks still run (hard limit + drain margin)"),
     Variable("TASKHERD_METRICS_PORT", port, "a port number 0-65535 (0: no HTTP server)",
              default=WORKER_METRICS_PORT, readers=("Metrics component",), chart=(_WORKER,),
-             doc="port of the worker's /metrics"),
+             doc="port of the worker's /metrics and of its HTTP probes (/livez, /readyz, /startupz)"),
     Variable("TASKHERD_METRICS_ADDR", text, "an address to listen on", default="0.0.0.0",
              readers=("Metrics component",), chart=(), doc="address of the worker's /metrics"),
     Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
