@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         pg["effect inside the user's transaction"]["round trips"]
     print(f"Redis guard: {redis_added:.2f} round trips added per task (target 2: claim, complete)")
     print(f"PostgreSQL guard inside the user's transaction: {pg_added:.2f} round trips added per task "
-          f"(its INSERT and UPDATE, and the savepoint around them)")
+          f"(target 2: its INSERT and UPDATE, the savepoint travelling with them)")
     return 0
 
 
