@@ -17,8 +17,10 @@ Each round scales 1 -> N (6) and times, per new pod (host clock; the local clust
   Ready            scale call -> the pod's Ready condition (the probes' periods decide the lag)
 
 Pod events come from a `kubectl get pods --watch`, the worker's own timestamps from
-bench/cluster_app.py. Variants differ only in the chart's probe values: the chart's defaults, and
-probes every second. Medians over rounds; "all N" is the last of the new pods.
+bench/cluster_app.py. Variants (the pool's values): the chart's former probes (exec, startup every
+5 s, readiness every 10 s) as the baseline, the chart's defaults (HTTP probes every second), then
+`taskherd worker` instead of Celery's command line, then without mingle and gossip (Celery's
+start-up exchange with other workers). Medians over rounds; "all N" is the last of the new pods.
 
 By default the pods run THIS checkout's worker package: its modules are compiled here and mounted
 over the image's (a ConfigMap of sourceless .pyc files first on PYTHONPATH), so a change to the
@@ -52,10 +54,17 @@ from autoscaling import measured_starts_path  # noqa: E402
 from cluster_bench import Release  # noqa: E402
 
 QUEUE = "scaleup"
-#: probe values of each variant (merged over the chart's)
+#: `celery worker`'s options as the chart renders them for this pool (for the variants that replace the command)
+WORKER_OPTIONS = ["--app=cluster_app", f"--queues={QUEUE}", "--concurrency=2", "--loglevel=INFO",
+                  "--soft-time-limit=20", "--time-limit=30", "--max-tasks-per-child=1000"]
+#: pool values of each variant (merged over the chart's defaults)
 VARIANTS = {
+    "exec probes 5 s / 10 s (before)": {"probes": {"type": "exec", "startup": {"periodSeconds": 5, "failureThreshold": 60},
+                                                   "readiness": {"periodSeconds": 10}}},
     "chart defaults": {},
-    "exec probes every 1 s": {"startup": {"periodSeconds": 1}, "readiness": {"periodSeconds": 1}},
+    "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS]},
+    "+ without mingle, gossip": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle",
+                                             "--without-gossip"]},
 }
 PHASES = (("schedule", "scale_call", "bound"), ("container start", "bound", "process_started"),
           ("imports", "process_started", "worker_init"), ("broker connect", "worker_init", "connected"),
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             Release(host_broker_url=host_url, host_ledger_url=host_url, queue=QUEUE, label="scaleup",
                     image_code=args.image_code) as release:
         for variant in args.variants.split(","):
-            release.install({"probes": VARIANTS[variant]})
+            release.install(VARIANTS[variant])
             rounds = []
             for index in range(args.rounds):
                 pods = scale_round(release, args.to, args.backlog)

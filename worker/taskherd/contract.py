@@ -202,7 +202,8 @@ VARIABLES = (
              readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc=f"the DLQ of each queue; unset: {DEFAULT_DEAD_LETTER_PATTERN}"),
     Variable("TASKHERD_DELIVERY_COUNTER_URL", url, "a redis:// URL", readers=(_CONFIGURE,), chart=(),
-             doc="RabbitMQ: the Redis where redeliveries of one message are counted"),
+             doc="optional: a Redis counting redeliveries (RabbitMQ classic queues: instead of a copy of the "
+                 "message carrying its count; Redis: used only without FastRecovery)"),
     # Time limits: the chart derives terminationGracePeriodSeconds from the same values.
     Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
              chart=(_WORKER, _BEAT, _TEST), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
