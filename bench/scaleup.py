@@ -63,7 +63,7 @@ VARIANTS = {
                                                    "readiness": {"periodSeconds": 10}}},
     "chart defaults": {},
     "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS]},
-    "+ without mingle, gossip": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle",
+    "+ without mingle and gossip": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle",
                                              "--without-gossip"]},
 }
 PHASES = (("schedule", "scale_call", "bound"), ("container start", "bound", "process_started"),
