@@ -31,6 +31,9 @@ BINDING_KEY = "_kombu.binding.%s"
 #: How many messages per list we read from the oldest end looking for one without an ETA.
 SCAN_LIMIT = 1000
 SCAN_CHUNK = 100
+#: The first read of each list's oldest end is this short: the oldest message is nearly always not
+#: delayed (ETA messages wait in taskherd's delay set, not in the list), and every poll reads it.
+FIRST_CHUNK = 4
 
 
 def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
@@ -138,7 +141,7 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
         for queue in queues:
             for key in keys[queue]:
                 pipe.llen(key)
-                pipe.lrange(key, -SCAN_CHUNK, -1)  # the oldest end first chunk (read oldest first below)
+                pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
         pipe.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)
         pipe.hscan(prefix + UNACKED_KEY, 0, count=500)
         replies = iter(pipe.execute())
@@ -158,16 +161,17 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
 def _oldest_stamp(client, key: str, first_chunk: list) -> float | None:
     """The publish stamp of the oldest non-ETA message of one list, from its first chunk (already
     read) and, when every message there is delayed, the next chunks."""
-    chunk, start = first_chunk, 0
+    chunk, read, size = first_chunk, 0, FIRST_CHUNK
     while True:
         found, stamp = oldest_undelayed(reversed(chunk))
         if found:
             return stamp
-        start += SCAN_CHUNK
-        if len(chunk) < SCAN_CHUNK or start >= SCAN_LIMIT:
+        read += size
+        if len(chunk) < size or read >= SCAN_LIMIT:
             return None
+        size = SCAN_CHUNK
         # LRANGE with negative indices reads from the oldest end; reverse to go oldest first.
-        chunk = client.lrange(key, -(start + SCAN_CHUNK), -(start + 1))
+        chunk = client.lrange(key, -(read + size), -(read + 1))
 
 
 def _unacked_by_queue(client, index: list, first_page: dict, cursor: int, *, prefix: str) -> dict[str, list[float]]:
