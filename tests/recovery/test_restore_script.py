@@ -174,3 +174,9 @@ def test_each_pass_finds_only_the_lapsed_workers_in_the_expiry_index(redis_url, 
     assert client.zrange(recovery.EXPIRY_KEY, 0, -1) == [b"w-alive"] and client.smembers(recovery.WORKERS_KEY) == {b"w-alive"}
     assert recovery.restore_lapsed_workers(client) == {}, "restored once"
     dead.close(), alive.close()
+
+
+def test_a_restorer_that_was_stalled_itself_does_not_trust_the_others_silence():
+    assert not recovery.stalled(previous=None, now=100.0, interval=1.0)  # the first refresh
+    assert not recovery.stalled(previous=98.5, now=100.0, interval=1.0)  # a little late
+    assert recovery.stalled(previous=97.5, now=100.0, interval=1.0)      # more than two intervals

@@ -32,10 +32,13 @@ The lease is refreshed by a daemon thread of the worker's main process, not by t
 with the solo or threads pool a long task blocks the loop, and a lease tied to it would lapse
 under a live, busy worker and run its task twice. A process whose main loop is wedged therefore
 keeps its lease; the heartbeat-file liveness probe restarts it, and then its lease lapses.
-Like any lease, a process frozen (SIGSTOP, a network partition from Redis) for longer than
-``timeout`` is treated as dead: its messages run elsewhere and, if it comes back, the fenced ack
-keeps kombu's bookkeeping right, but its own run is a second one (the idempotency guard's case).
-Kombu's visibility-timeout sweep stays in place as the fallback for anything not tracked.
+Like any lease, a process frozen (SIGSTOP, a network partition from Redis, starved of CPU) for
+longer than ``timeout`` is treated as dead: its messages run elsewhere and, if it comes back, the
+fenced ack keeps kombu's bookkeeping right, but its own run is a second one (the idempotency
+guard's case). When a whole node stalls, every lease on it lapses at once: a restorer whose own
+refreshes were late (:func:`stalled`) waits a full lease period before restoring anyone, so the
+workers of a node that froze together do not take each other's tasks. Kombu's visibility-timeout
+sweep stays in place as the fallback for anything not tracked.
 """
 from __future__ import annotations
 
@@ -273,6 +276,12 @@ def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float
     return redis_healthy_since is not None and now - redis_healthy_since >= timeout
 
 
+def stalled(*, previous: float | None, now: float, interval: float) -> bool:
+    """Whether the lease thread's refreshes were further apart than two intervals (monotonic
+    clock): a thread that was itself not scheduled must not trust the silence of the others."""
+    return previous is not None and now - previous > 2 * interval
+
+
 #: A restorer pass that looks at every registered worker, every this many passes (the others ask
 #: the expiry index only).
 FULL_PASS_EVERY = 60
@@ -322,10 +331,17 @@ class Lease(threading.Thread):
         return restored
 
     def run(self) -> None:
+        refreshed_at: float | None = None
         while not self._stopped.is_set():
             started = time.monotonic()
             try:
                 self.refresh()
+                if stalled(previous=refreshed_at, now=time.monotonic(), interval=self.settings.heartbeat_interval):
+                    # This thread was not scheduled for a while: the whole node may have been
+                    # (CPU starvation, a freeze). Others' leases may have lapsed for the same reason:
+                    # give them a full lease period to refresh before taking silence for death.
+                    self._redis_healthy_since = None
+                refreshed_at = time.monotonic()
                 if self._redis_healthy_since is None:
                     self._redis_healthy_since = time.monotonic()
                 # Half an interval of slack: the pass that falls on the boundary must not miss it by
