@@ -1,4 +1,4 @@
-"""CPU per poll and decision latency of the operator with 200 WorkerPools.
+"""CPU per poll and decision latency of the operator with 200 and 1,000 WorkerPools.
 
 Runs the operator's real poll loop (`taskherd.operator.poll.poll_once`: Secret -> REAL queue
 inspection on the host Redis -> decision -> deletion costs -> paging -> status) for 200 pools, 16 at
@@ -7,11 +7,11 @@ cost is not the operator's); Redis is real (a leased database, 200 queues + 200 
 messages each). Prints, side by side:
 - CPU per poll (process time, includes the inspection threads) and wall latency per poll;
 - latency of the decision function alone;
-- the projected share of one core for 200 pools at the default 5 s interval;
+- the projected share of one core at the default 5 s interval (target: 1,000 pools <= 10 %);
 - the baseline: CPU of one `celery inspect ping` (asking the workers instead of the broker, what
   a naive autoscaler does per pool), measured here in the same run.
 
-    source scripts/services.sh env && .venv/bin/python bench/operator_scale.py [--pools 200] [--rounds 5]
+    source scripts/services.sh env && .venv/bin/python bench/operator_scale.py [--pools 200,1000] [--rounds 5]
 """
 from __future__ import annotations
 
@@ -158,35 +158,52 @@ def pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
 
+def measure(base: str, pools: int, rounds: int, interval: float) -> dict[str, float]:
+    random.seed(3)
+    with leased_redis_db(base) as url:
+        fill(url, pools)
+        latencies, cpu, calls = asyncio.run(run_rounds(url, pools, rounds))
+    polls = pools * rounds
+    per_poll = cpu / polls
+    decisions = decision_latency(pools, 50)
+    return {"per_poll": per_poll, "latency_median": statistics.median(latencies), "latency_p99": pct(latencies, 99),
+            "decision_median": statistics.median(decisions), "decision_p99": pct(decisions, 99),
+            "share": per_poll * pools / interval, "calls": calls / (polls + pools)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pools", type=int, default=200)
+    parser.add_argument("--pools", default="200,1000", help="comma-separated numbers of WorkerPools")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--interval", type=float, default=5.0)
     args = parser.parse_args()
-    random.seed(3)
     base = os.environ.get("TASKHERD_REDIS_URL")
     if not base:
         print("TASKHERD_REDIS_URL is not set: `source scripts/services.sh env` first", file=sys.stderr)
         return 2
+    sizes = [int(p) for p in args.pools.split(",")]
+    results = {pools: measure(base, pools, args.rounds, args.interval) for pools in sizes}
     with leased_redis_db(base) as url:
-        fill(url, args.pools)
-        latencies, cpu, calls = asyncio.run(run_rounds(url, args.pools, args.rounds))
         baseline = celery_inspect_cpu(url)
-    polls = args.pools * args.rounds
-    per_poll = cpu / polls
-    decisions = decision_latency(args.pools, 50)
-    share = per_poll * args.pools / args.interval
-    print(f"{args.pools} WorkerPools, {args.rounds} rounds ({polls} polls), real Redis inspection, in-memory API")
-    print(f"{'figure':<44} {'taskherd operator':>20} {'baseline':>26}")
-    print(f"{'CPU per poll (process CPU / polls)':<44} {per_poll * 1000:>17.2f} ms "
-          f"{baseline * 1000:>14.0f} ms `celery inspect ping`  ({baseline / per_poll:,.0f}x)")
-    print(f"{'poll latency, wall, median / p99':<44} {statistics.median(latencies) * 1000:>9.2f} / "
-          f"{pct(latencies, 99) * 1000:>6.2f} ms")
-    print(f"{'decision latency (desired_replicas) median / p99':<44} {statistics.median(decisions) * 1e6:>9.1f} / "
-          f"{pct(decisions, 99) * 1e6:>6.1f} us")
-    print(f"{'one core used by 200 pools at ' + format(args.interval, 'g') + ' s polls':<44} {share * 100:>18.1f} %")
-    print(f"{'API calls per poll (in-memory)':<44} {calls / (polls + args.pools):>20.1f}")
+    print(f"operator poll loop, {args.rounds} rounds per size, real Redis inspection, in-memory API, "
+          f"{args.interval:g} s polls")
+    print(f"{'figure':<44}" + "".join(f"{str(p) + ' pools':>16}" for p in sizes))
+    rows = (("CPU per poll, ms", lambda r: r["per_poll"] * 1000, "{:.2f}"),
+            ("poll latency median / p99, ms", lambda r: f"{r['latency_median'] * 1000:.1f} / "
+                                                       f"{r['latency_p99'] * 1000:.1f}", "{}"),
+            ("desired_replicas median / p99, us", lambda r: f"{r['decision_median'] * 1e6:.1f} / "
+                                                           f"{r['decision_p99'] * 1e6:.1f}", "{}"),
+            ("share of one core", lambda r: f"{r['share'] * 100:.1f} %", "{}"),
+            ("API calls per poll (in-memory)", lambda r: r["calls"], "{:.1f}"))
+    for label, value, fmt in rows:
+        print(f"{label:<44}" + "".join(f"{fmt.format(value(results[p])):>16}" for p in sizes))
+    per_poll = statistics.median(r["per_poll"] for r in results.values())
+    print(f"baseline: one `celery inspect ping` (asking the workers, per pool) costs {baseline * 1000:.0f} ms of CPU, "
+          f"{baseline / per_poll:,.0f}x a poll")
+    if 1000 in results:
+        share = results[1000]["share"]
+        print(f"target: 1,000 pools at {args.interval:g} s polls <= 10 % of a core: "
+              f"{'MET' if share <= 0.10 else 'MISSED'} ({share * 100:.1f} %)")
     return 0
 
 

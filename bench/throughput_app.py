@@ -2,11 +2,11 @@
 
 vanilla      Celery with the same ack settings as the profile: acks_late, reject_on_worker_lost,
              prefetch multiplier 1, JSON only.
-taskherd     configure(app) (retries, DLQ, delivery counter) and the Redis idempotency guard keyed
-             on the task id.
+taskherd     configure(app) (retries, DLQ, delivery counting, heartbeat, metrics, fast recovery on
+             Redis) and the Redis idempotency guard keyed on the task id.
 profile      configure(app) alone; idempotency: the guard alone (to attribute the overhead).
 
-BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys and the delivery counter),
+BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys),
 BENCH_TASK_MS (how long the task sleeps; 0, a no-op, by default).
 """
 import os
@@ -38,7 +38,7 @@ if with_profile:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        configure(app, queues=[QUEUE], delivery_counter_url=REDIS_URL)
+        configure(app, queues=[QUEUE])  # no Redis on RabbitMQ: the broker counts redeliveries
 else:
     app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
                     accept_content=["json"], task_serializer="json", result_serializer="json")

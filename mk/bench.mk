@@ -1,7 +1,10 @@
-# Benchmarks: each prints its figures beside its baseline (vanilla Celery, `celery inspect ping`,
-# kombu's own redelivery, KEDA's defaults). Not part of `make test`: they take minutes and the
-# machine is noisy; docs/benchmarks.md and each area's doc carry the latest figures.
-BENCHES := throughput probe_cost redelivery recovery_overhead operator_reaction operator_scale
+# Benchmarks: each prints its figures beside its baseline from the same run (vanilla Celery,
+# `celery inspect ping`, kombu's own redelivery, KEDA + HPA, KEDA's own queue queries). Not part of
+# `make test`: they take minutes and the machine is noisy; docs/benchmarks.md carries the latest
+# figures. `make bench` runs them all in this order (scaleup before autoscaling, which replays the
+# pod start times scaleup measured); `make bench-<name>` runs one.
+BENCHES := throughput throughput_grid probe_cost redelivery recovery_overhead inspection_cost \
+           operator_reaction operator_scale scaleup pod_kill autoscaling
 
 .PHONY: bench $(addprefix bench-,$(BENCHES))
 
@@ -9,3 +12,6 @@ bench: $(addprefix bench-,$(BENCHES))
 
 $(addprefix bench-,$(BENCHES)): bench-%: venv services
 	source scripts/services.sh env && $(PY) bench/$*.py
+
+# The cluster benchmarks need the cluster and the images (as the cluster tests do).
+bench-scaleup bench-pod_kill: cluster-for-tests

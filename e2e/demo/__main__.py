@@ -205,7 +205,7 @@ def print_verdict(summary: dict, verdict: Verdict | None, error: str | None, run
         print(f"  charges recorded once {v.effects_recorded_once}")
         print(f"  lost                  {len(v.lost)}")
         print(f"  duplicated            {len(v.duplicated)}")
-        print(f"  attempts per charge   " + ", ".join(f"{n}×: {k}" for n, k in v.attempts_per_task.items()))
+        print("  attempts per charge   " + ", ".join(f"{n}×: {k}" for n, k in v.attempts_per_task.items()))
         print(f"  attempts interrupted  {v.interrupted_attempts} (their process was killed: {v.attempts_cut_by_kills} by the "
               f"force-deletes, the rest OOM; each charge ran again elsewhere)")
         print(f"  pods force-deleted    {v.pods_killed}; OOM kills {v.oom_kills}")

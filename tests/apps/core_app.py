@@ -3,7 +3,8 @@
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_RECORD_URL (a Redis database
 where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), TEST_RESTORE_SWEEP=1
 (kombu's visibility sweep every second), TEST_TASK_TIME_LIMIT (registers core.own_time_limit with
-that limit), and TEST_* knobs for the profile.
+that limit), TEST_FAST_RECOVERY=0 (leaves the FastRecovery component out), and TEST_* knobs for
+the profile.
 """
 import os
 import signal
@@ -13,7 +14,8 @@ import psycopg
 import redis
 from celery import Celery
 
-from taskherd.worker import PermanentError, configure
+from taskherd.worker import PermanentError, configure, default_components, without
+from taskherd.worker.components.recovery import FastRecovery
 from taskherd.worker.idempotency import RedisStore, idempotent
 
 env = os.environ.get
@@ -40,6 +42,7 @@ configure(
     max_deliveries=int(env("TEST_MAX_DELIVERIES", "5")),
     delivery_counter_url=env("TEST_COUNTER_URL") or None,
     queue_type=env("TEST_QUEUE_TYPE", "classic"),
+    components=without(default_components(), FastRecovery) if env("TEST_FAST_RECOVERY") == "0" else None,
 )
 
 _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL") else None

@@ -1,7 +1,7 @@
 """The worker app of the crash-point matrix (tests/recovery/test_crash_matrix.py).
 
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_REDIS_URL (crash plans, the
-Redis idempotency store and its effects, the result backend, the delivery counter), TEST_PG_DSN
+Redis idempotency store and its effects, the result backend), TEST_PG_DSN
 (the PostgreSQL store and its `ledger`). Importing it installs the crash hooks (apps.crash_points).
 
 `crash.effect(store, order, fail=None)` runs one idempotent effect, keyed on the task id, through
@@ -31,7 +31,7 @@ STRATEGY = "apps.crash_points:strategy"
 app = Celery("crash", broker=os.environ["TEST_BROKER_URL"], backend=REDIS_URL)
 app.conf.update(broker_connection_retry_on_startup=True, result_expires=None)
 configure(app, queues=[os.environ.get("TEST_QUEUE", "crash")], soft_time_limit=8, time_limit=10, max_retries=5,
-          backoff_base=0.2, backoff_cap=0.5, max_deliveries=5, delivery_counter_url=REDIS_URL)
+          backoff_base=0.2, backoff_cap=0.5, max_deliveries=5)
 
 _redis = redis.Redis.from_url(REDIS_URL)
 redis_store = RedisStore(client=_redis, lease_seconds=2)

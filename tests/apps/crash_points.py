@@ -20,7 +20,9 @@ import redis
 
 STEPS = {
     "received": "main process: the message is in the worker, nothing has run",
-    "delivery counted": "pool child: a redelivery's INCR is done, the task has not started",
+    "delivery counted": "a redelivery's count is known, the task has not started (pool child: read from the "
+                        "message or the broker; RabbitMQ classic queues, main process: the copy carrying it "
+                        "is published, the original not acknowledged)",
     "key claimed": "pool child: the idempotency key is claimed, the effect has not started",
     "effect started": "pool child: the effect is written inside the open transaction",
     "effect committed": "pool child: the store's commit (effect + done mark) returned",
@@ -68,9 +70,9 @@ def _current_task_id() -> str | None:
 
 def strategy(task, app, consumer, **kwargs):
     """The taskherd strategy, with the "received" step in front of it."""
-    from taskherd.worker import delayed
+    from taskherd.worker import deliveries
 
-    handle = delayed.strategy(task, app, consumer, **kwargs)
+    handle = deliveries.strategy(task, app, consumer, **kwargs)
 
     def task_message_handler(message, *args, **options):
         crash_point("received", (message.headers or {}).get("id"))
@@ -87,14 +89,19 @@ def install() -> None:
     from taskherd.worker import task as task_module
     from taskherd.worker.idempotency.redis_store import RedisStore
 
-    record_delivery = deliveries.record_delivery
+    count, recount = deliveries.count, deliveries.recount
 
-    def counted(url, key, *, ttl):
-        count = record_delivery(url, key, ttl=ttl)
-        crash_point("delivery counted", key.split(":")[2])
-        return count
+    def counted(*, task_id, **kwargs):
+        found = count(task_id=task_id, **kwargs)
+        if found.source != "first delivery":
+            crash_point("delivery counted", task_id)
+        return found
 
-    deliveries.record_delivery = counted
+    def recounted(message, *args, **kwargs):
+        recount(message, *args, **kwargs)  # the copy carrying the count is confirmed, the original unacked
+        crash_point("delivery counted", (message.headers or {}).get("id"))
+
+    deliveries.count, deliveries.recount = counted, recounted
 
     commit = RedisStore._commit
 

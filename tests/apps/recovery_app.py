@@ -35,8 +35,9 @@ app.conf.update(
 )
 components.install(app, [PublishStamps()])
 if os.environ.get("TEST_RECOVERY") == "1":
-    components.install(app, [FastRecovery(heartbeat_interval=float(os.environ.get("TEST_RECOVERY_HEARTBEAT", "5")),
-                                          timeout=float(os.environ.get("TEST_RECOVERY_TIMEOUT", "15")))])
+    components.install(app, [FastRecovery(
+        heartbeat_interval=float(os.environ.get("TEST_RECOVERY_HEARTBEAT", FastRecovery.heartbeat_interval)),
+        timeout=float(os.environ.get("TEST_RECOVERY_TIMEOUT", FastRecovery.timeout)))])
 
 _ledger = redis.Redis.from_url(os.environ["TEST_LEDGER_URL"]) if os.environ.get("TEST_LEDGER_URL") else None
 

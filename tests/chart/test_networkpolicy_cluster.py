@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from dataclasses import dataclass, field
 
 import pytest

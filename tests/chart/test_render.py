@@ -74,9 +74,13 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
     c = container(worker, WORKER)
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["taskherd", "drain"]
     assert env_of(c)["TASKHERD_DRAIN_DEADLINE"] == "320"
-    assert c["startupProbe"]["exec"]["command"] == ["taskherd", "probe", "startup"]
-    assert c["readinessProbe"]["exec"]["command"] == ["taskherd", "probe", "readiness"]
-    assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness"]
+    # The worker's own server answers the probes (no process per probe), on its metrics port.
+    assert c["startupProbe"]["httpGet"] == {"path": "/startupz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"] == 9891
+    # A new pod is noticed within a second of its worker being ready.
+    assert c["startupProbe"]["periodSeconds"] == 1 and c["readinessProbe"]["periodSeconds"] == 1
     # A wedged worker is restarted in seconds, not after the pod's (long) drain grace period.
     assert c["livenessProbe"]["terminationGracePeriodSeconds"] == 15
     env = env_of(c)
@@ -434,6 +438,16 @@ def test_first_class_chart_habits_render_as_users_expect():
                                        "capabilities": {"drop": ["ALL"]}}
     assert [c["name"] for c in pod["containers"]] == [WORKER, "sidecar-log-shipper"]
     assert container(worker, WORKER)["image"] == "mirror.example:5000/worker:dev"
+
+
+def test_exec_probes_are_one_switch_away():
+    worker = by_kind(render(values={**BROKER, "workerPools": [{"name": "p", "app": "tasks", "probes": {
+        "type": "exec", "readiness": {"periodSeconds": 10}}}]}), "Deployment")["th-taskherd-p"]
+    c = container(worker, WORKER)
+    for kind in ("startup", "readiness", "liveness"):
+        probe = c[f"{kind}Probe"]
+        assert probe["exec"]["command"] == ["taskherd", "probe", kind] and "httpGet" not in probe
+    assert c["readinessProbe"]["periodSeconds"] == 10 and c["livenessProbe"]["terminationGracePeriodSeconds"] == 15
 
 
 def test_beat_is_one_replica_recreated_with_liveness_on_its_loop():

@@ -323,3 +323,29 @@ def test_postgres_key_and_effect_commit_or_roll_back_together(ledger_dsn):
         with store.guard("invoice:1", conn=conn) as claim:
             assert (claim.done, claim.result) == (True, 3)
     assert ledger(ledger_dsn, "invoice:1") == ["third"]
+
+
+def test_postgres_guard_inside_the_callers_transaction_keeps_it_usable(ledger_dsn):
+    """Behind its own savepoint: a failed guarded effect (even a failed statement) is undone alone,
+    the caller's earlier work and its transaction stay; nested guards each have their own."""
+    store = PostgresStore()
+    with psycopg.connect(ledger_dsn) as conn:
+        with conn.transaction():
+            conn.execute("INSERT INTO ledger (key, who) VALUES ('order:9', 'caller')")
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                with store.guard("invoice:9", conn=conn):
+                    conn.execute("INSERT INTO no_such_table VALUES (1)")
+            with pytest.raises(ValueError):
+                with store.guard("invoice:9", conn=conn):
+                    conn.execute("INSERT INTO ledger (key, who) VALUES ('invoice:9', 'undone')")
+                    raise ValueError("the effect fails")
+            with store.guard("invoice:9", conn=conn) as claim:
+                with store.guard("receipt:9", conn=conn) as inner:
+                    conn.execute("INSERT INTO ledger (key, who) VALUES ('receipt:9', 'inner')")
+                    inner.set_result("r")
+                conn.execute("INSERT INTO ledger (key, who) VALUES ('invoice:9', 'kept')")
+                claim.set_result({"n": 9})
+            with store.guard("invoice:9", conn=conn) as again:
+                assert (again.done, again.result) == (True, {"n": 9})
+    assert ledger(ledger_dsn, "order:9") == ["caller"]
+    assert ledger(ledger_dsn, "invoice:9") == ["kept"] and ledger(ledger_dsn, "receipt:9") == ["inner"]

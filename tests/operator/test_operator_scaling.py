@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from taskherd.operator.policy import ScalingPolicy
-from taskherd.operator.scaling import (AGE_SETTLE_SECONDS, Observation, Recommendation, desired_replicas,
-                                       prune_history)
+from taskherd.operator.scaling import (AGE_SETTLE_SECONDS, Observation, Recommendation, Throughput, WorkSample,
+                                       desired_replicas, estimate_throughput, prune_history)
 
 NOW = 1_000_000.0
 
@@ -26,13 +26,17 @@ def policies(draw) -> ScalingPolicy:
     )
 
 
+throughputs = st.builds(Throughput, arrival_rate=st.floats(0, 200), service_seconds=st.floats(0, 60),
+                        slots_per_worker=st.integers(1, 8))
 observations = st.builds(
     Observation,
     ready=st.integers(0, 500), unacked=st.integers(0, 100),
     oldest_message_age_seconds=st.one_of(st.none(), st.floats(0, 1000)),
+    throughput=st.one_of(st.none(), throughputs),
 )
 histories = st.lists(st.builds(Recommendation, at=st.floats(NOW - 1000, NOW - 0.001),
-                               replicas=st.integers(0, 40), age_triggered=st.booleans()), max_size=8)
+                               replicas=st.integers(0, 40), age_triggered=st.booleans(),
+                               sustained=st.one_of(st.none(), st.integers(0, 40))), max_size=8)
 
 
 @settings(deadline=None)  # a shared 2-core machine: no per-example deadline
@@ -101,14 +105,76 @@ def test_age_scale_up_does_not_compound_while_new_workers_start():
 @given(policies(), observations, st.integers(0, 40), st.integers(0, 40), histories)
 def test_scale_down_only_after_the_window_and_to_its_highest_recommendation(policy, observation, current, busy,
                                                                            history):
+    """Held: a whole recommendation, or only its sustained part when the throughput was known."""
     assume(current <= policy.max_replicas)
     decision = desired_replicas(policy, observation, current, busy, history, NOW)
     if decision.replicas < current:
         window = policy.scale_down_stabilization_seconds
         if window > 0:
             assert any(r.at <= NOW - window for r in history), "history must cover the whole window"
-        in_window = [r.replicas for r in history if r.at > NOW - window]
+        in_window = [r.held for r in history if r.at > NOW - window]
         assert decision.replicas >= min(max(in_window, default=0), current)
+
+
+@settings(deadline=None)  # a shared 2-core machine: no per-example deadline
+@given(policies(), observations, throughputs, st.integers(0, 40), st.integers(0, 40), histories)
+def test_never_below_the_workers_the_arrivals_keep_busy(policy, observation, throughput, current, busy, history):
+    observation = Observation(ready=observation.ready, unacked=observation.unacked,
+                              oldest_message_age_seconds=observation.oldest_message_age_seconds, throughput=throughput)
+    decision = desired_replicas(policy, observation, current, busy, history, NOW)
+    assert decision.replicas >= min(policy.max_replicas, throughput.workers_needed), decision
+    assert decision.recommendation.sustained == max(policy.min_replicas,
+                                                    min(policy.max_replicas, throughput.workers_needed))
+
+
+def test_a_drained_backlog_releases_its_workers_without_waiting_for_the_window():
+    """40 workers drained a burst; the arrivals keep 2 busy. With the throughput known the window
+    holds those 2, not the 40; without it, it holds 40 as the HPA would."""
+    policy = ScalingPolicy(min_replicas=1, max_replicas=40, target_depth_per_worker=5)
+    steady = Throughput(arrival_rate=3.0, service_seconds=1.2, slots_per_worker=2)  # 1.8 busy slots x 2 = 2 workers
+    burst = [Recommendation(NOW - 400, 2, sustained=2), Recommendation(NOW - 60, 40, sustained=2)]
+    drained = Observation(ready=0, unacked=3, throughput=steady)
+    decision = desired_replicas(policy, drained, 40, 2, burst, NOW)
+    assert decision.replicas == 2, decision
+    assert "keep 2 workers of 2 slots busy" in decision.reason
+    held = desired_replicas(policy, Observation(ready=0, unacked=3), 40, 2,
+                            [Recommendation(r.at, r.replicas) for r in burst], NOW)
+    assert held.replicas == 40, held
+
+
+def test_the_rate_rule_scales_up_before_a_queue_forms():
+    policy = ScalingPolicy(min_replicas=1, max_replicas=40, target_depth_per_worker=5)
+    ramp = Observation(ready=2, unacked=8, throughput=Throughput(arrival_rate=12.0, service_seconds=1.5,
+                                                                 slots_per_worker=2))
+    decision = desired_replicas(policy, ramp, 5, 5, [], NOW)
+    assert decision.replicas == 9  # 12/s x 1.5 s = 18 busy slots = 9 workers; depth alone says 2
+    assert decision.reason.startswith("arrivals 12.00/s x 1.50s per task keep 9 workers")
+
+
+def test_throughput_from_depth_change_and_completions():
+    samples = [WorkSample(at=NOW - 70, depth=0, completed=0, busy_seconds=0.0),
+               WorkSample(at=NOW - 60, depth=10, completed=100, busy_seconds=150.0),
+               WorkSample(at=NOW, depth=40, completed=700, busy_seconds=1050.0)]
+    throughput = estimate_throughput(samples, slots_per_worker=2, now=NOW)
+    assert throughput == Throughput(arrival_rate=(30 + 600) / 60, service_seconds=1.5, slots_per_worker=2)
+    assert estimate_throughput(samples[:1], slots_per_worker=2, now=NOW) is None, "one sample is no rate"
+    waking = [WorkSample(at=NOW - 300, depth=0, completed=0, busy_seconds=0.0),
+              WorkSample(at=NOW - 200, depth=0, completed=10, busy_seconds=20.0),
+              WorkSample(at=NOW - 30, depth=0, completed=10, busy_seconds=20.0),
+              WorkSample(at=NOW, depth=90, completed=10, busy_seconds=20.0)]
+    assert estimate_throughput(waking, slots_per_worker=2, now=NOW) == Throughput(
+        arrival_rate=3.0, service_seconds=2.0, slots_per_worker=2), "service time from before the window"
+    never = [WorkSample(at=NOW - 30, depth=5, completed=0, busy_seconds=0.0),
+             WorkSample(at=NOW, depth=9, completed=0, busy_seconds=0.0)]
+    assert estimate_throughput(never, slots_per_worker=2, now=NOW) is None, "no completion: no service time"
+
+
+@pytest.mark.parametrize("field,value", [("arrival_rate", -1.0), ("service_seconds", float("nan")),
+                                         ("slots_per_worker", 0)])
+def test_invalid_throughput_names_the_field(field, value):
+    fields = {"arrival_rate": 1.0, "service_seconds": 1.0, "slots_per_worker": 2, field: value}
+    with pytest.raises(ValueError, match=f"Throughput\\({field}="):
+        Throughput(**fields)
 
 
 @settings(deadline=None)  # a shared 2-core machine: no per-example deadline

@@ -29,6 +29,22 @@ def stamped():
     publish_stamps.disconnect()
 
 
+def test_age_looks_past_a_run_of_eta_messages_longer_than_the_first_read(redis_url, unique_name, stamped):
+    """The first read of a list is a few messages; behind them, more are read until one is not delayed."""
+    from taskherd.queues.redis import FIRST_CHUNK
+
+    app = producer(redis_url, "")
+    for _ in range(FIRST_CHUNK * 3 + 1):
+        app.send_task("t.eta", queue=unique_name, countdown=3600)
+    before = time.time()
+    app.send_task("t.plain", queue=unique_name)
+    app.close()
+    now = time.time() + 10
+    stats = inspect_queues(redis_url, [unique_name], now=now)[unique_name]
+    assert stats.ready == FIRST_CHUNK * 3 + 2
+    assert now - time.time() <= stats.oldest_age_seconds <= now - before
+
+
 @pytest.mark.parametrize("prefix", ["", "tenant-a:"])
 def test_ready_depth_counts_every_priority_list_and_age_skips_eta(redis_url, unique_name, prefix, stamped):
     app = producer(redis_url, prefix)

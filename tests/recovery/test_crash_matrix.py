@@ -121,8 +121,7 @@ class Column:
         app = Celery("crash-producer", broker=self.broker_url, backend=self.redis_url, set_as_current=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ProfileWarning)
-            configure(app, queues=[self.queue], soft_time_limit=8, time_limit=10, backoff_base=0.2, backoff_cap=0.5,
-                      delivery_counter_url=self.redis_url)
+            configure(app, queues=[self.queue], soft_time_limit=8, time_limit=10, backoff_base=0.2, backoff_cap=0.5)
         return app
 
     def submit(self, producer: Celery) -> None:

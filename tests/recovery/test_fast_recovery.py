@@ -14,9 +14,9 @@ from taskherd.worker.components import recovery
 
 pytestmark = pytest.mark.slow
 
-#: How soon a dead worker's task runs again with the default settings (heartbeat 5 s, timeout 15 s):
-#: timeout + 5 s ≤ 30 s.
-TARGET_SECONDS = 30
+#: With the default settings (heartbeat 1 s, timeout 4 s) a killed worker's task is back after
+#: about 4 s, at most 5 s (bench/pod_kill.py measures it); here a bound with room for a loaded machine.
+TARGET_SECONDS = 12
 
 
 def worker_env(redis_url: str, queue: str, **extra: str) -> dict[str, str]:
@@ -57,7 +57,7 @@ def assert_no_bookkeeping_left(client: redis.Redis) -> None:
 
 def test_killed_worker_task_restarts_elsewhere_within_target(redis_url, unique_name, worker_factory):
     client = redis.Redis.from_url(redis_url)
-    env = worker_env(redis_url, unique_name)  # default heartbeat 5 s, timeout 15 s
+    env = worker_env(redis_url, unique_name)  # default heartbeat 1 s, timeout 4 s
     first = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
     second = worker_factory("apps.recovery_app", queues=[unique_name], env=env, concurrency=1)
     token = uuid.uuid4().hex

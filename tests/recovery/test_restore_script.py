@@ -140,7 +140,7 @@ def test_reject_with_requeue_gives_the_message_back_and_forgets_it(redis_url, un
 def test_settings_refuse_a_timeout_shorter_than_two_heartbeats():
     (problem,) = recovery.FastRecovery(heartbeat_interval=5, timeout=4).problems()
     assert "FastRecovery(timeout=4) must be at least twice heartbeat_interval=5" in problem
-    assert recovery.FastRecovery().expected_recovery_seconds == 20
+    assert recovery.FastRecovery().expected_recovery_seconds == 5
 
 
 def test_restorer_waits_a_full_lease_period_of_healthy_redis():
@@ -158,3 +158,25 @@ def test_settings_come_from_the_environment_when_not_given(monkeypatch):
     monkeypatch.setenv("TASKHERD_RECOVERY_TIMEOUT", "soon")
     with pytest.raises(ContractError, match="TASKHERD_RECOVERY_TIMEOUT='soon' is invalid"):
         recovery.FastRecovery.from_env()
+
+
+def test_each_pass_finds_only_the_lapsed_workers_in_the_expiry_index(redis_url, unique_name):
+    """The restorer of every interval reads the expiry index (server time), not every registered worker."""
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 2)
+    dead, alive = FakeWorker(redis_url, "w-dead"), FakeWorker(redis_url, "w-alive", timeout=30)
+    dead.get(unique_name), alive.get(unique_name)
+    assert client.zcard(recovery.EXPIRY_KEY) == 2 and client.scard(recovery.WORKERS_KEY) == 2
+    assert recovery.restore_lapsed_workers(client) == {}, "both leases still run"
+    time.sleep(0.6)  # w-dead's 0.4 s lease runs out; w-alive's has 30 s
+    assert recovery.restore_lapsed_workers(client, exclude=["w-other"]) == {"w-dead": 1}
+    assert client.llen(unique_name) == 1, "the dead worker's message is back"
+    assert client.zrange(recovery.EXPIRY_KEY, 0, -1) == [b"w-alive"] and client.smembers(recovery.WORKERS_KEY) == {b"w-alive"}
+    assert recovery.restore_lapsed_workers(client) == {}, "restored once"
+    dead.close(), alive.close()
+
+
+def test_a_restorer_that_was_stalled_itself_does_not_trust_the_others_silence():
+    assert not recovery.stalled(previous=None, now=100.0, interval=1.0)  # the first refresh
+    assert not recovery.stalled(previous=98.5, now=100.0, interval=1.0)  # a little late
+    assert recovery.stalled(previous=97.5, now=100.0, interval=1.0)      # more than two intervals

@@ -126,8 +126,9 @@ def test_prefetch_above_one_is_a_warning_on_rabbitmq():
     assert profile.prefetch_multiplier == 4 and app.conf.worker_prefetch_multiplier == 4
 
 
-def test_rabbitmq_without_a_counter_warns_that_poison_counting_is_off():
-    with pytest.warns(ProfileWarning, match="no delivery_counter_url"):
+def test_rabbitmq_needs_no_redis_the_broker_counts_deliveries():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
         assert configure(app_on(AMQP)).delivery_counter_url is None
 
 

@@ -30,8 +30,8 @@ def test_quorum_queue_retries_and_dead_letters(broker_url, record_url, recorded,
 
     transient = producer.send_task("core.always_transient", args=("q-attempts",), queue=q)
     permanent = producer.send_task("core.validation", args=("q-runs", 0), queue=q)
-    letters = wait_for("two envelopes in the quorum DLQ", lambda: dead_letters(broker_url, q),
-                       until=lambda found: len(found) == 2, timeout=60)
+    letters = wait_for("two envelopes in the quorum DLQ", lambda: dead_letters(broker_url, q), timeout=60,
+                       until=lambda letters: len(letters) == 2)
     by_id = {letter.task_id: letter.envelope for letter in letters}
     assert by_id[transient.id].reason == "retries-exhausted" and by_id[transient.id].attempts == 3
     assert by_id[permanent.id].reason == "permanent-error" and by_id[permanent.id].attempts == 1
@@ -63,52 +63,30 @@ def test_hard_time_limit_is_dead_lettered(broker_url, record_url, recorded, prod
     assert "Hard time limit (2.0s) exceeded" in worker.log()
 
 
+@pytest.mark.parametrize("counter", ["no Redis", "delivery_counter_url"])
 @pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
-def test_quorum_delivery_limit_bounds_a_poison_message_without_the_counter(
-        broker_url, record_url, recorded, unique_name, worker_factory):
-    """No Redis counter: the quorum queue's x-delivery-limit (= max_deliveries) is the backstop,
-    and RabbitMQ dead-letters natively (x-death, no envelope) into the same DLQ."""
-    import warnings
-
+def test_on_quorum_queues_x_delivery_count_dead_letters_before_the_delivery_limit(
+        counter, broker_url, record_url, recorded, unique_name, worker_factory):
+    """The broker counts: x-delivery-count bounds a poison message with taskherd's envelope after
+    max_deliveries runs, before the queue's x-delivery-limit would dead-letter it natively; a
+    configured Redis counter is not asked."""
     from celery import Celery
     from taskherd.worker import configure
 
     q = unique_name
     producer = Celery("producer", broker=broker_url, set_as_current=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no delivery_counter_url": that is the point here
-        configure(producer, queues=[q], queue_type="quorum", max_deliveries=2)
-    env = core_env(broker_url, q, record_url, queue_type="quorum", max_deliveries=2, counter_url="")
-    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+    configure(producer, queues=[q], queue_type="quorum", max_deliveries=2)
+    env = core_env(broker_url, q, record_url, queue_type="quorum", max_deliveries=2,
+                   **({"counter_url": ""} if counter == "no Redis" else {}))
+    worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
     poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
     producer.send_task("core.record", args=("normal", "ok"), queue=q)
-
-    (letter,) = wait_for("the native dead letter", lambda: dead_letters(broker_url, q), timeout=90)
-    assert letter.kind == "native" and letter.task_id == poison.id
-    assert letter.reason == "rabbitmq:delivery_limit" and letter.queue == q
-    runs = len(recorded("poison"))
-    print(f"poison ran {runs} times before RabbitMQ dead-lettered it")
-    assert runs == 3, f"x-delivery-limit=2: RabbitMQ 3.x dead-letters after the 3rd return, ran {runs}"
-    wait_for("the normal task", lambda: recorded("normal"), timeout=30)
-    producer.close()
-
-
-@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
-def test_on_quorum_queues_the_counter_dead_letters_before_the_delivery_limit(
-        broker_url, record_url, recorded, unique_name, worker_factory):
-    from celery import Celery
-    from taskherd.worker import configure
-
-    q = unique_name
-    producer = Celery("producer", broker=broker_url, set_as_current=False)
-    configure(producer, queues=[q], queue_type="quorum", max_deliveries=2, delivery_counter_url=record_url)
-    env = core_env(broker_url, q, record_url, queue_type="quorum", max_deliveries=2)
-    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
-    poison = producer.send_task("core.kill_worker", args=("poison",), queue=q)
 
     (letter,) = wait_for("the envelope", lambda: dead_letters(broker_url, q), timeout=90)
     assert letter.kind == "envelope" and letter.envelope.reason == "killed-worker"
     assert letter.task_id == poison.id and len(recorded("poison")) == 2
+    assert "1 earlier deliveries without an outcome (counted by x-delivery-count)" in worker.log()
+    wait_for("the normal task", lambda: recorded("normal"), timeout=30)
     producer.close()
 
 

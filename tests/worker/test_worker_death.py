@@ -3,6 +3,7 @@ is dead-lettered after max_deliveries while the rest of the queue keeps flowing.
 import os
 import signal
 
+import pytest
 import redis
 
 from e2e.lib.waiting import wait_for
@@ -35,10 +36,15 @@ def test_sigkill_of_a_prefork_child_mid_task_redelivers_the_task(
     assert dead_letters(broker_url, unique_name) == []
 
 
+@pytest.mark.parametrize("counted_by", ["message or broker", "redis counter"])
 def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
-        broker_url, record_url, recorded, producer, unique_name, worker_factory):
-    env = core_env(broker_url, unique_name, record_url, max_deliveries=3)
-    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=2)
+        counted_by, broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """Counted by the message or the broker (Redis: the count FastRecovery's restores carry;
+    RabbitMQ classic queues: the copy the worker publishes with the count), or by a Redis counter
+    (Redis without FastRecovery, RabbitMQ with delivery_counter_url): the same exact bound."""
+    knobs = {"counter_url": ""} if counted_by == "message or broker" else {"fast_recovery": 0}
+    env = core_env(broker_url, unique_name, record_url, max_deliveries=3, **knobs)
+    worker = worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=2)
     poison = producer.send_task("core.kill_worker", args=("poison",), queue=unique_name)
     for i in range(100):
         producer.send_task("core.record", args=("normal", str(i)), queue=unique_name)
@@ -52,3 +58,5 @@ def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
     assert "killed its worker 3 times" in env.detail
     counters = redis.Redis.from_url(record_url).keys("taskherd:deliveries:*")
     assert counters == [], "first deliveries are not counted and redelivery counters are cleaned up"
+    source = "header" if counted_by == "message or broker" else "counter"
+    assert f"2 earlier deliveries without an outcome (counted by {source})" in worker.log()

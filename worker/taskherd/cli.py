@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "probe": ("taskherd.pod.probe", "liveness/readiness/startup probe reading the worker's heartbeat"),
     "drain": ("taskherd.pod.prestop", "preStop hook: stop consuming and wait for in-flight tasks"),
+    "worker": ("taskherd.commands.worker", "start a Celery worker without loading Celery's command line"),
     "dlq": ("taskherd.commands.dlq", "list, show, redrive and purge dead-letter queues"),
     "outbox": ("taskherd.commands.outbox", "run the transactional outbox relay (relay, migrate, status)"),
     "exporter": ("taskherd.commands.exporter", "export queue depth, age and DLQ size as Prometheus metrics"),

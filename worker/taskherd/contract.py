@@ -202,7 +202,8 @@ VARIABLES = (
              readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc=f"the DLQ of each queue; unset: {DEFAULT_DEAD_LETTER_PATTERN}"),
     Variable("TASKHERD_DELIVERY_COUNTER_URL", url, "a redis:// URL", readers=(_CONFIGURE,), chart=(),
-             doc="RabbitMQ: the Redis where redeliveries of one message are counted"),
+             doc="optional: a Redis counting redeliveries (RabbitMQ classic queues: instead of a copy of the "
+                 "message carrying its count; Redis: used only without FastRecovery)"),
     # Time limits: the chart derives terminationGracePeriodSeconds from the same values.
     Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
              chart=(_WORKER, _BEAT, _TEST), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
@@ -231,16 +232,16 @@ VARIABLES = (
              doc="the preStop drain returns after this long even if tasks still run (hard limit + drain margin)"),
     Variable("TASKHERD_METRICS_PORT", port, "a port number 0-65535 (0: no HTTP server)",
              default=WORKER_METRICS_PORT, readers=("Metrics component",), chart=(_WORKER,),
-             doc="port of the worker's /metrics"),
+             doc="port of the worker's /metrics and of its HTTP probes (/livez, /readyz, /startupz)"),
     Variable("TASKHERD_METRICS_ADDR", text, "an address to listen on", default="0.0.0.0",
              readers=("Metrics component",), chart=(), doc="address of the worker's /metrics"),
     Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
              chart=(_WORKER,), doc="parent of the prometheus_client multiprocess directories "
                                    "(default: <heartbeat dir>/prometheus)"),
-    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=15.0,
+    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=4.0,
              readers=("FastRecovery component",), chart=(),
              doc="Redis: a worker whose lease is this old is dead and its deliveries go back"),
-    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
+    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=1.0,
              readers=("FastRecovery component",), chart=(), doc="Redis: seconds between lease refreshes"),
     # The queue exporter.
     Variable("TASKHERD_EXPORTER_PORT", port, "a port number 1-65535", default=EXPORTER_PORT,

@@ -16,7 +16,13 @@ Rules (each one a property test in tests/operator/test_operator_scaling.py):
 - an age known only from below ("at least 7 s") is never read as young: above the limit it
   scales up like a known age; under it, or unknown, it blocks any scale-down while messages wait;
 - queues whose figures the broker has not reported yet hold the current count;
-- the result is always within [minReplicas, maxReplicas].
+- the result is always within [minReplicas, maxReplicas];
+- when the workers' throughput is known (``Observation.throughput``: arrival rate, mean service
+  time, slots per worker), Little's law gives the workers the arrivals keep busy,
+  ceil(rate x service time / slots): the pool never goes below that, and it is the only part of
+  a recommendation the stabilisation window holds. Workers added for a backlog are released once
+  it is gone instead of being held for the whole window; the workers steady work needs are held
+  as before. Without throughput, every recommendation is held, as the HPA does.
 """
 from __future__ import annotations
 
@@ -28,6 +34,69 @@ from .policy import ScalingPolicy
 
 #: After an age-triggered scale-up, the age rule waits this long before adding more workers.
 AGE_SETTLE_SECONDS = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """What the workers' own counters say about the work (Little's law: busy slots = rate x time)."""
+
+    #: messages arriving per second, over the recent past (see estimate_throughput)
+    arrival_rate: float
+    #: mean seconds a task holds a worker slot
+    service_seconds: float
+    #: tasks one worker runs at once (its concurrency)
+    slots_per_worker: int
+
+    def __post_init__(self) -> None:
+        for name in ("arrival_rate", "service_seconds"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"Throughput({name}={value!r}) must be a finite number >= 0")
+        if not (isinstance(self.slots_per_worker, int) and self.slots_per_worker >= 1):
+            raise ValueError(f"Throughput(slots_per_worker={self.slots_per_worker!r}) must be an integer >= 1")
+
+    @property
+    def workers_needed(self) -> int:
+        """Workers the arrivals alone keep busy: ceil(rate x service time / slots per worker)."""
+        busy_slots = self.arrival_rate * self.service_seconds
+        return math.ceil(busy_slots / self.slots_per_worker - 1e-9)
+
+
+@dataclass(frozen=True)
+class WorkSample:
+    """Cumulative counters of a pool at one instant, for estimate_throughput."""
+
+    at: float
+    #: ready + unacknowledged messages
+    depth: int
+    #: tasks finished so far (monotonic: the sum over workers of their completed-task counters)
+    completed: int
+    #: seconds of work those tasks took, summed (the runtime histogram's sum over workers)
+    busy_seconds: float
+
+
+#: estimate_throughput's default window: long enough to smooth one burst, short enough to follow a ramp.
+THROUGHPUT_WINDOW_SECONDS = 60.0
+
+
+def estimate_throughput(samples: Sequence[WorkSample], *, slots_per_worker: int, now: float,
+                        window: float = THROUGHPUT_WINDOW_SECONDS) -> Throughput | None:
+    """Arrival rate over the last ``window`` seconds of ``samples`` (oldest first; arrivals = depth
+    change + completions) and mean service time over the same window, or over all of ``samples``
+    when no task finished in it (a pool just scaled up from zero has run nothing lately). None
+    without two samples in the window or without any completion to time."""
+    recent = [s for s in samples if now - window <= s.at <= now]
+    if len(recent) < 2 or recent[-1].at <= recent[0].at:
+        return None
+    first, last = recent[0], recent[-1]
+    arrivals = max(0, (last.depth - first.depth) + (last.completed - first.completed))
+    timed = (first, last) if last.completed > first.completed else (samples[0], samples[-1])
+    completed = timed[1].completed - timed[0].completed
+    if completed <= 0:
+        return None
+    service = max(0.0, timed[1].busy_seconds - timed[0].busy_seconds) / completed
+    return Throughput(arrival_rate=arrivals / (last.at - first.at), service_seconds=service,
+                      slots_per_worker=slots_per_worker)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +117,8 @@ class Observation:
     dead_letters: Mapping[str, int | None] = field(default_factory=dict)
     #: queues whose figures the broker has not reported yet (their counts are unknown, not 0).
     pending_queues: tuple[str, ...] = ()
+    #: the workers' throughput, when their metrics were read; None: the depth and age rules alone.
+    throughput: Throughput | None = None
 
     @property
     def depth(self) -> int:
@@ -69,6 +140,14 @@ class Recommendation:
     at: float
     replicas: int
     age_triggered: bool = False
+    #: the workers steady work needs (Little's law), when the throughput was known: the part of
+    #: this recommendation a scale-down stabilisation window holds. None: all of it.
+    sustained: int | None = None
+
+    @property
+    def held(self) -> int:
+        """What this recommendation keeps during the scale-down stabilisation window."""
+        return self.replicas if self.sustained is None else self.sustained
 
 
 @dataclass(frozen=True)
@@ -120,6 +199,11 @@ def _needed(policy: ScalingPolicy, observation: Observation, current: int,
     return by_depth, why, False
 
 
+def _littles_law(throughput: Throughput) -> str:
+    return (f"arrivals {throughput.arrival_rate:.2f}/s x {throughput.service_seconds:.2f}s per task keep "
+            f"{throughput.workers_needed} workers of {throughput.slots_per_worker} slots busy")
+
+
 def prune_history(history: Sequence[Recommendation], now: float, window: float) -> list[Recommendation]:
     """Keep what the next decision needs: the window, plus the newest record older than it
     (which proves that the history covers the whole window)."""
@@ -140,9 +224,17 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
         return Decision(held, f"the broker has not reported {', '.join(observation.pending_queues)} yet: "
                               f"holding {held}")
     need, why, age_triggered = _needed(policy, observation, current, history, now)
+    sustained = None
+    if observation.throughput is not None:
+        steady = observation.throughput.workers_needed
+        # Busy workers are never removed (below), but not held for a window either: during a
+        # backlog every worker is busy, and holding them all is what this rule avoids.
+        sustained = _clamp(steady, policy)
+        if steady > need:
+            need, why = steady, _littles_law(observation.throughput)
     if busy_workers > need:
         need, why = busy_workers, f"{why}; {busy_workers} workers are busy"
-    recommendation = Recommendation(now, _clamp(need, policy), age_triggered)
+    recommendation = Recommendation(now, _clamp(need, policy), age_triggered, sustained)
     target = recommendation.replicas
     if target != need:
         why = f"{why}; clamped to [{policy.min_replicas}, {policy.max_replicas}]"
@@ -158,7 +250,7 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
     if window > 0 and not any(r.at <= since for r in history):
         return Decision(current, f"{why}; holding {current} until {window:g}s of history cover the "
                                  f"stabilisation window", recommendation)
-    stabilised = max([target] + [r.replicas for r in history if r.at > since])
+    stabilised = max([target] + [r.held for r in history if r.at > since])
     stabilised = min(stabilised, current)
     if stabilised == current:
         return Decision(current, f"{why}; holding {current}: stabilisation window ({window:g}s) "

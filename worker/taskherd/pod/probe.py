@@ -119,6 +119,22 @@ def startup(record: dict[str, object] | None, *, now: float, max_age: float | No
     return Verdict(True, f"started: {fresh.reason}") if fresh.ok else fresh
 
 
+def judge(kind: str, record: dict[str, object] | None, *, now: float, max_age: float | None = None,
+          task_margin: float = DEFAULT_TASK_MARGIN, source: str = "heartbeat") -> Verdict:
+    """The verdict of probe `kind` (one of KINDS) on `record`; a malformed record fails it.
+    Shared by the exec probe and the worker's HTTP probe endpoints."""
+    try:
+        if kind == "liveness":
+            return liveness(record, now=now, max_age=max_age, task_margin=task_margin)
+        if kind == "readiness":
+            return readiness(record, now=now, max_age=max_age)
+        if kind == "startup":
+            return startup(record, now=now, max_age=max_age)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return Verdict(False, f"malformed heartbeat {source}: {exc!r}")
+    raise ValueError(f"probe kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
 def _parse(argv: list[str]) -> tuple[str, dict[str, object]]:
     if not argv or argv[0] not in KINDS:
         raise ValueError(f"probe kind must be one of {', '.join(KINDS)}, got {argv[0] if argv else 'nothing'!r}")
@@ -141,16 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"{kind} failed: cannot read heartbeat: {exc}")
         return 1
-    now = time.time()
-    try:
-        if kind == "liveness":
-            verdict = liveness(record, now=now, max_age=options["max_age"], task_margin=options["task_margin"])
-        elif kind == "readiness":
-            verdict = readiness(record, now=now, max_age=options["max_age"])
-        else:
-            verdict = startup(record, now=now, max_age=options["max_age"])
-    except (KeyError, TypeError, ValueError) as exc:
-        verdict = Verdict(False, f"malformed heartbeat {path}: {exc!r}")
+    verdict = judge(kind, record, now=time.time(), max_age=options["max_age"], task_margin=options["task_margin"],
+                    source=path)
     print(f"{kind} {'ok' if verdict.ok else 'failed'}: {verdict.reason}")
     return 0 if verdict.ok else 1
 

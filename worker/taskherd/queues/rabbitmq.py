@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import threading
 import time
 from urllib.parse import quote, unquote, urlsplit
 
@@ -48,6 +49,26 @@ def vhost_of(amqp_url: str) -> str:
     return unquote(path[1:]) if len(path) > 1 else "/"
 
 
+#: HTTP clients kept between inspections, one per management API (and credentials): making one
+#: loads the TLS trust store, about 50 ms of CPU, which a poll every few seconds per pool would pay
+#: each time (bench/inspection_cost.py). httpx clients are thread-safe.
+_clients: dict[tuple, httpx.Client] = {}
+_clients_lock = threading.Lock()
+#: a rotated password leaves its old client behind: keep at most this many
+MAX_CLIENTS = 32
+
+
+def _client(base: str, auth: tuple[str, str], timeout: float) -> httpx.Client:
+    key = (base, auth, timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            if len(_clients) >= MAX_CLIENTS:
+                _clients.pop(next(iter(_clients))).close()
+            client = _clients[key] = httpx.Client(base_url=base, auth=auth, timeout=timeout)
+        return client
+
+
 def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | None = None,
                      now: float | None = None, timeout: float = 10.0) -> dict[str, QueueStats]:
     api = urlsplit(management_url or management_url_for(amqp_url))
@@ -56,20 +77,20 @@ def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | 
     vhost = vhost_of(amqp_url)
     result = {}
     try:
-        with httpx.Client(base_url=base, auth=auth, timeout=timeout) as client:
-            for queue in queues:
-                path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
-                for age, spacing in COUNTER_WINDOWS:
-                    response = client.get(path, params={"columns": COLUMNS, "msg_rates_age": age,
-                                                        "msg_rates_incr": spacing})
-                    if response.status_code == 404:
-                        result[queue] = QueueStats(queue=queue, ready=0, unacked=0, consumers=0,
-                                                   oldest_age_seconds=None, oldest_unacked_age_seconds=None)
-                        break
-                    response.raise_for_status()
-                    result[queue] = stats_from_api(response.json(), now=time.time() if now is None else now)
-                    if result[queue].oldest_age_method != AGE_LOWER_BOUND:
-                        break  # older than this window: look further back
+        client = _client(base, auth, timeout)
+        for queue in queues:
+            path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+            for age, spacing in COUNTER_WINDOWS:
+                response = client.get(path, params={"columns": COLUMNS, "msg_rates_age": age,
+                                                    "msg_rates_incr": spacing})
+                if response.status_code == 404:
+                    result[queue] = QueueStats(queue=queue, ready=0, unacked=0, consumers=0,
+                                               oldest_age_seconds=None, oldest_unacked_age_seconds=None)
+                    break
+                response.raise_for_status()
+                result[queue] = stats_from_api(response.json(), now=time.time() if now is None else now)
+                if result[queue].oldest_age_method != AGE_LOWER_BOUND:
+                    break  # older than this window: look further back
     except httpx.HTTPError as exc:
         raise BrokerUnreachable(f"RabbitMQ management API at {base} (vhost {vhost!r}): {exc}") from exc
     return result

@@ -31,6 +31,9 @@ BINDING_KEY = "_kombu.binding.%s"
 #: How many messages per list we read from the oldest end looking for one without an ETA.
 SCAN_LIMIT = 1000
 SCAN_CHUNK = 100
+#: The first read of each list's oldest end is this short: the oldest message is nearly always not
+#: delayed (ETA messages wait in taskherd's delay set, not in the list), and every poll reads it.
+FIRST_CHUNK = 4
 
 
 def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
@@ -100,13 +103,13 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
                   now: float | None = None, visibility_timeout: float = 3600.0,
                   priority_steps: Iterable[int] = PRIORITY_STEPS,
                   client: redis_client.Redis | None = None) -> dict[str, QueueStats]:
+    """One round trip in the common case (module docstring's figures, all read in one pipeline);
+    more only for a list whose oldest messages are all delayed, a large unacked hash, or bindings."""
     own_client = client is None
     client = client or _client(broker_url)
+    steps = tuple(priority_steps)
     try:
-        ready = _ready_counts(client, queues, prefix=global_keyprefix, steps=tuple(priority_steps))
-        oldest = {q: _oldest_ready_published_at(client, q, prefix=global_keyprefix,
-                                                steps=tuple(priority_steps)) for q in queues}
-        unacked = _unacked_by_queue(client, prefix=global_keyprefix)
+        ready, oldest, unacked = _read(client, queues, prefix=global_keyprefix, steps=steps)
     except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
         raise BrokerUnreachable(f"Redis at {_redact(broker_url)}: {exc}") from exc
     finally:
@@ -131,47 +134,70 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
     return result
 
 
-def _ready_counts(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]) -> dict[str, int]:
+def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
+    """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue)."""
+    keys = {queue: priority_list_keys(queue, steps=steps, prefix=prefix) for queue in queues}
     with client.pipeline(transaction=False) as pipe:
         for queue in queues:
-            for key in priority_list_keys(queue, steps=steps, prefix=prefix):
+            for key in keys[queue]:
                 pipe.llen(key)
-        lengths = iter(pipe.execute())
-    return {queue: sum(next(lengths) for _ in steps) for queue in queues}
+                pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
+        pipe.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)
+        pipe.hscan(prefix + UNACKED_KEY, 0, count=500)
+        replies = iter(pipe.execute())
+    ready, oldest = {}, {}
+    for queue in queues:
+        lengths, stamps = [], []
+        for key in keys[queue]:
+            lengths.append(next(replies))
+            stamp = _oldest_stamp(client, key, next(replies))
+            if stamp is not None:
+                stamps.append(stamp)
+        ready[queue], oldest[queue] = sum(lengths), min(stamps) if stamps else None
+    index, (cursor, first_page) = next(replies), next(replies)
+    return ready, oldest, _unacked_by_queue(client, index, first_page, cursor, prefix=prefix)
 
 
-def _oldest_ready_published_at(client, queue: str, *, prefix: str, steps: tuple[int, ...]) -> float | None:
-    """The earliest publish stamp among the oldest non-ETA message of each priority list."""
-    stamps = []
-    for key in priority_list_keys(queue, steps=steps, prefix=prefix):
-        for start in range(0, SCAN_LIMIT, SCAN_CHUNK):
-            # LRANGE with negative indices reads from the oldest end; reverse to go oldest first.
-            chunk = client.lrange(key, -(start + SCAN_CHUNK), -(start + 1))
-            found, stamp = oldest_undelayed(reversed(chunk))
-            if found:
-                if stamp is not None:
-                    stamps.append(stamp)
-                break
-            if len(chunk) < SCAN_CHUNK:
-                break
-    return min(stamps) if stamps else None
+def _oldest_stamp(client, key: str, first_chunk: list) -> float | None:
+    """The publish stamp of the oldest non-ETA message of one list, from its first chunk (already
+    read) and, when every message there is delayed, the next chunks."""
+    chunk, read, size = first_chunk, 0, FIRST_CHUNK
+    while True:
+        found, stamp = oldest_undelayed(reversed(chunk))
+        if found:
+            return stamp
+        read += size
+        if len(chunk) < size or read >= SCAN_LIMIT:
+            return None
+        size = SCAN_CHUNK
+        # LRANGE with negative indices reads from the oldest end; reverse to go oldest first.
+        chunk = client.lrange(key, -(read + size), -(read + 1))
 
 
-def _unacked_by_queue(client, *, prefix: str) -> dict[str, list[float]]:
-    """Queue name → delivery times of its unacknowledged messages (all of kombu's unacked hash)."""
-    delivered_at = {_text(tag): score for tag, score in
-                    client.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)}
-    bindings_of: dict[str, list[str]] = {}
-    by_queue: dict[str, list[float]] = defaultdict(list)
-    for tag, raw in client.hscan_iter(prefix + UNACKED_KEY, count=500):
-        tag = _text(tag)
+def _unacked_by_queue(client, index: list, first_page: dict, cursor: int, *, prefix: str) -> dict[str, list[float]]:
+    """Queue name → delivery times of its unacknowledged messages (all of kombu's unacked hash):
+    the first HSCAN page is given, the rest is read while the cursor says there is more."""
+    delivered_at = {_text(tag): score for tag, score in index}
+    entries = list(first_page.items())
+    while cursor:
+        cursor, page = client.hscan(prefix + UNACKED_KEY, cursor, count=500)
+        entries += page.items()
+    deliveries = []
+    for tag, raw in entries:
         try:
             _payload, exchange, routing_key = json.loads(raw)
         except (ValueError, TypeError):
             continue
-        exchange, routing_key = exchange or "", routing_key or ""
-        if exchange and exchange not in bindings_of:
-            bindings_of[exchange] = [_text(m) for m in client.smembers(prefix + BINDING_KEY % exchange)]
+        deliveries.append((_text(tag), exchange or "", routing_key or ""))
+    exchanges = sorted({exchange for _, exchange, _ in deliveries if exchange})
+    bindings_of: dict[str, list[str]] = {}
+    if exchanges:
+        with client.pipeline(transaction=False) as pipe:
+            for exchange in exchanges:
+                pipe.smembers(prefix + BINDING_KEY % exchange)
+            bindings_of = {e: [_text(m) for m in members] for e, members in zip(exchanges, pipe.execute())}
+    by_queue: dict[str, list[float]] = defaultdict(list)
+    for tag, exchange, routing_key in deliveries:
         for queue in queues_for_delivery(exchange, routing_key, bindings_of.get(exchange, [])) or [routing_key]:
             # A tag in the hash but not (yet) in the index: kombu writes both in one MULTI, so this
             # is only a read between two commands of ours; count it as delivered now.

@@ -1,25 +1,55 @@
-"""Counting deliveries of a message, so one that kills its worker every time is bounded.
+"""Counting the deliveries of a message, so one that kills its worker every time is bounded.
 
 With ``task_reject_on_worker_lost`` a task whose process dies (OOM, segfault, ``os._exit``) is
-requeued — and, if it kills the process every time, forever. Before running a task we INCR a
-Redis counter keyed by (task id, retry number, redrive number); the key lives ``ttl`` seconds and
-is deleted when the task returns. A delivery whose count exceeds ``max_deliveries`` is not run:
-the caller dead-letters it. Each retry is a new message (``Task.retry`` publishes anew), hence
-the retry number in the key; a redrive starts a fresh budget, hence the redrive number.
+returned to its queue — and, if it kills the process every time, forever. A delivery whose
+earlier deliveries number ``max_deliveries`` or more (each returned without an outcome) is not
+run: the task dead-letters it. Each retry is a new message (``Task.retry`` publishes anew) and a
+redrive starts a fresh budget, so a count belongs to one (task id, retry number, redrive number).
 
-If Redis is unreachable the count is unknown and the task runs (fail open): blocking every task
-because the counter is down would be worse than an unbounded redelivery loop, which the quorum
-queue's ``x-delivery-limit`` still bounds on RabbitMQ.
+Only a redelivery can follow a death, and the count travels with the message or comes from the
+broker, so a first delivery — nearly all of them — costs nothing. Where the count comes from
+(:func:`count`, first that applies):
+
+1. The header ``taskherd_redeliveries`` ("<task id>:<retries>:<redrives>:<n>", see
+   :func:`returned_headers`), written by taskherd's own paths that return a message:
+   - Redis: the FastRecovery component's tracking QoS, on every return — its held copy (a dead
+     worker's messages, restored by a live one), kombu's restore of the ``unacked`` entry (the
+     visibility timeout, a requeue after a killed pool child, a worker's shutdown);
+   - RabbitMQ classic queues: :func:`strategy`, in the worker's main process, publishes a
+     redelivered message again with the count + 1 (confirmed) and acknowledges the original, so the
+     copy that runs carries its count. A header copied into another attempt (a retry, a redrive)
+     names another attempt and is ignored.
+2. RabbitMQ quorum queues: the broker's ``x-delivery-count`` on a redelivery.
+3. A Redis counter (``delivery_counter_url``), INCR per redelivery: Redis brokers without
+   FastRecovery, and RabbitMQ classic queues when one is configured (exact, no republish, one
+   round trip per redelivery).
+4. Otherwise the count is unknown and the task runs uncounted (fail open, logged): blocking every
+   task because the counter is down would be worse than an unbounded loop, which a quorum
+   queue's ``x-delivery-limit`` still bounds.
+
+Every return counts, as RabbitMQ's own ``x-delivery-count`` does: a worker death, a message
+requeued unrun at a worker's shutdown or after a connection loss.
+
+The republish of (1) on RabbitMQ classic queues is safe but not free of duplicates: a worker that
+dies after the copy is confirmed and before the original is acknowledged leaves both in the queue,
+and the task runs twice (the idempotency guard's case), each copy still bounded.
 """
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .deadletter import REDRIVES_HEADER
 
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "taskherd:deliveries"
+#: The count carried by a returned message (module docstring, 1).
+HEADER = "taskherd_redeliveries"
+#: RabbitMQ quorum queues' own count of returns.
+QUORUM_HEADER = "x-delivery-count"
 
 _clients: dict[tuple[int, str], Any] = {}
 
@@ -34,6 +64,120 @@ def exceeds(redeliveries: int | None, max_deliveries: int) -> bool:
     return redeliveries is not None and redeliveries + 1 > max_deliveries
 
 
+# -- the count carried in the message ----------------------------------------------------------
+def _whole(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def attempt(task_id: Any, retries: Any, redrives: Any) -> str:
+    """Which attempt a count belongs to: task id, retry number, redrive number."""
+    return f"{task_id}:{_whole(retries)}:{_whole(redrives)}"
+
+
+def carried(value: Any, of_attempt: str) -> int | None:
+    """The count in a ``taskherd_redeliveries`` header value when it belongs to ``of_attempt``."""
+    if not isinstance(value, str):
+        return None
+    scope, _, count = value.rpartition(":")
+    if scope != of_attempt or not count.isdigit():
+        return None
+    return int(count)
+
+
+def returned_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """Protocol-2 message ``headers`` as they must be when the message returns to its queue once
+    more: the count of this attempt + 1. Pure: the Redis QoS and the republish both use it."""
+    scope = attempt(headers.get("id"), headers.get("retries"), headers.get(REDRIVES_HEADER))
+    previous = carried(headers.get(HEADER), scope) or 0
+    return {**headers, HEADER: f"{scope}:{previous + 1}"}
+
+
+# -- the count of a delivery, in the pool child --------------------------------------------------
+@dataclass(frozen=True)
+class Count:
+    """How many times this attempt was delivered before and returned without an outcome."""
+
+    #: None: unknown (the task runs uncounted)
+    redeliveries: int | None
+    #: where it came from: first delivery, header, x-delivery-count, counter, unknown
+    source: str
+    #: the Redis counter to delete once the delivery has an outcome (counter source only)
+    counter: tuple[str, str] | None = None
+
+    def forget(self) -> None:
+        """The delivery has an outcome (success, failure, retry): its counter is no longer needed."""
+        if self.counter is not None:
+            forget(*self.counter)
+
+
+def count(*, task_id: str, retries: int, headers: Mapping[str, Any] | None, redelivered: bool,
+          queue_type: str, counter_url: str | None, counter_ttl: float) -> Count:
+    """The count of this delivery (module docstring); ``headers`` are the message's custom headers."""
+    headers = headers or {}
+    scope = attempt(task_id, retries, headers.get(REDRIVES_HEADER))
+    from_header = carried(headers.get(HEADER), scope)
+    if from_header is not None:
+        return Count(from_header, "header")
+    if not redelivered:
+        return Count(0, "first delivery")
+    if queue_type == "quorum" and headers.get(QUORUM_HEADER) is not None:
+        return Count(_whole(headers.get(QUORUM_HEADER)), QUORUM_HEADER)
+    if counter_url:
+        key = delivery_key(task_id, _whole(retries), _whole(headers.get(REDRIVES_HEADER)))
+        return Count(record_delivery(counter_url, key, ttl=counter_ttl), "counter", (counter_url, key))
+    logger.warning("taskherd: %s was redelivered and nothing counts its deliveries here (no count header, no "
+                   "x-delivery-count, no delivery_counter_url); running it uncounted", scope)
+    return Count(None, "unknown")
+
+
+# -- RabbitMQ classic queues: the count is carried by a copy, published by the main process -----
+def recounts(profile: Any) -> bool:
+    """Whether redelivered messages must be published again with their count (module doc, 1)."""
+    return profile.broker_is_amqp and profile.queue_type == "classic" and not profile.delivery_counter_url
+
+
+def recount(message: Any, profile: Any, app: Any) -> None:
+    """Publish ``message`` again, its count + 1, and return once the broker has the copy."""
+    from .publishing import message_properties, publish
+
+    info = message.delivery_info or {}
+    publish(message.body, broker_url=profile.broker_url, exchange=info.get("exchange") or "",
+            routing_key=info.get("routing_key") or "", transport_options=dict(app.conf.broker_transport_options or {}),
+            headers=returned_headers(message.headers or {}), content_type=message.content_type,
+            content_encoding=message.content_encoding, **message_properties(message))
+
+
+def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable:
+    """The Task class's ``Strategy``: taskherd.worker.delayed's (ETA messages on Redis), and on
+    RabbitMQ classic queues a redelivered message replaced by a copy carrying its count."""
+    from .delayed import strategy as parking_strategy
+    from .profile import get_profile
+
+    handle = parking_strategy(task, app, consumer, **kwargs)
+    profile = get_profile(app)
+    if not recounts(profile):
+        return handle
+    connection_errors = consumer.connection_errors
+
+    def task_message_handler(message, body, ack, reject, callbacks, **options):
+        if not (message.delivery_info or {}).get("redelivered"):
+            return handle(message, body, ack, reject, callbacks, **options)
+        try:
+            recount(message, profile, app)
+        except Exception as exc:  # noqa: BLE001 - run it uncounted rather than hold or lose it
+            logger.warning("taskherd: could not publish redelivered %s[%s] again with its count (%s); running it "
+                           "uncounted", task.name, (message.headers or {}).get("id"), exc)
+            return handle(message, body, ack, reject, callbacks, **options)
+        ack(logger, connection_errors)
+        return None
+
+    return task_message_handler
+
+
+# -- the Redis counter -------------------------------------------------------------------------
 def _client(url: str):
     # One client per process: prefork children must not share the parent's sockets.
     key = (os.getpid(), url)
@@ -54,15 +198,15 @@ def record_delivery(url: str | None, key: str, *, ttl: float) -> int | None:
         pipe = _client(url).pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, max(1, int(ttl)))
-        count, _ = pipe.execute()
-        return int(count)
+        count_now, _ = pipe.execute()
+        return int(count_now)
     except Exception as exc:  # noqa: BLE001 - fail open, see the module docstring
         logger.warning("taskherd: delivery counter unavailable (%s); running %s uncounted", exc, key)
         return None
 
 
 def forget(url: str | None, key: str) -> None:
-    """The task returned (success, failure or retry): its counter is no longer needed."""
+    """Deletes a delivery's counter once the delivery has an outcome."""
     if not url:
         return
     try:

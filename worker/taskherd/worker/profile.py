@@ -119,7 +119,9 @@ class Settings:
     dead_letter_queues: Sequence[str] | None = None
     #: deliveries of one (task id, retry) allowed before it is dead-lettered unrun
     max_deliveries: int = 5
-    #: Redis URL of the delivery counter; None: the broker on Redis, off on RabbitMQ (a warning says so)
+    #: Redis URL of a delivery counter, asked on a redelivery the message or the broker cannot
+    #: count (taskherd.worker.deliveries); None: the broker itself on Redis (used only without
+    #: FastRecovery), none on RabbitMQ (quorum queues count, classic queues get a copy with the count)
     delivery_counter_url: str | None = None
     #: RabbitMQ queue type of the work queues and DLQs: "classic" or "quorum"
     queue_type: str = "classic"
@@ -445,9 +447,6 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     delivery_counter_url = wanted.delivery_counter_url
     if delivery_counter_url is None and kind == "redis":
         delivery_counter_url = broker_url.split(";")[0].strip()
-    if delivery_counter_url is None:
-        warns.append("no delivery_counter_url (a Redis URL) on a non-Redis broker: a message that kills "
-                     "its worker is bounded only by a quorum queue's x-delivery-limit")
     for message in warns:
         warnings.warn(message, ProfileWarning, stacklevel=2)
 

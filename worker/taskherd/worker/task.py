@@ -5,8 +5,9 @@
 
 On each delivery, in the pool child, before the task body runs:
 
-1. a redelivered message is counted (``deliveries``); past ``max_deliveries`` deliveries the
-   task is dead-lettered unrun — it killed its worker on every earlier one;
+1. the delivery's count is read (``deliveries``: from the message or the broker, no round trip on
+   a first delivery); past ``max_deliveries`` deliveries the task is dead-lettered unrun — it
+   killed its worker on every earlier one;
 2. the body runs; an exception is classified (``transient``):
    - transient and ``retries < max_retries``: ``self.retry`` after a full-jitter backoff delay,
      or after the error's own ``retry_after`` when it is longer (a busy idempotency key: the time
@@ -42,7 +43,7 @@ from celery.worker.request import Request as CeleryRequest
 
 from . import deliveries, soft_limit
 from .backoff import backoff_delay
-from .deadletter import (FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope, Reason, exception_fields,
+from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
 from .profile import Profile, get_profile
 from .publishing import message_properties, publish
@@ -110,13 +111,6 @@ def queue_of(app: Any, profile: Profile, delivery_info: dict | None) -> str:
     return routing_key
 
 
-def _redrives(headers: dict | None) -> int:
-    try:
-        return int((headers or {}).get(REDRIVES_HEADER) or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _dead_letter(app: Any, profile: Profile, envelope: Envelope) -> None:
     publish_envelope(envelope, broker_url=profile.broker_url,
                      dead_letter_queue=profile.dead_letter_queue_for(envelope.queue),
@@ -131,34 +125,38 @@ class Task(celery.Task):
 
     #: Main-process side of each task: dead-letters hard time limits, puts messages back.
     Request = "taskherd.worker.task:Request"
-    #: How the worker takes a message in: on Redis, ETA/countdown messages go to the delay set.
-    Strategy = "taskherd.worker.delayed:strategy"
+    #: How the worker takes a message in: on Redis, ETA/countdown messages go to the delay set; on
+    #: RabbitMQ classic queues, a redelivered message is replaced by a copy carrying its count.
+    Strategy = "taskherd.worker.deliveries:strategy"
 
-    def _delivery_key(self) -> str:
+    def _count_delivery(self, profile: Profile) -> deliveries.Count:
         request = self.request
-        return deliveries.delivery_key(request.id, request.retries or 0, _redrives(request.headers))
+        return deliveries.count(task_id=request.id, retries=request.retries or 0, headers=request.headers,
+                                redelivered=bool((request.delivery_info or {}).get("redelivered")),
+                                queue_type=profile.queue_type, counter_url=profile.delivery_counter_url,
+                                counter_ttl=profile.delivery_counter_ttl)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly or request.is_eager:
             return super().__call__(*args, **kwargs)
         profile = get_profile(self.app)
-        # Only a redelivered message can have killed a worker: first deliveries (nearly all of
-        # them) cost no round trip to the counter.
-        key = self._delivery_key() if (request.delivery_info or {}).get("redelivered") else None
-        if key is not None:
-            redeliveries = deliveries.record_delivery(profile.delivery_counter_url, key,
-                                                      ttl=profile.delivery_counter_ttl)
-            if deliveries.exceeds(redeliveries, profile.max_deliveries):
-                runs = profile.max_deliveries
-                self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
-                                  detail=f"delivered {runs} times without finishing: it killed its worker "
-                                         f"{runs} times (max_deliveries={runs}); dead-lettered without "
-                                         f"running it again")
-                deliveries.forget(profile.delivery_counter_url, key)
-                raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
-        # The counter is forgotten once this delivery has an outcome (the next message, if any,
-        # is a retry with its own key); a requeued delivery keeps counting.
+        # A first delivery (nearly all of them) costs nothing: the count of a redelivery travels
+        # with the message or comes from the broker (taskherd.worker.deliveries).
+        delivery = self._count_delivery(profile)
+        if delivery.redeliveries:
+            logger.info("taskherd: %s[%s] delivered again, %d earlier deliveries without an outcome (counted by %s)",
+                        self.name, request.id, delivery.redeliveries, delivery.source)
+        if deliveries.exceeds(delivery.redeliveries, profile.max_deliveries):
+            runs = profile.max_deliveries
+            self._send_to_dlq(profile, reason=Reason.KILLED_WORKER, attempts=runs,
+                              detail=f"delivered {runs} times without finishing: it killed its worker "
+                                     f"{runs} times (max_deliveries={runs}); dead-lettered without "
+                                     f"running it again")
+            delivery.forget()
+            raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
+        # A Redis counter is forgotten once this delivery has an outcome (the next message, if
+        # any, is a retry with its own count); a requeued delivery keeps counting.
         outcome_known = True
         try:
             return super().__call__(*args, **kwargs)
@@ -179,8 +177,8 @@ class Task(celery.Task):
                 raise
             raise
         finally:
-            if outcome_known and key is not None:
-                deliveries.forget(profile.delivery_counter_url, key)
+            if outcome_known:
+                delivery.forget()
 
     def _on_error(self, profile: Profile, exc: Exception) -> None:
         """Retry (raises Retry) or dead-letter (returns; the caller re-raises ``exc``)."""

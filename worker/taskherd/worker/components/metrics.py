@@ -22,7 +22,8 @@ Metrics (all labelled by ``task`` name):
 Prefork: every process writes its samples to mmap files in a per-worker
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
 ``worker_init`` — before the pool forks — and wiped there, since files of a previous run would be
-summed in. The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT) and, at every scrape,
+summed in. The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT), with
+the HTTP probes ``/livez``, ``/readyz``, ``/startupz`` (taskherd.worker.components.probes), and, at every scrape,
 marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away,
 and folds their counter and histogram files into one archive file per type: their counts stay
 (counters never go back) while the number of files stays bounded however often children recycle.
@@ -40,7 +41,7 @@ import time
 from typing import Any, Iterable
 
 from celery import Celery, signals
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -50,6 +51,7 @@ from taskherd.pod import shared_files
 
 from . import Component, installed
 from .heartbeat import Heartbeat
+from .probes import ProbeEndpoints, serve
 from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
 
 logger = logging.getLogger(__name__)
@@ -286,7 +288,7 @@ class Metrics(Component):
     environment = {"TASKHERD_METRICS_PORT": "port", "TASKHERD_METRICS_ADDR": "address",
                    "TASKHERD_METRICS_DIR": "directory"}
 
-    #: port of /metrics; 0: no HTTP server (the samples are still recorded)
+    #: port of /metrics and of the HTTP probes; 0: no HTTP server (the samples are still recorded)
     port: int = contract.WORKER_METRICS_PORT
     #: address /metrics listens on
     address: str = "0.0.0.0"
@@ -313,12 +315,14 @@ class Metrics(Component):
             if getattr(sender, "app", app) is not app or not port or "server" in state or "directory" not in state:
                 return
             heartbeat = installed(app, Heartbeat)
+            heartbeat_path = shared_files.heartbeat_path(heartbeat.resolved_directory if heartbeat else None)
             registry = CollectorRegistry(auto_describe=False)
-            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=shared_files.heartbeat_path(
-                heartbeat.resolved_directory if heartbeat else None)))
-            state["server"] = start_http_server(port, addr=addr, registry=registry)
-            logger.info("taskherd: metrics on http://%s:%d/metrics (multiprocess dir %s)", addr, port,
-                        state["directory"])
+            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_path))
+            # One server for /metrics and the kubelet's HTTP probes (taskherd.worker.components.probes).
+            state["server"] = serve(ProbeEndpoints(make_wsgi_app(registry), heartbeat_path=heartbeat_path),
+                                    port=port, address=addr)
+            logger.info("taskherd: metrics and probes (/livez, /readyz, /startupz) on http://%s:%d (multiprocess "
+                        "dir %s)", addr, port, state["directory"])
 
         uid = f"taskherd.metrics.{id(app)}"
         signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=uid + ".init")

@@ -7,31 +7,38 @@ periodic sweep put it back. Nothing records WHICH worker holds it. This module a
 - **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. In the same
   MULTI/EXEC that writes kombu's ``unacked``/``unacked_index`` entries it writes
   ``owner[tag] = worker`` and ``held.<worker>[tag] = {destination lists, message}``, where the
-  message is exactly what kombu's own restore would push (``redelivered`` set) and the destination
+  message is exactly what kombu's own restore would push (``redelivered`` set, plus the delivery
+  count + 1 that taskherd.worker.deliveries reads) and the destination
   lists are kombu's (binding lookup, priority sub-list, key prefix). Ack, reject and kombu's own
   restores remove them again — the ack through a Lua script that only deletes kombu's entries if
   this worker still owns the delivery (a worker whose lease lapsed cannot ack away the entry of
   the worker the message went to next).
-- **Lease.** Each worker process keeps ``alive.<worker>`` with a TTL of ``timeout`` (15 s),
-  refreshed every ``heartbeat_interval`` (5 s), and registers itself in the set ``workers``.
-- **Restorer.** Every live worker, every ``heartbeat_interval``, looks for registered workers
-  whose lease is gone and runs ``RESTORE_SCRIPT`` for each: in one atomic script it re-checks the
-  lease, RPUSHes each still-unacked message it owns to its queue list(s) (the consuming end, as
-  kombu's restore does), deletes kombu's entries, and forgets the worker. Two restorers racing
-  restore nothing twice: the second finds the worker already forgotten. ``taskherd recover``
-  does the same standalone.
+- **Lease.** Each worker process keeps ``alive.<worker>`` with a TTL of ``timeout`` (4 s),
+  refreshed every ``heartbeat_interval`` (1 s) by one script that also registers it in the set
+  ``workers`` and records when the lease runs out in the sorted set ``expiry`` (Redis's own clock).
+- **Restorer.** Every live worker, every ``heartbeat_interval``, asks ``expiry`` for the workers
+  whose lease ran out (one call, however many workers there are; every minute it looks at every
+  registered worker instead) and runs ``RESTORE_SCRIPT`` for each: in one atomic script it
+  re-checks the lease, RPUSHes each still-unacked message it owns to its queue list(s) (the
+  consuming end, as kombu's restore does), deletes kombu's entries, and forgets the worker. Two
+  restorers racing restore nothing twice: the second finds the worker already forgotten.
+  ``taskherd recover`` does the same standalone.
 
-Target: SIGKILL of a whole worker → its task runs elsewhere within ``timeout`` + one restorer
-period (≤ 25 s with the defaults) instead of ``visibility_timeout``.
+Target: SIGKILL of a whole worker → its task runs elsewhere about ``timeout`` later (at most
+``timeout`` + one restorer period: 5 s with the defaults) instead of ``visibility_timeout``, for
+two script calls a second per worker (bench/pod_kill.py, bench/redelivery.py).
 
 The lease is refreshed by a daemon thread of the worker's main process, not by the event loop:
 with the solo or threads pool a long task blocks the loop, and a lease tied to it would lapse
 under a live, busy worker and run its task twice. A process whose main loop is wedged therefore
 keeps its lease; the heartbeat-file liveness probe restarts it, and then its lease lapses.
-Like any lease, a process frozen (SIGSTOP, a network partition from Redis) for longer than
-``timeout`` is treated as dead: its messages run elsewhere and, if it comes back, the fenced ack
-keeps kombu's bookkeeping right, but its own run is a second one (the idempotency guard's case).
-Kombu's visibility-timeout sweep stays in place as the fallback for anything not tracked.
+Like any lease, a process frozen (SIGSTOP, a network partition from Redis, starved of CPU) for
+longer than ``timeout`` is treated as dead: its messages run elsewhere and, if it comes back, the
+fenced ack keeps kombu's bookkeeping right, but its own run is a second one (the idempotency
+guard's case). When a whole node stalls, every lease on it lapses at once: a restorer whose own
+refreshes were late (:func:`stalled`) waits a full lease period before restoring anyone, so the
+workers of a node that froze together do not take each other's tasks. Kombu's visibility-timeout
+sweep stays in place as the fallback for anything not tracked.
 """
 from __future__ import annotations
 
@@ -51,15 +58,28 @@ import redis
 from taskherd import compat
 from taskherd.contract import broker_kind
 
+from .. import deliveries
+
 from . import Component
 
 logger = logging.getLogger(__name__)
 
 KEY_NAMESPACE = "taskherd.recovery."
 WORKERS_KEY = KEY_NAMESPACE + "workers"
+#: sorted set: worker id -> when its lease runs out (Redis server time, ms): a restorer pass asks
+#: only for the lapsed ones, whatever the number of workers
+EXPIRY_KEY = KEY_NAMESPACE + "expiry"
 OWNER_KEY = KEY_NAMESPACE + "owner"
 UNACKED_KEY = "unacked"  # kombu.transport.redis.Channel defaults
 UNACKED_INDEX_KEY = "unacked_index"
+
+
+#: Defaults (bench/pod_kill.py, docs/benchmarks.md): a killed worker's task runs again after about
+#: ``timeout`` (median), at most ``timeout + heartbeat_interval``; a live worker keeps its lease
+#: through ``timeout - heartbeat_interval`` seconds without a refresh (a stalled thread, a Redis
+#: blip). Each refresh and each restorer pass is one script call: about two commands a second.
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_TIMEOUT = 4.0
 
 
 def alive_key(worker_id: str) -> str:
@@ -82,9 +102,9 @@ class FastRecovery(Component):
                    "TASKHERD_RECOVERY_TIMEOUT": "timeout"}
 
     #: seconds between lease refreshes, and between restorer passes
-    heartbeat_interval: float = 5.0
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     #: seconds without a refresh after which a worker is dead and its messages are restored
-    timeout: float = 15.0
+    timeout: float = DEFAULT_TIMEOUT
 
     def problems(self) -> list[str]:
         if not self.heartbeat_interval > 0:
@@ -145,7 +165,7 @@ end
 return 0
 """
 
-# KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers. ARGV: w.
+# KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers, expiry. ARGV: w.
 # Returns -1 if the worker is alive (nothing done), else the number of messages restored.
 # Queue list keys come from the held records (computed by kombu's own lookup at delivery time);
 # they are not in KEYS, which kombu's Redis transport (no cluster support) does not need.
@@ -168,7 +188,26 @@ for i = 1, #entries, 2 do
 end
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
 return restored
+"""
+
+# KEYS: alive.<w>, workers, expiry. ARGV: record, timeout ms, w. Returns the previous record (nil
+# when the lease had lapsed). The expiry is the server's clock: no worker's clock is compared with
+# another's.
+REFRESH_SCRIPT = """
+local now = redis.call('TIME')
+local previous = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[2]), ARGV[3])
+return previous
+"""
+
+# KEYS: expiry. ARGV: limit. The workers whose lease ran out (server time), at most `limit`.
+LAPSED_SCRIPT = """
+local now = redis.call('TIME')
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now[1] * 1000 + math.floor(now[2] / 1000), 'LIMIT', 0,
+                  tonumber(ARGV[1]))
 """
 
 
@@ -183,7 +222,7 @@ class Keys:
 
     def restore_keys(self, worker_id: str) -> list[str]:
         return [self(alive_key(worker_id)), self(held_key(worker_id)), self(OWNER_KEY),
-                self(UNACKED_KEY), self(UNACKED_INDEX_KEY), self(WORKERS_KEY)]
+                self(UNACKED_KEY), self(UNACKED_INDEX_KEY), self(WORKERS_KEY), self(EXPIRY_KEY)]
 
 
 def restore_worker(client: redis.Redis, worker_id: str, *, prefix: str = "") -> int:
@@ -192,7 +231,8 @@ def restore_worker(client: redis.Redis, worker_id: str, *, prefix: str = "") -> 
 
 
 def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iterable[str] = ()) -> dict[str, int]:
-    """One restorer pass: worker id → messages restored, for each registered worker found dead."""
+    """A full restorer pass: worker id → messages restored, for each registered worker found dead
+    (every registered worker is looked at: `taskherd recover`, and a live worker now and then)."""
     keys = Keys(prefix)
     excluded = set(exclude)
     workers = [w.decode() if isinstance(w, bytes) else w for w in client.smembers(keys(WORKERS_KEY))]
@@ -203,12 +243,26 @@ def restore_dead_workers(client: redis.Redis, *, prefix: str = "", exclude: Iter
         for worker_id in workers:
             pipe.exists(keys(alive_key(worker_id)))
         alive = pipe.execute()
+    return _restore(client, [w for w, is_alive in zip(workers, alive) if not is_alive], prefix=prefix)
+
+
+def restore_lapsed_workers(client: redis.Redis, *, prefix: str = "", exclude: Iterable[str] = (),
+                           lapsed: Callable[..., Any] | None = None) -> dict[str, int]:
+    """The restorer pass of every interval: only the workers whose lease ran out, found in the
+    expiry index in one call (nothing else is read, however many workers there are)."""
+    keys = Keys(prefix)
+    lapsed = lapsed or client.register_script(LAPSED_SCRIPT)
+    excluded = set(exclude)
+    workers = [w.decode() if isinstance(w, bytes) else w for w in lapsed(keys=[keys(EXPIRY_KEY)], args=[100])]
+    return _restore(client, [w for w in workers if w not in excluded], prefix=prefix)
+
+
+def _restore(client: redis.Redis, workers: list[str], *, prefix: str) -> dict[str, int]:
     restored = {}
-    for worker_id, is_alive in zip(workers, alive):
-        if not is_alive:
-            count = restore_worker(client, worker_id, prefix=prefix)
-            if count >= 0:  # -1: it came back between our EXISTS and the script
-                restored[worker_id] = count
+    for worker_id in workers:
+        count = restore_worker(client, worker_id, prefix=prefix)
+        if count >= 0:  # -1: it refreshed its lease since we looked
+            restored[worker_id] = count
     return restored
 
 
@@ -220,6 +274,17 @@ def may_restore(*, now: float, redis_healthy_since: float | None, timeout: float
     before it takes their leases' absence for their death. A new worker waits the same way.
     """
     return redis_healthy_since is not None and now - redis_healthy_since >= timeout
+
+
+def stalled(*, previous: float | None, now: float, interval: float) -> bool:
+    """Whether the lease thread's refreshes were further apart than two intervals (monotonic
+    clock): a thread that was itself not scheduled must not trust the silence of the others."""
+    return previous is not None and now - previous > 2 * interval
+
+
+#: A restorer pass that looks at every registered worker, every this many passes (the others ask
+#: the expiry index only).
+FULL_PASS_EVERY = 60
 
 
 class Lease(threading.Thread):
@@ -237,30 +302,46 @@ class Lease(threading.Thread):
         self._held_once = False
         self._pid = os.getpid()  # atexit handlers are inherited by forked pool children
         self._redis_healthy_since: float | None = None
+        self._refresh = client.register_script(REFRESH_SCRIPT)
+        self._lapsed = client.register_script(LAPSED_SCRIPT)
+        self._passes = 0
 
     def refresh(self) -> None:
         record = json.dumps({"pid": os.getpid(), "refreshed_at": self.clock()})
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys(alive_key(self.worker_id)), record, px=int(self.settings.timeout * 1000), get=True)
-            pipe.sadd(self.keys(WORKERS_KEY), self.worker_id)
-            previous, _ = pipe.execute()
+        previous = self._refresh(keys=[self.keys(alive_key(self.worker_id)), self.keys(WORKERS_KEY),
+                                       self.keys(EXPIRY_KEY)],
+                                 args=[record, int(self.settings.timeout * 1000), self.worker_id])
         if previous is None and self._held_once:
             logger.warning("taskherd recovery: the lease of %s had lapsed (no refresh for %.0f s); other workers may "
                            "have restored its messages", self.worker_id, self.settings.timeout)
         self._held_once = True
 
     def restore_others(self) -> dict[str, int]:
-        restored = restore_dead_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id])
+        # Every FULL_PASS_EVERY passes, every registered worker is looked at too: one registered
+        # by a version without the expiry index, or whose entry there was lost.
+        self._passes += 1
+        if self._passes % FULL_PASS_EVERY == 0:
+            restored = restore_dead_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id])
+        else:
+            restored = restore_lapsed_workers(self.client, prefix=self.keys.prefix, exclude=[self.worker_id],
+                                              lapsed=self._lapsed)
         for worker_id, count in restored.items():
             logger.warning("taskherd recovery: worker %s lost its lease; restored %d unacked message(s)",
                            worker_id, count)
         return restored
 
     def run(self) -> None:
+        refreshed_at: float | None = None
         while not self._stopped.is_set():
             started = time.monotonic()
             try:
                 self.refresh()
+                if stalled(previous=refreshed_at, now=time.monotonic(), interval=self.settings.heartbeat_interval):
+                    # This thread was not scheduled for a while: the whole node may have been
+                    # (CPU starvation, a freeze). Others' leases may have lapsed for the same reason:
+                    # give them a full lease period to refresh before taking silence for death.
+                    self._redis_healthy_since = None
+                refreshed_at = time.monotonic()
                 if self._redis_healthy_since is None:
                     self._redis_healthy_since = time.monotonic()
                 # Half an interval of slack: the pass that falls on the boundary must not miss it by
@@ -319,14 +400,22 @@ class Tracker:
         self.destinations = Destinations(self.keys)
 
     def held_record(self, channel: Any, message: Any) -> str:
-        """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed)."""
+        """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed):
+        the message marked redelivered and carrying its delivery count + 1 (taskherd.worker.deliveries)."""
         payload = json.loads(json.dumps(message._raw))  # a copy: the consumer keeps reading the original
-        try:
-            payload["headers"]["redelivered"] = True
-            payload["properties"]["delivery_info"]["redelivered"] = True
-        except (KeyError, TypeError):
-            pass
-        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(returned(payload))})
+
+
+def returned(payload: Any) -> Any:
+    """kombu's Redis message ``payload`` as it goes back to its queue: redelivered, with the
+    delivery count of its attempt + 1 in its headers (taskherd.worker.deliveries)."""
+    try:
+        payload["headers"] = deliveries.returned_headers(payload["headers"])
+        payload["headers"]["redelivered"] = True
+        payload["properties"]["delivery_info"]["redelivered"] = True
+    except (KeyError, TypeError, AttributeError):
+        pass  # not a task message taskherd knows: restored as kombu would
+    return payload
 
 
 def _tracking_qos_class():
@@ -399,7 +488,7 @@ def _tracking_qos_class():
                     pipe.hdel(held_key(bytes_to_str(owner)), tag)
                 if payload:
                     message, exchange, routing_key = loads(bytes_to_str(payload))
-                    self.channel._do_restore_message(message, exchange, routing_key, pipe, leftmost)
+                    self.channel._do_restore_message(returned(message), exchange, routing_key, pipe, leftmost)
 
             with self.channel.conn_or_acquire(client) as client:
                 client.transaction(restore_transaction, self.unacked_key, OWNER_KEY)
