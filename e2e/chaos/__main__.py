@@ -52,7 +52,7 @@ def cmd_run(args, log) -> int:
     run_dir = RUNS / f"chaos-{stamp}"
     started = time.monotonic()
     outcomes = suite.run(cluster, chosen, brokers=_brokers(args.broker), run_dir=run_dir, log=log,
-                         named=bool(args.fault), seed=args.seed)
+                         named=bool(args.fault), seed=args.seed, keep=args.keep)
     minutes = (time.monotonic() - started) / 60
     title = (f"{stamp[:8]} on the {cluster.source} cluster "
              f"({len(cluster.node_names())} node(s)), {minutes:.0f} min")
@@ -101,7 +101,7 @@ def cmd_down(args, log) -> int:
     from e2e.lib.pytest_plugin import TEST_LABEL
 
     cluster = _cluster(log)
-    for ns in cluster.kubectl_json("get", "namespaces", "-l", f"{TEST_LABEL}=chaos")["items"]:
+    for ns in cluster.kubectl_json("get", "namespaces", "-l", f"{TEST_LABEL} in (chaos, chaos-test)")["items"]:
         cluster.delete_namespace(ns["metadata"]["name"])
         log(f"namespace {ns['metadata']['name']} deleted")
     world.down(cluster, log)
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--subset", action="store_true", help="only the faults marked `subset: true` (make test)")
     run.add_argument("--update-docs", action="store_true", help="write the matrix into docs/chaos.md")
     run.add_argument("--seed", type=int, default=None, help="seed of the workload's random choices")
+    run.add_argument("--keep", action="store_true", help="leave the last installation in place (and a failed "
+                                                         "one: no reinstall), to look at")
     soak = sub.add_parser("soak", help="random faults against a continuous load")
     soak.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
     soak.add_argument("--tasks", type=int, default=10_000)

@@ -88,8 +88,8 @@ class Scenario:
     def t(self) -> float:
         return round(time.time() - self.t0, 1)
 
-    def mark(self, kind: str, label: str) -> None:
-        self.marks.append(Mark(self.t(), kind, label))
+    def mark(self, kind: str, label: str, at: float | None = None) -> None:
+        self.marks.append(Mark(self.t() if at is None else round(at - self.t0, 1), kind, label))
 
     def poison(self, kind: str, n: int) -> list[TaskSpec]:
         tasks = plan(self.prefix, self.spec.load, self.rng, count=n, start=self._poison_next, poison={kind: n})
@@ -105,6 +105,8 @@ class Scenario:
         if before:
             return self._outcome("failed", [f"not steady before the fault: {'; '.join(before)}"], None, None,
                                  started), self.release
+        self.t0 = observer.t0 = time.time()  # the timeline starts with the load
+        observer.samples.clear()
         observer.start()
         app, _ = deploy.ledger_modules()
         tenancy = self.release.tenancy
@@ -174,9 +176,9 @@ class Scenario:
             injection = action.inject(ctx, spec.fault.target, spec.fault.params)
         except (ActionError, NodeAccessError, clusters.CommandFailed, WaitTimeout) as exc:
             self.failures.append(f"the fault could not be injected: {exc}")
-            self.mark("fault", f"{spec.name}: not injected")
+            self.mark("fault", f"{spec.name}: not injected", at=start)
             return None, time.time()
-        self.mark("fault", spec.name)
+        self.mark("fault", spec.name, at=start)
         self.log(f"   FAULT at {start - self.t0:.1f}s: {injection.what}")
         hold = start + spec.duration - time.time()
         if hold > 0:
@@ -342,20 +344,23 @@ class Installation:
     fresh namespace when a scenario leaves it unsteady, removed at the end."""
 
     def __init__(self, cluster: clusters.Cluster, services: Services, run_dir: Path, log: Log, *, broker: str,
-                 quorum: bool):
+                 quorum: bool, make_namespace: Callable[[str, bool], str] | None = None):
         self.cluster, self.services, self.run_dir, self.log = cluster, services, run_dir, log
         self.broker, self.quorum = broker, quorum
+        #: (broker, quorum) -> a new namespace; the tests pass the harness's, which attaches its trail
+        self.make_namespace = make_namespace or (lambda b, q: new_namespace(cluster, b, quorum=q))
         self.release: deploy.Release | None = None
         self.tenancy: Tenancy | None = None
 
     def get(self) -> deploy.Release:
         if self.release is None:
-            namespace = new_namespace(self.cluster, self.broker, quorum=self.quorum)
+            namespace = self.make_namespace(self.broker, self.quorum)
             self.tenancy = claim(self.services, owner=namespace, broker=self.broker, quorum=self.quorum)
             self.release = deploy.install(self.cluster, namespace, self.tenancy, self.run_dir, self.log)
         return self.release
 
     def replace(self) -> None:
+        """The next get() installs afresh, in a new namespace."""
         self.remove()
 
     def remove(self) -> None:

@@ -37,9 +37,10 @@ def schedule(specs: Iterable[FaultSpec], brokers: Iterable[str]) -> list[tuple[s
 
 
 def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, brokers: tuple[str, ...], run_dir: Path, log: Log,
-        named: bool = False, seed: int | None = None) -> list[Outcome]:
+        named: bool = False, seed: int | None = None, keep: bool = False) -> list[Outcome]:
     """Every scheduled scenario's Outcome. A fault the cluster cannot host is excluded with the
-    reason — or failed with it when it was asked for by name (`named`)."""
+    reason — or failed with it when it was asked for by name (`named`). `keep` leaves the last
+    installation in place to look at (`python -m e2e.chaos down` removes it)."""
     caps = capabilities(cluster)
     planned = schedule(specs, brokers)
     outcomes: list[Outcome] = []
@@ -72,9 +73,9 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, brokers: tuple[str
                     outcome = Outcome(spec.name, spec.fault_class, broker, "failed", reason=reason[:500],
                                       failures=[reason[:2000]], scenario_seconds=round(time.monotonic() - started, 1))
                 outcomes.append(outcome)
-                if not outcome.ok:
+                if not outcome.ok and not keep:
                     current.replace()
         finally:
-            if current is not None:
+            if current is not None and not keep:
                 current.remove()
     return outcomes
