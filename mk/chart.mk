@@ -1,9 +1,12 @@
-# The Helm chart (issue 6): see docs/chart.md.
+# The Helm chart: see docs/chart.md.
 #   make chart-test          the chart's fast tests (lint, rendering, validation, promtool, checkov)
 #   make chart-readme        regenerate the values table of charts/taskherd/README.md and the
 #                            contract table of docs/chart.md
 #   make chart-test-prereqs  what those tests need: the pinned helm, promtool, checkov's own venv
-.PHONY: helm-binary promtool checkov-venv chart-test-prereqs chart-test chart-readme
+#   make chart-package       dist/charts/taskherd-<version>.tgz (`helm package`)
+#   make chart-push CHART_REGISTRY=oci://registry.example/charts
+#                            push that package to an OCI registry (after `helm registry login`)
+.PHONY: helm-binary promtool checkov-venv chart-test-prereqs chart-test chart-readme chart-package chart-push
 
 CHECKOV_VERSION := 3.3.30
 CHECKOV_VENV := $(TASKHERD_HOME)/venv-checkov
@@ -40,3 +43,22 @@ chart-test: venv chart-test-prereqs
 chart-readme: venv
 	$(PY) charts/taskherd/hack/gen-readme.py
 	$(PY) charts/taskherd/hack/gen-contract-table.py
+
+# -- packaging ---------------------------------------------------------------------------------
+HELM_VERSION := $(shell sed -n 's/^HELM_VERSION=//p' e2e/cluster/versions.env)
+HELM := $(TASKHERD_HOME)/bin/helm-$(HELM_VERSION)/helm
+CHART_VERSION := $(shell sed -n 's/^version: *//p' charts/taskherd/Chart.yaml)
+CHART_DIST := dist/charts
+CHART_PACKAGE := $(CHART_DIST)/taskherd-$(CHART_VERSION).tgz
+
+# The version is Chart.yaml's: bump it there (and appVersion with the images) before a release.
+chart-package: helm-binary
+	@mkdir -p $(CHART_DIST)
+	$(HELM) package charts/taskherd --destination $(CHART_DIST)
+	@echo "packaged $(CHART_PACKAGE)"
+
+# Helm >= 3.8 pushes charts to OCI registries; users install with
+#   helm install taskherd $(CHART_REGISTRY)/taskherd --version $(CHART_VERSION)
+chart-push: chart-package
+	@test -n "$(CHART_REGISTRY)" || { echo "set CHART_REGISTRY=oci://<registry>/<path>"; exit 2; }
+	$(HELM) push $(CHART_PACKAGE) $(CHART_REGISTRY)

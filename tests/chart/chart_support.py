@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -76,3 +77,50 @@ def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
 
 
 BROKER = {"broker": {"existingSecret": {"name": "celery-broker"}}}
+
+
+def exported_metric_names() -> set[str]:
+    """Every metric name the project's programs export, read from the code that defines them (the
+    worker's metrics, the exporter's families, the operator's metrics), with the sample suffixes
+    Prometheus adds by type (counter `_total`, histogram `_bucket`/`_count`/`_sum`)."""
+    from prometheus_client import CollectorRegistry
+
+    from taskherd.commands.exporter import Snapshot, metric_families
+    from taskherd.operator.metrics import OperatorMetrics
+    from taskherd.worker.components.metrics import TaskMetrics, build_info, heartbeat_timestamp
+
+    registry = CollectorRegistry()
+    TaskMetrics(registry=registry)
+    OperatorMetrics(registry=registry)
+    families = [*registry.collect(), *metric_families(Snapshot(), {}), heartbeat_timestamp(None), build_info()]
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",),
+                "info": ("_info",), "summary": ("_count", "_sum"), "unknown": ("",)}
+    return {family.name + suffix for family in families for suffix in suffixes[family.type]}
+
+
+SCHEMA_REFUSAL = "values don't meet the specifications of the schema"
+RULES_REFUSAL = "problem(s) in the values"
+#: What a template crash or a broken rendering looks like: never an acceptable way to refuse.
+CRASHES = ("nil pointer", "error converting YAML", "error calling", "wrong type for value", "index out of range",
+           "cannot unmarshal", "mapping key", "incompatible types")
+
+
+def names_key(message: str, key: str) -> bool:
+    """The message names `key` or a key inside it: as written (dotted, with [i]), or as the schema's
+    JSON pointer, or as the schema's `missing property` of its parent."""
+    if key in message:
+        return True
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", key) if p]
+    pointer = "/" + "/".join(parts)
+    if f"'{pointer}'" in message or f"'{pointer}/" in message:
+        return True
+    parent = "/" + "/".join(parts[:-1]) if len(parts) > 1 else ""
+    return f"at '{parent}': missing property '{parts[-1]}'" in message
+
+
+def excluded_from_dry_run(obj: dict) -> bool:
+    """What a dry run of `helm install` cannot judge: the Prometheus Operator's kinds (this cluster has
+    no such CRDs), and the `helm test` pod, which `helm test` creates after the install (its
+    ServiceAccount may be one the install creates; test_helm_test_... runs it for real)."""
+    hook = (obj.get("metadata", {}).get("annotations") or {}).get("helm.sh/hook")
+    return obj["apiVersion"].startswith("monitoring.coreos.com/") or hook == "test"

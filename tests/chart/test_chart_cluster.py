@@ -1,5 +1,6 @@
-"""The chart on a real cluster: install with a sample Celery app, liveness during a long task and
-on a wedged worker, `helm upgrade` under load with no task lost, `helm uninstall` leaving only the CRD.
+"""The chart on a real cluster: install with a sample Celery app and Celery beat, `helm test`, liveness
+during a long task and on a wedged worker, `helm upgrade` under load with no task lost and never two
+beats at once, `helm uninstall` leaving only the CRD, a bad values file leaving nothing.
 
 One release for the whole module (installing takes a while); the tests run in file order and each
 states what it leaves for the next. The namespace enforces the `restricted` Pod Security Standard,
@@ -26,7 +27,7 @@ import pytest
 import redis
 import yaml
 
-from chart_support import CHART, CI_VALUES, KUBE_VERSION, REPO
+from chart_support import CHART, CI_VALUES, KUBE_VERSION, REPO, excluded_from_dry_run
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -167,6 +168,13 @@ def container_host_pid(container_id: str) -> int:
     raise AssertionError(f"no process of container {container_id} found in /proc")
 
 
+def image_values(reference: str) -> dict[str, str]:
+    """registry, repository and tag of an image reference such as taskherd.local/worker:dev."""
+    name, tag = reference.rsplit(":", 1)
+    registry, repository = name.split("/", 1)
+    return {"registry": registry, "repository": repository, "tag": tag}
+
+
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
     k8s = clusterlib.resolve()
@@ -180,7 +188,9 @@ def release(tmp_path_factory):
     versions = clusterlib.versions()
     node_images = {n for node in k8s.kubectl_json("get", "nodes")["items"]
                    for img in node["status"].get("images") or [] for n in img.get("names") or []}
-    missing = [i for i in (versions["WORKER_IMAGE"], versions["OPERATOR_IMAGE"])
+    # TASKHERD_WORKER_IMAGE: test another build of the worker image than the pinned one.
+    worker_image = os.environ.get("TASKHERD_WORKER_IMAGE") or versions["WORKER_IMAGE"]
+    missing = [i for i in (worker_image, versions["OPERATOR_IMAGE"])
                if not any(n.endswith(i) for n in node_images)]
     if missing:
         pytest.fail(f"images {missing} are not in the cluster: run `make images`", pytrace=False)
@@ -212,9 +222,12 @@ metadata:
             k8s.kubectl("-n", namespace, "create", "configmap", "chart-app", f"--from-file=chart_app.py={APP}")
             values = {
                 "broker": {"existingSecret": {"name": "broker"}, "ports": [forwarder.port]},
-                "workerPoolDefaults": {"image": {"pullPolicy": "Never"}},
-                "operator": {"image": {"pullPolicy": "Never"}},
-                "exporter": {"image": {"pullPolicy": "Never"}, "intervalSeconds": 5},
+                "workerPoolDefaults": {"image": {**image_values(worker_image), "pullPolicy": "Never"}},
+                "operator": {"image": {**image_values(versions["OPERATOR_IMAGE"]), "pullPolicy": "Never"}},
+                "exporter": {"image": {**image_values(worker_image), "pullPolicy": "Never"}, "intervalSeconds": 5},
+                # Beat runs chart_app's schedule: chart.tick, naming its pod.
+                "beat": {"enabled": True, "maxIntervalSeconds": 5,
+                         "resources": {"requests": {"cpu": "10m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}}},
                 "workerPools": [{
                     "name": POOL, "app": "chart_app", "queues": [QUEUE], "concurrency": 2,
                     "timeLimits": {"softSeconds": SOFT, "hardSeconds": HARD},
@@ -225,6 +238,8 @@ metadata:
                     "autoscaling": {"minReplicas": 2, "maxReplicas": 2, "pollIntervalSeconds": 2,
                                     "scaleDownStabilizationSeconds": 0},
                     "env": [{"name": "PYTHONPATH", "value": "/app"},
+                            # beat's chart.tick every 2 s: enough ticks to order two beats, little load
+                            {"name": "TEST_BEAT_SECONDS", "value": "2"},
                             {"name": "TEST_LEDGER_URL",
                              "valueFrom": {"secretKeyRef": {"name": "broker", "key": "url"}}}],
                     "extraVolumes": [{"name": "app", "configMap": {"name": "chart-app"}}],
@@ -261,6 +276,25 @@ def test_install_brings_up_restricted_ready_workers_scaled_by_the_operator(relea
     # A task round trip through the real broker.
     release.send("hello", 0.1)
     clusterlib.wait_for("task hello done", lambda: "hello" in release.done(), timeout=60, interval=1)
+
+
+def test_beat_runs_one_replica_and_its_ticks_reach_the_workers(release):
+    beat = release.get("deployment", f"{release.name}-taskherd-beat")
+    assert beat["spec"]["replicas"] == 1 and beat["spec"]["strategy"]["type"] == "Recreate"
+    clusterlib.wait_for("3 ticks of beat run by the workers", lambda: sum(
+        release.ledger.zcard(f"ticks:{pod.decode()}") for pod in release.ledger.smembers("beats")) >= 3,
+        timeout=120, interval=1)
+    assert len(release.ledger.smembers("beats")) == 1
+
+
+def test_helm_test_sends_a_ping_through_the_broker_to_a_worker(release):
+    result = helm(release.k8s, "test", release.name, "-n", release.namespace, "--timeout", "4m",
+                  check=False, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{output}\n{release.diagnostics()}"
+    assert "Phase:          Succeeded" in output, output
+    # The test pod's log, printed by helm: the answer names the worker that ran the ping.
+    assert f"pong from celery@{release.deployment}-" in output, output
 
 
 def test_liveness_passes_while_a_long_task_runs(release):
@@ -313,9 +347,12 @@ def test_helm_upgrade_under_load_loses_no_task(release):
         release.send(key, 4)
     clusterlib.wait_for("load started", lambda: release.ledger.get(f"runs:{keys[0]}"), timeout=60, interval=0.5)
     old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
-    # Any change of the pod template rolls every worker: each old one drains (preStop) first.
+    # Any change of the pod template rolls every worker (each old one drains in preStop first) and
+    # the beat (Recreate: the old one exits before the new one starts).
+    rollout = uuid.uuid4().hex[:6]
     helm(release.k8s, "upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
-                     "--set", f"workerPools[0].podAnnotations.rollout={uuid.uuid4().hex[:6]}",
+                     "--set", f"workerPools[0].podAnnotations.rollout={rollout}",
+                     "--set", f"beat.podAnnotations.rollout={rollout}",
                      "--wait", "--timeout", "6m")
     clusterlib.wait_for("all load tasks done", lambda: set(keys) <= release.done(), timeout=300, interval=2)
     new_pods = {p["metadata"]["name"] for p in release.worker_pods()}
@@ -334,10 +371,32 @@ def test_helm_upgrade_under_load_loses_no_task(release):
     assert release.get("deployment", release.deployment)["spec"]["replicas"] == 2
 
 
+def test_two_beats_never_ran_at_once_across_the_upgrade(release):
+    """Each beat pod's ticks (publish times) form an interval; across the upgrade's Recreate they
+    follow one another and never overlap: no periodic task was sent twice."""
+    def intervals():
+        out = []
+        for pod in release.ledger.smembers("beats"):
+            ticks = release.ledger.zrange(f"ticks:{pod.decode()}", 0, -1, withscores=True)
+            if ticks:
+                out.append((ticks[0][1], ticks[-1][1], len(ticks), pod.decode()))
+        return sorted(out)
+
+    clusterlib.wait_for("the new beat ticking (3 ticks)", lambda: len(intervals()) >= 2 and intervals()[-1][2] >= 3,
+                        timeout=180, interval=2)
+    spans = intervals()
+    log.info("beat pods and their ticks: %s", [(pod, n, round(end - start, 1)) for start, end, n, pod in spans])
+    assert len(spans) == 2, spans
+    (old_start, old_end, _, old_pod), (new_start, new_end, _, new_pod) = spans
+    assert old_pod != new_pod
+    assert old_end < new_start, f"beat {new_pod} sent at {new_start} before {old_pod} stopped at {old_end}"
+    log.info("beats across the upgrade: %s's last tick %.1f s before %s's first", old_pod, new_start - old_end, new_pod)
+
+
 def test_uninstall_leaves_only_the_crd(release):
     helm(release.k8s, "uninstall", release.name, "-n", release.namespace, "--wait", "--timeout", "5m", timeout=330)
     kinds = ("deployments,replicasets,pods,services,configmaps,serviceaccounts,roles,rolebindings,"
-             "poddisruptionbudgets,networkpolicies,leases,workerpools")
+             "poddisruptionbudgets,networkpolicies,leases,workerpools,secrets")
 
     def leftovers():
         items = release.get(kinds, "-l", f"app.kubernetes.io/instance={release.name}")["items"]
@@ -351,14 +410,41 @@ def test_uninstall_leaves_only_the_crd(release):
     assert crd["metadata"]["name"] == "workerpools.taskherd.io"
 
 
+BAD_INSTALLS = ["unquoted tag 1.10 in a pool", "pool named like the operator", "extraArgs overriding the hard limit",
+                "memory request above the limit", "time limits set to null in the defaults",
+                "PrometheusRule and an operator page for the same dead letters"]
+
+
+@pytest.mark.parametrize("case", BAD_INSTALLS)
+def test_a_bad_values_install_leaves_nothing_behind(release, case, tmp_path):
+    """`helm install` refuses before it creates anything: no object, no release record. (The CRD in
+    crds/ is installed by Helm before it validates values; it is cluster-wide and already here.)"""
+    corpus = {c["name"]: c for c in yaml.safe_load((Path(__file__).parent / "corpus" / "bad-values.yaml").read_text())}
+    values = tmp_path / "bad.yaml"
+    values.write_text(corpus[case]["values"])
+    name = "bad" + uuid.uuid4().hex[:5]
+    crds_before = {c["metadata"]["name"] for c in release.k8s.kubectl_json("get", "crds")["items"]}
+    result = helm(release.k8s, "install", name, str(CHART), "-n", release.namespace,
+                  "-f", str(Path(__file__).parent / "corpus" / "base-values.yaml"), "-f", str(values),
+                  "--wait", "--timeout", "2m", check=False)
+    assert result.returncode != 0
+    assert corpus[case]["key"].split("[")[0].split(".")[0] in result.stderr, result.stderr
+    everything = release.get("all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets,"
+                             "networkpolicies,leases,workerpools")["items"]
+    left = [f"{i['kind']}/{i['metadata']['name']}" for i in everything
+            if name in i["metadata"]["name"] or i["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == name]
+    assert left == []
+    assert helm(release.k8s, "status", name, "-n", release.namespace, check=False).returncode != 0
+    assert {c["metadata"]["name"] for c in release.k8s.kubectl_json("get", "crds")["items"]} == crds_before
+
+
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.stem)
 def test_every_scenario_is_accepted_by_the_api_server_under_restricted_pss(release, values):
     """Server-side dry run of each ci/ scenario in the test namespace (which enforces `restricted`):
-    the real API server's schemas, the CRD's CEL rules and Pod Security admission all agree.
-    Prometheus Operator kinds are left out: this cluster has no such CRDs."""
+    the real API server's schemas, the CRD's CEL rules and Pod Security admission all agree."""
     rendered = helm(release.k8s, "template", release.name, str(CHART), "-n", release.namespace,
                     "--kube-version", KUBE_VERSION, "-f", str(values)).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d and not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    docs = [d for d in yaml.safe_load_all(rendered) if d and not excluded_from_dry_run(d)]
     result = release.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert "PodSecurity" not in result.stderr, result.stderr

@@ -62,7 +62,7 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
                               "queues": ["celery"], "deadLetterQueues": ["celery.dlq"]}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
-    assert spec["deadLetter"] == {"threshold": 1}
+    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning"}
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
@@ -97,8 +97,8 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
 
 def test_grace_period_is_derived_from_the_same_limits_the_worker_gets():
     values = {**BROKER, "workerPools": [
-        {"name": "short", "app": "a", "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
-        {"name": "long", "app": "a", "timeLimits": {"softSeconds": 3000, "hardSeconds": 3300},
+        {"name": "short", "app": "a", "queues": ["short"], "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
+        {"name": "long", "app": "a", "queues": ["long"], "timeLimits": {"softSeconds": 3000, "hardSeconds": 3300},
          "drainMarginSeconds": 40, "shutdownSeconds": 15},
     ]}
     values["broker"] = {**values["broker"], "visibilityTimeoutSeconds": 7200}
@@ -161,7 +161,8 @@ def test_rabbitmq_multipool_scenario():
                                            "managementUrlKey": "management-url"}
     assert spec["broker"]["deadLetterQueues"] == ["orders.dlq", "emails.dlq"]
     assert spec["minReplicas"] == 0
-    assert spec["deadLetter"] == {"threshold": 5, "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
+    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning",
+                                  "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
     policies = by_kind(objects, "NetworkPolicy")
     worker_egress = policies["th-taskherd-worker"]["spec"]["egress"]
     broker_rule = next(r for r in worker_egress if {"port": 5672, "protocol": "TCP"} in r.get("ports", []))
@@ -227,20 +228,26 @@ def test_operator_runs_two_replicas_with_a_leader_lease_and_a_namespaced_role_wi
 
 def test_minimal_scenario_has_no_operator_objects():
     objects = render([CHART / "ci" / "minimal-values.yaml"])
-    assert {o["kind"] for o in objects} == {"Deployment"}
-    (d,) = objects
+    # One Deployment, and the `helm test` pod (a hook: created only by `helm test`).
+    assert sorted(o["kind"] for o in objects) == ["Deployment", "Pod"]
+    (d,) = by_kind(objects, "Deployment").values()
     assert d["spec"]["replicas"] == 3
+    (test,) = by_kind(objects, "Pod").values()
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
 
 
 def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
     objects = render([CHART / "ci" / "monitoring-values.yaml"])
     rule = by_kind(objects, "PrometheusRule")["th-taskherd"]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    # The PrometheusRule is the tested rules file, unchanged.
-    assert rule["spec"] == yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
-    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert alerts == {"TaskherdDeadLetterQueueNotEmpty", "TaskherdOldestMessageTooOld",
-                      "TaskherdTaskErrorRateHigh", "TaskherdWorkerRestarting", "TaskherdHeartbeatStale"}
+    # The PrometheusRule is the tested rules file, unchanged, plus what the chart records from the values.
+    tested = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"]["groups"][:-1] == tested["groups"]
+    assert rule["spec"]["groups"][-1]["name"] == "taskherd-values"
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts == {"TaskherdDeadLetterQueue", "TaskherdOldestMessageTooOld", "TaskherdTaskErrorRateHigh",
+                      "TaskherdWorkerRestarting", "TaskherdHeartbeatStale", "TaskherdExporterDown",
+                      "TaskherdExporterFailing", "TaskherdOperatorErrors", "TaskherdOperatorNoLeader"}
     pm = by_kind(objects, "PodMonitor")["th-taskherd-worker"]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pm["spec"]["selector"]["matchExpressions"] == [
@@ -324,7 +331,8 @@ def test_rendered_workerpools_use_only_fields_the_crd_declares(values):
 
 def test_an_image_digest_pins_the_image():
     digest = "sha256:" + "a" * 64
-    values = {**BROKER, "workerPoolDefaults": {"image": {"repository": "registry.example/app", "digest": digest}},
+    values = {**BROKER, "workerPoolDefaults": {"image": {"registry": "registry.example", "repository": "app",
+                                                         "digest": digest}},
               "operator": {"image": {"digest": digest}}}
     deployments = by_kind(render(values=values), "Deployment")
     assert container(deployments["th-taskherd-default"], WORKER)["image"] == f"registry.example/app@{digest}"
@@ -344,3 +352,131 @@ def test_the_exporter_watches_every_pools_queues_with_the_broker_from_the_secret
     policy = by_kind(objects, "NetworkPolicy")["th-taskherd-exporter"]["spec"]
     assert policy["ingress"] == []
     assert sorted({p["port"] for r in policy["egress"] for p in r["ports"]}) == [53, 5672, 15672]
+
+
+def test_valid_values_render_exactly_as_written(tmp_path):
+    """Helm reads numbers as float64: a million must not become 1.048576e+06, a quoted tag "1.10" must
+    not become 1.1, and an empty tag is the chart's appVersion (as in `helm create` charts)."""
+    values = tmp_path / "values.yaml"
+    values.write_text("""
+broker: {existingSecret: {name: celery-broker}, visibilityTimeoutSeconds: 2592000}
+workerPoolDefaults:
+  image: {tag: "1.10"}
+  resources: {requests: {cpu: 100m, memory: 2Gi}, limits: {memory: 4Gi}}
+operator: {image: {tag: ""}}
+workerPools:
+  - name: p
+    app: tasks
+    maxMemoryPerChildKb: 1048576
+    maxTasksPerChild: 1000000000
+    timeLimits: {softSeconds: 500000, hardSeconds: 600000}
+    heartbeatIntervalSeconds: 2.5
+""")
+    objects = render([values])
+    worker = by_kind(objects, "Deployment")["th-taskherd-p"]
+    c = container(worker, WORKER)
+    assert c["image"] == "taskherd.local/worker:1.10"
+    assert "--max-memory-per-child=1048576" in c["command"]
+    assert "--max-tasks-per-child=1000000000" in c["command"]
+    assert "--time-limit=600000" in c["command"] and "--soft-time-limit=500000" in c["command"]
+    env = env_of(c)
+    assert env["TASKHERD_MAX_MEMORY_PER_CHILD_KB"] == "1048576"
+    assert env["TASKHERD_VISIBILITY_TIMEOUT"] == "2592000"
+    assert env["TASKHERD_HEARTBEAT_INTERVAL"] == "2.5"
+    assert env["TASKHERD_DRAIN_DEADLINE"] == "600020"
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600030
+    assert worker["metadata"]["annotations"]["taskherd.io/grace-period"] == (
+        "600030s = hard 600000s + drain margin 20s + shutdown 10s")
+    operator = by_kind(objects, "Deployment")["th-taskherd-operator"]
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container(operator, "taskherd-operator")["image"] == f"taskherd.local/operator:{app_version}"
+
+
+def test_visibility_timeout_is_not_checked_on_rabbitmq():
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "a",
+                                         "timeLimits": {"softSeconds": 5000, "hardSeconds": 7200}}]}
+    values["broker"] = {**values["broker"], "type": "rabbitmq"}
+    objects = render(values=values)
+    # The broker ports follow the broker type when not given: AMQP and the management API.
+    egress = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["egress"]
+    assert [p["port"] for r in egress for p in r["ports"] if p["port"] != 53] == [5672, 15672]
+
+
+def test_a_global_registry_replaces_every_image_registry():
+    values = {**BROKER, "global": {"imageRegistry": "mirror.example:5000"}}
+    images = {c["image"] for d in by_kind(render(values=values), "Deployment").values()
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {"mirror.example:5000/worker:dev", "mirror.example:5000/operator:dev"}
+
+
+def test_first_class_chart_habits_render_as_users_expect():
+    """ci/features-values.yaml: registry mirror, common annotations, a pool ServiceAccount with a cloud
+    identity, an init container and a sidecar, beat, the helm test pod, an extra object."""
+    objects = render([CHART / "ci" / "features-values.yaml"])
+    # extraDeploy objects are deployed as written (tpl rendered); the chart's own get commonAnnotations.
+    (settings,) = by_kind(objects, "ConfigMap").values()
+    assert settings == {"apiVersion": "v1", "kind": "ConfigMap", "data": {"REPORTS_BUCKET": "reports"},
+                        "metadata": {"name": "th-task-settings", "namespace": "jobs"}}
+    for o in objects:
+        if o is not settings:
+            assert o["metadata"].get("annotations", {}).get("team.example/owner") == "payments", o["metadata"]["name"]
+    sa = by_kind(objects, "ServiceAccount")["th-taskherd-default"]
+    assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(":role/tasks")
+    assert sa["automountServiceAccountToken"] is False
+    worker = by_kind(objects, "Deployment")["th-taskherd-default"]
+    pod = worker["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "th-taskherd-default"
+    assert pod["automountServiceAccountToken"] is False
+    (init,) = pod["initContainers"]
+    assert init["name"] == "wait-for-schema"
+    # Extra containers inherit the restricted security context.
+    assert init["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                       "capabilities": {"drop": ["ALL"]}}
+    assert [c["name"] for c in pod["containers"]] == [WORKER, "sidecar-log-shipper"]
+    assert container(worker, WORKER)["image"] == "mirror.example:5000/worker:dev"
+
+
+def test_beat_is_one_replica_recreated_with_liveness_on_its_loop():
+    objects = render([CHART / "ci" / "rabbitmq-multipool-values.yaml"])
+    beat = by_kind(objects, "Deployment")["th-taskherd-beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    c = container(beat, "taskherd-beat")
+    assert c["command"] == ["celery", "--app=shop.tasks", "beat", "--loglevel=INFO",
+                            "--schedule=/run/taskherd/beat/celerybeat-schedule", "--max-interval=30"]
+    # 3 x max interval + 30 s: the loop ticks at least every max interval.
+    assert c["livenessProbe"]["exec"]["command"] == ["taskherd", "probe", "liveness", "--max-age", "120"]
+    env = env_of(c)
+    assert env["TASKHERD_QUEUES"] == "orders,emails"  # the fast pool's: beat publishes as its producers do
+    assert env["TASKHERD_HEARTBEAT_DIR"] == "/run/taskherd/heartbeat"
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/tmp", "/run/taskherd/heartbeat", "/run/taskherd/beat"} <= mounts
+    # Beat, like the workers and the test pod, is under the app pods' NetworkPolicy.
+    policy = by_kind(objects, "NetworkPolicy")["th-taskherd-worker"]["spec"]["podSelector"]
+    assert policy["matchExpressions"] == [{"key": "app.kubernetes.io/component", "operator": "In",
+                                           "values": ["worker", "beat", "test"]}]
+
+
+def test_helm_test_pod_pings_the_first_pool_through_its_app():
+    objects = render(values=BROKER)
+    (test,) = by_kind(objects, "Pod").values()
+    assert test["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert test["spec"]["restartPolicy"] == "Never"
+    (c,) = test["spec"]["containers"]
+    assert c["command"] == ["taskherd", "ping", "--app=tasks", "--queues=celery", "--timeout=120"]
+    assert env_of(c)["TASKHERD_BROKER_URL"] == {"secretKeyRef": {"name": "celery-broker", "key": "url"}}
+
+
+def test_long_names_keep_their_suffix_and_stay_distinct():
+    """Names are cut to 63 characters from the prefix, never the suffix: two pools whose names differ
+    only at the end keep two Deployments, WorkerPools and PDBs (truncating the whole name made them one)."""
+    values = {**BROKER, "fullnameOverride": "a-release-name-that-is-long-enough-to-fill-most-of-the-63-chars",
+              "workerPools": [{"name": "reports-nightly-a", "app": "a", "queues": ["a"]},
+                              {"name": "reports-nightly-b", "app": "a", "queues": ["b"]}]}
+    objects = render(values=values)
+    for kind in ("Deployment", "WorkerPool", "PodDisruptionBudget"):
+        names = [n for n in by_kind(objects, kind) if "reports" in n]
+        assert len(names) == 2 and all(len(n) <= 63 for n in names), names
+        assert {n[-17:] for n in names} == {"reports-nightly-a", "reports-nightly-b"}
+    operator = [n for n in by_kind(objects, "Deployment") if n.endswith("-operator")]
+    assert len(operator) == 1 and len(operator[0]) <= 63

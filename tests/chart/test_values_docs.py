@@ -17,12 +17,31 @@ def test_readme_values_table_is_generated_from_values_yaml_and_up_to_date():
     assert result.returncode == 0, result.stderr
 
 
-def _schema_paths(schema: dict, root: dict, prefix: str = "") -> set[str]:
+def _resolve(schema: dict, root: dict) -> dict:
+    """The schema node with `$ref`s followed and `allOf` members merged (properties, required)."""
     if "$ref" in schema:
         node = root
         for part in schema["$ref"].lstrip("#/").split("/"):
             node = node[part]
-        schema = node
+        return _resolve(node, root)
+    if "allOf" in schema:
+        merged: dict = {"properties": {}, "required": []}
+        for member in schema["allOf"]:
+            member = _resolve(member, root)
+            for key, value in member.items():
+                if key == "properties":
+                    for name, sub in value.items():
+                        merged["properties"].setdefault(name, {"allOf": []})["allOf"].append(sub)
+                elif key == "required":
+                    merged["required"] += value
+                else:
+                    merged[key] = value
+        return merged
+    return schema
+
+
+def _schema_paths(schema: dict, root: dict, prefix: str = "") -> set[str]:
+    schema = _resolve(schema, root)
     out = set()
     for key, sub in schema.get("properties", {}).items():
         out.add(prefix + key)
@@ -47,13 +66,37 @@ def test_schema_declares_every_value_and_refuses_unknown_keys():
     assert missing == set()
 
     def closed(node: dict, where: str) -> None:
-        if node.get("type") == "object" and "properties" in node:
+        if "allOf" in node or "$ref" in node:
+            return  # a reference to a definition checked on its own below
+        if node.get("type") == "object" and "properties" in node and where != "values.global":
+            # (`global` is shared with parent charts: their keys are not ours to refuse.)
             assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
         for key, sub in node.get("properties", {}).items():
             closed(sub, f"{where}.{key}")
 
     closed(schema, "values")
-    closed(schema["$defs"]["pool"], "workerPools[]")
+    closed(schema["definitions"]["pool"], "workerPools[]")
     # A pool entry accepts exactly the keys of workerPoolDefaults, plus its name.
-    pool_keys = set(schema["$defs"]["pool"]["properties"])
+    pool_keys = set(schema["definitions"]["pool"]["properties"])
     assert pool_keys == set(values["workerPoolDefaults"]) | {"name"}
+
+
+def test_every_structured_default_is_required_so_null_never_reaches_a_template():
+    """Helm deletes a default set to null (`timeLimits: null`); the schema must then say which key is
+    missing rather than let a template dereference nothing."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    unguarded = []
+
+    def walk(node: dict, default: object, where: str) -> None:
+        node = _resolve(node, schema)
+        if not (isinstance(default, dict) and "properties" in node):
+            return
+        for key, value in default.items():
+            if key in node["properties"] and key not in node.get("required", []):
+                unguarded.append(f"{where}{key}")
+            if key in node["properties"]:
+                walk(node["properties"][key], value, f"{where}{key}.")
+
+    walk(schema, {k: v for k, v in values.items() if k not in ("workerPools", "global")}, "")
+    assert unguarded == []

@@ -78,7 +78,10 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     assert value(samples, "taskherd_task_queue_wait_seconds_count", task="runtime.sleep") == 3
     assert 3 * QUEUE_WAIT <= value(samples, "taskherd_task_queue_wait_seconds_sum", task="runtime.sleep") < 3 * QUEUE_WAIT + 15
     assert value(samples, "taskherd_task_queue_wait_seconds_count", task="runtime.fail") == 2
-    assert 0 <= value(samples, "taskherd_heartbeat_age_seconds") < 3
+    # The heartbeat as a timestamp (its age is time() minus it), and the versions that run.
+    assert 0 <= time.time() - value(samples, "taskherd_heartbeat_timestamp_seconds") < 3
+    (build,) = [labels for (name, labels), v in samples.items() if name == "taskherd_build_info" and v == 1]
+    assert dict(build)["celery"].startswith("5.") and dict(build)["version"]
     # The pool recycled children (max 3 tasks each): their counts survived them.
     assert not first_children & set(worker.child_pids()), "no child was replaced: the test proves less than it says"
     # ... folded into one archive file per type: no file of a dead child is left to read at each scrape.

@@ -13,6 +13,7 @@ COMMANDS = {
     "outbox": ("taskherd.commands.outbox", "run the transactional outbox relay (relay, migrate, status)"),
     "exporter": ("taskherd.commands.exporter", "export queue depth, age and DLQ size as Prometheus metrics"),
     "recover": ("taskherd.commands.recover", "Redis: give back the unacked messages of dead workers"),
+    "ping": ("taskherd.commands.ping", "send a ping task through the broker and wait for a worker to run it"),
 }
 
 

@@ -168,22 +168,25 @@ class Variable:
         self.default = default
         #: the programs that read it (taskherd.worker.configure, taskherd probe, …)
         self.readers = readers
-        #: the chart's containers that set it ("worker", "exporter", "operator"); () = users may set it
+        #: the chart's containers that set it ("worker", "exporter", "operator", "beat", "test"); () = users may set it
         self.chart = chart
         self.doc = doc
 
 
 _WORKER, _EXPORTER, _OPERATOR = "worker", "exporter", "operator"
+#: Celery beat and the `helm test` pod publish as the pool's producers: they get its profile variables.
+_BEAT, _TEST = "beat", "test"
 _CONFIGURE = "taskherd.worker.configure"
 
 VARIABLES = (
     # The broker, for every program that talks to it.
     Variable("TASKHERD_BROKER_URL", url, "a broker URL (redis://…, amqp://…)",
-             readers=(_CONFIGURE, "taskherd exporter", "taskherd dlq", "taskherd outbox relay", "taskherd recover"),
-             chart=(_WORKER, _EXPORTER),
+             readers=(_CONFIGURE, "taskherd exporter", "taskherd dlq", "taskherd outbox relay", "taskherd recover",
+                      "taskherd ping"),
+             chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc="broker URL from the broker Secret; replaces the app's broker_url"),
     Variable("TASKHERD_BROKER_TYPE", broker_type, "redis or rabbitmq", readers=(_CONFIGURE,),
-             chart=(_WORKER,),
+             chart=(_WORKER, _BEAT, _TEST),
              doc="the chart's broker.type; configure() refuses a broker URL of another kind (the chart "
                  "derived ports and Redis-only checks from it)"),
     Variable("TASKHERD_MANAGEMENT_URL", url, "an http(s) URL of the RabbitMQ management API",
@@ -191,33 +194,35 @@ VARIABLES = (
              doc="RabbitMQ management API (default: the AMQP host, port 15672); set from "
                  "broker.existingSecret.managementUrlKey"),
     Variable("TASKHERD_QUEUES", names, "a comma-separated list of queue names",
-             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
-             doc="work queues (worker: the ones it consumes; exporter: the ones it watches)"),
+             readers=(_CONFIGURE, "taskherd exporter", "taskherd ping"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
+             doc="work queues (worker: the ones it consumes; exporter: the ones it watches; beat and the "
+                 "helm test pod: the pool's, where they publish)"),
     Variable("TASKHERD_DEAD_LETTER_QUEUES", names,
              "a comma-separated list, one dead-letter queue per TASKHERD_QUEUES entry, in the same order",
-             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
+             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc=f"the DLQ of each queue; unset: {DEFAULT_DEAD_LETTER_PATTERN}"),
     Variable("TASKHERD_DELIVERY_COUNTER_URL", url, "a redis:// URL", readers=(_CONFIGURE,), chart=(),
              doc="RabbitMQ: the Redis where redeliveries of one message are counted"),
     # Time limits: the chart derives terminationGracePeriodSeconds from the same values.
     Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
-             chart=(_WORKER,), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
+             chart=(_WORKER, _BEAT, _TEST), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
     Variable("TASKHERD_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
-             chart=(_WORKER,), doc="hard time limit (the pool child is killed)"),
+             chart=(_WORKER, _BEAT, _TEST), doc="hard time limit (the pool child is killed)"),
     Variable("TASKHERD_VISIBILITY_TIMEOUT", seconds, "a number of seconds > 0",
-             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER),
+             readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc="Redis visibility_timeout (ignored on RabbitMQ)"),
     Variable("TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
              chart=(), doc="RabbitMQ's consumer_timeout of the broker (default 1800): the hard time limit and "
                            "retry countdowns must stay below it"),
     Variable("TASKHERD_MAX_TASKS_PER_CHILD", count_or_off, "a whole number >= 0 (0: no limit)",
-             readers=(_CONFIGURE,), chart=(_WORKER,), doc="Celery worker_max_tasks_per_child"),
+             readers=(_CONFIGURE,), chart=(_WORKER, _BEAT, _TEST), doc="Celery worker_max_tasks_per_child"),
     Variable("TASKHERD_MAX_MEMORY_PER_CHILD_KB", count_or_off, "a whole number of KiB >= 0 (0: no limit)",
-             readers=(_CONFIGURE,), chart=(_WORKER,), doc="Celery worker_max_memory_per_child"),
+             readers=(_CONFIGURE,), chart=(_WORKER, _BEAT, _TEST), doc="Celery worker_max_memory_per_child"),
     # Pod-side files and endpoints.
     Variable("TASKHERD_HEARTBEAT_DIR", text, "a directory path", default="/tmp/taskherd",
-             readers=("Heartbeat component", "taskherd probe", "taskherd drain"), chart=(_WORKER,),
-             doc="where the worker writes heartbeat.json and reads drain requests (an emptyDir)"),
+             readers=("Heartbeat component", "BeatHeartbeat component", "taskherd probe", "taskherd drain"),
+             chart=(_WORKER, _BEAT),
+             doc="where the worker (or beat) writes heartbeat.json and reads drain requests (an emptyDir)"),
     Variable("TASKHERD_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
              readers=("Heartbeat component",), chart=(_WORKER,),
              doc="seconds between heartbeat writes; liveness fails after 6 missed"),
@@ -305,5 +310,6 @@ def is_set(name, environ=None):
 
 
 def set_by_chart(container):
-    """The names of the variables the chart sets on ``container`` ("worker", "exporter", "operator")."""
+    """The names of the variables the chart sets on ``container`` ("worker", "exporter", "operator", "beat",
+    "test": the `helm test` pod)."""
     return {variable.name for variable in VARIABLES if container in variable.chart}

@@ -5,7 +5,8 @@ environment the chart sets (the contract of docs/chart.md: broker, queues, limit
 metrics port).
 Tasks record what they did in Redis (TEST_LEDGER_URL): `runs:<key>` counts executions, and the
 side effect `effect:<key>` is guarded by SET NX, so it happens once per key however often a task
-is delivered.
+is delivered. Run as Celery beat, the app sends `chart.tick` every TEST_BEAT_SECONDS (default 1),
+naming the beat's pod: the ticks show which beat ran when (`ticks:<pod>`, publish times).
 """
 import os
 import time
@@ -14,10 +15,13 @@ import redis
 from celery import Celery
 
 from taskherd.worker import configure
+from taskherd.worker.components.metrics import published_at
 
 app = Celery("chart_app")
 app.conf.broker_connection_retry_on_startup = True
 configure(app)
+app.conf.beat_schedule = {"chart-tick": {"task": "chart.tick", "schedule": float(os.environ.get("TEST_BEAT_SECONDS", "1")),
+                                         "args": (os.environ.get("POD_NAME", "?"),)}}
 
 _ledger = None
 
@@ -37,3 +41,10 @@ def work(key: str, seconds: float) -> str:
         ledger().incr("effects")
     ledger().sadd("done", key)
     return key
+
+
+@app.task(name="chart.tick", bind=True)
+def tick(self, beat_pod: str) -> None:
+    """One periodic send of the beat on `beat_pod`, recorded with the time beat published it."""
+    ledger().zadd(f"ticks:{beat_pod}", {self.request.id: published_at(self.request) or time.time()})
+    ledger().sadd("beats", beat_pod)

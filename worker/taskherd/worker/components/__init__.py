@@ -90,17 +90,19 @@ def default_components() -> list[Component]:
     """The components configure() installs when given none, in order, with their defaults
     (configure() then applies the pod's environment to each, as to any component it is given)."""
     from .bad_messages import BadMessages
+    from .beat import BeatHeartbeat
     from .broker_check import BrokerCheck
     from .delayed import DelayedMessages
     from .drain import Drain
     from .heartbeat import Heartbeat
     from .metrics import Metrics
+    from .ping import Ping
     from .publish_stamps import PublishStamps
     from .recovery import FastRecovery
     from .task_class import TaskClass
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
-                                 Metrics, FastRecovery, DelayedMessages)]
+                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:

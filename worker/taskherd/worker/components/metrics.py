@@ -14,7 +14,10 @@ Metrics (all labelled by ``task`` name):
 - ``taskherd_tasks_in_flight`` — gauge of tasks executing now (live-sum over pool children).
 - ``taskherd_task_deliveries_total`` — messages received by the worker (redeliveries included):
   deliveries minus outcomes shows work lost to crashes and redelivered.
-- ``taskherd_heartbeat_age_seconds`` — age of heartbeat.json at scrape time (main process).
+- ``taskherd_heartbeat_timestamp_seconds`` — when the worker's main loop last wrote heartbeat.json
+  (Unix time), 0 before its first write: ``time() - taskherd_heartbeat_timestamp_seconds`` is the
+  age, and a worker that never started its loop alerts too (Prometheus exports timestamps, not ages).
+- ``taskherd_build_info{version,celery,python}`` — always 1: which taskherd, Celery and Python run.
 
 Prefork: every process writes its samples to mmap files in a per-worker
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
@@ -42,6 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from taskherd import compat, contract
+from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
 from . import Component, installed
@@ -185,11 +189,23 @@ def compact_dead_processes(directory: str) -> int:
     return sum(len(paths) for paths in dead.values())
 
 
-class WorkerCollector(Collector):
-    """What /metrics serves: every process's samples, plus the heartbeat age."""
+def heartbeat_timestamp(record: dict[str, Any] | None) -> GaugeMetricFamily:
+    """``taskherd_heartbeat_timestamp_seconds`` from a heartbeat record (None: never written, 0)."""
+    family = GaugeMetricFamily("taskherd_heartbeat_timestamp_seconds",
+                               "When the worker's main loop last wrote its heartbeat (Unix time); 0 before the first.")
+    written_at = (record or {}).get("written_at")
+    try:
+        family.add_metric([], float(written_at) if written_at else 0.0)
+    except (TypeError, ValueError):
+        family.add_metric([], 0.0)
+    return family
 
-    def __init__(self, *, directory: str, heartbeat_path: str, clock: Any = time.time):
-        self.directory, self.heartbeat_path, self.clock = directory, heartbeat_path, clock
+
+class WorkerCollector(Collector):
+    """What /metrics serves: every process's samples, the heartbeat time and the build info."""
+
+    def __init__(self, *, directory: str, heartbeat_path: str):
+        self.directory, self.heartbeat_path = directory, heartbeat_path
         self.multiprocess = multiprocess.MultiProcessCollector(None, path=directory)
         # Scrapes may come concurrently (threaded HTTP server); compaction must not remove a
         # file another scrape is about to read.
@@ -204,14 +220,12 @@ class WorkerCollector(Collector):
                 logger.exception("taskherd: could not compact the metrics of dead pool processes")
             families = list(self.multiprocess.collect())
         yield from families
-        age = GaugeMetricFamily("taskherd_heartbeat_age_seconds", "Age of the worker's heartbeat file, seconds.")
         try:
             record = shared_files.read_json(self.heartbeat_path)
         except (OSError, ValueError):
             record = None
-        if record and record.get("written_at"):
-            age.add_metric([], max(0.0, self.clock() - float(record["written_at"])))
-        yield age
+        yield heartbeat_timestamp(record)
+        yield build_info()
 
 
 # -- Celery wiring -------------------------------------------------------------------------------

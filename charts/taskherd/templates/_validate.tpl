@@ -1,0 +1,779 @@
+{{/*
+Every rule the schema cannot express, checked together: each rule below prints one problem per
+line, the lines are collected, and the render fails once with all of them. A problem names the
+key as the user wrote it (a pool's key under workerPools[i] when that entry sets it, else under
+workerPoolDefaults), its value, and what would be valid. Types, ranges and unknown keys are the
+schema's job (values.schema.json), which Helm checks first.
+*/}}
+{{- define "taskherd.validateValues" -}}
+{{- $ctx := dict "root" . "f" (fromYaml (include "taskherd.formats" .)) "pools" (fromYaml (include "taskherd.pools" .)).pools }}
+{{- $errors := list }}
+{{- range $rule := list "broker" "names" "images" "pools" "poolsTogether" "network" "operator" "monitoring" "beat" "tests" "metadata" "security" "extraDeploy" }}
+{{- range splitList "\n" (include (printf "taskherd.validate.%s" $rule) $ctx) }}
+{{- if trim . }}{{ $errors = append $errors (trim .) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $errors = uniq $errors }}
+{{- if $errors }}
+{{- fail (printf "\n\ntaskherd: %d problem(s) in the values:\n  - %s\n" (len $errors) (join "\n  - " $errors)) }}
+{{- end }}
+{{- end }}
+
+{{/* -- small checks shared by the rules; each prints a problem line or nothing ---------------- */}}
+
+{{/* (dict "f" $f "format" "dnsSubdomain" "key" "broker.existingSecret.name" "value" $v "max" 253) */}}
+{{- define "taskherd.check.format" -}}
+{{- $format := index .f .format }}
+{{- $value := toString .value }}
+{{- if or (not (regexMatch $format.re $value)) (and .max (gt (len $value) (int .max))) }}
+{{ .key }}={{ toJson .value }} is invalid; valid: {{ $format.valid }}
+{{- end }}
+{{- end }}
+
+{{/* A map of labels: (dict "f" $f "key" "commonLabels" "labels" $map "reserved" true) */}}
+{{- define "taskherd.check.labels" -}}
+{{- $f := .f }}
+{{- $reserved := splitList " " (include "taskherd.reservedLabels" dict) }}
+{{- range $k, $v := .labels }}
+{{- if not (regexMatch $f.labelKey.re $k) }}
+{{ $.key }}: key {{ toJson $k }} is invalid; valid: {{ $f.labelKey.valid }}
+{{- end }}
+{{- if not (kindIs "string" $v) }}
+{{ $.key }}.{{ $k }}={{ toJson $v }} is not a string; quote it ({{ $k }}: "{{ $v }}")
+{{- else if not (regexMatch $f.labelValue.re $v) }}
+{{ $.key }}.{{ $k }}={{ toJson $v }} is invalid; valid: {{ $f.labelValue.valid }}
+{{- end }}
+{{- if and $.reserved (has $k $reserved) }}
+{{ $.key }}.{{ $k }} is set by the chart (selectors and standard labels); the chart's own labels cannot be overridden: remove it
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Annotation keys: (dict "f" $f "key" "commonAnnotations" "annotations" $map) */}}
+{{- define "taskherd.check.annotations" -}}
+{{- $f := .f }}
+{{- range $k, $v := .annotations }}
+{{- if not (regexMatch $f.labelKey.re $k) }}
+{{ $.key }}: key {{ toJson $k }} is invalid; valid: {{ $f.labelKey.valid }}
+{{- end }}
+{{- if not (kindIs "string" $v) }}
+{{ $.key }}.{{ $k }}={{ toJson $v }} is not a string; quote it ({{ $k }}: "{{ $v }}")
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* imagePullSecrets entries: names or {name: …}. (dict "f" $f "key" … "secrets" $list) */}}
+{{- define "taskherd.check.pullSecrets" -}}
+{{- $f := .f }}
+{{- range $i, $s := .secrets }}
+{{- $name := $s }}
+{{- if kindIs "map" $s }}{{ $name = get $s "name" }}{{ end }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" (printf "%s[%d]" $.key $i) "value" $name "max" 253) }}
+{{- end }}
+{{- end }}
+
+{{/* A URL that must be http(s) with a host: (dict "f" $f "key" … "value" …); empty is fine. */}}
+{{- define "taskherd.check.url" -}}
+{{- if .value }}
+{{- include "taskherd.check.format" (dict "f" .f "format" "url" "key" .key "value" .value "max" 2048) }}
+{{- end }}
+{{- end }}
+
+{{/* NetworkPolicy peers: (dict "f" $f "key" "broker.networkPeers" "peers" $list) */}}
+{{- define "taskherd.check.peers" -}}
+{{- $f := .f }}
+{{- range $i, $peer := .peers }}
+{{- $at := printf "%s[%d]" $.key $i }}
+{{- if not (kindIs "map" $peer) }}
+{{ $at }}={{ toJson $peer }} is not a NetworkPolicy peer; valid: a map with ipBlock, or podSelector and/or namespaceSelector
+{{- else }}
+{{- range $k, $_ := $peer }}
+{{- if not (has $k (list "ipBlock" "podSelector" "namespaceSelector")) }}
+{{ $at }}: unknown key {{ toJson $k }}; valid: ipBlock, or podSelector and/or namespaceSelector (e.g. ipBlock: {cidr: 10.0.0.0/8})
+{{- end }}
+{{- end }}
+{{- if not $peer }}
+{{ $at }} is empty, which would match nothing; valid: ipBlock, or podSelector and/or namespaceSelector
+{{- end }}
+{{- if and (hasKey $peer "ipBlock") (or (hasKey $peer "podSelector") (hasKey $peer "namespaceSelector")) }}
+{{ $at }}: ipBlock cannot be combined with podSelector or namespaceSelector in one peer; make them two peers
+{{- end }}
+{{- with $peer.ipBlock }}
+{{- if not (kindIs "map" .) }}
+{{ $at }}.ipBlock={{ toJson . }} is invalid; valid: {cidr: 10.0.0.0/8, except: [...]}
+{{- else }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "cidr" "key" (printf "%s.ipBlock.cidr" $at) "value" (.cidr | default "")) }}
+{{- range $j, $except := .except }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "cidr" "key" (printf "%s.ipBlock.except[%d]" $at $j) "value" $except) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $selector := list "podSelector" "namespaceSelector" }}
+{{- $s := get $peer $selector }}
+{{- if and (hasKey $peer $selector) (not (kindIs "map" $s)) }}
+{{ $at }}.{{ $selector }}={{ toJson $s }} is invalid; valid: a label selector ({matchLabels: {...}})
+{{- else if $s }}
+{{- range $k, $_ := $s }}
+{{- if not (has $k (list "matchLabels" "matchExpressions")) }}
+{{ $at }}.{{ $selector }}: unknown key {{ toJson $k }}; valid: matchLabels, matchExpressions
+{{- end }}
+{{- end }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" (printf "%s.%s.matchLabels" $at $selector) "labels" ($s.matchLabels | default dict)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* NetworkPolicy egress or ingress rules: (dict "f" $f "key" … "rules" $list "peers" "to") */}}
+{{- define "taskherd.check.policyRules" -}}
+{{- $f := .f }}
+{{- range $i, $rule := .rules }}
+{{- $at := printf "%s[%d]" $.key $i }}
+{{- if not (kindIs "map" $rule) }}
+{{ $at }}={{ toJson $rule }} is not a NetworkPolicy rule; valid: a map with {{ $.peers }} and ports
+{{- else }}
+{{- range $k, $_ := $rule }}
+{{- if not (has $k (list $.peers "ports")) }}
+{{ $at }}: unknown key {{ toJson $k }}; valid: {{ $.peers }}, ports
+{{- end }}
+{{- end }}
+{{- include "taskherd.check.peers" (dict "f" $f "key" (printf "%s.%s" $at $.peers) "peers" (get $rule $.peers | default list)) }}
+{{- range $j, $p := ($rule.ports | default list) }}
+{{- $pat := printf "%s.ports[%d]" $at $j }}
+{{- if not (kindIs "map" $p) }}
+{{ $pat }}={{ toJson $p }} is invalid; valid: {port: 5432, protocol: TCP}
+{{- else }}
+{{- range $k, $_ := $p }}
+{{- if not (has $k (list "port" "protocol" "endPort")) }}
+{{ $pat }}: unknown key {{ toJson $k }}; valid: port, protocol, endPort
+{{- end }}
+{{- end }}
+{{- if and (hasKey $p "protocol") (not (has $p.protocol (list "TCP" "UDP" "SCTP"))) }}
+{{ $pat }}.protocol={{ toJson $p.protocol }} is invalid; valid: TCP, UDP, SCTP (upper case)
+{{- end }}
+{{- if hasKey $p "port" }}
+{{- if kindIs "string" $p.port }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsLabel" "key" (printf "%s.port" $pat) "value" $p.port "max" 15) }}
+{{- else if or (not (or (kindIs "float64" $p.port) (kindIs "int64" $p.port) (kindIs "int" $p.port))) (lt (float64 $p.port) 1.0) (gt (float64 $p.port) 65535.0) (ne (float64 $p.port) (float64 (int64 $p.port))) }}
+{{ $pat }}.port={{ toJson $p.port }} is invalid; valid: a port number 1-65535 or a named port
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Kubernetes EnvVar lists: (dict "key" "workerPools[0].env" "env" $list "reserved" $names "why" "…")
+A value must be a string (an unquoted 1 or true is refused by the API server).
+*/}}
+{{- define "taskherd.check.env" -}}
+{{- range $i, $e := .env }}
+{{- $at := printf "%s[%d]" $.key $i }}
+{{- if not (kindIs "map" $e) }}
+{{ $at }}={{ toJson $e }} is not an environment variable; valid: {name: NAME, value: "text"} or {name: NAME, valueFrom: {...}}
+{{- else }}
+{{- range $k, $_ := $e }}
+{{- if not (has $k (list "name" "value" "valueFrom")) }}
+{{ $at }}: unknown key {{ toJson $k }}; valid: name, value, valueFrom
+{{- end }}
+{{- end }}
+{{- if not (and (kindIs "string" $e.name) $e.name) }}
+{{ $at }}.name={{ toJson $e.name }} is missing or not a string; every variable needs a name
+{{- else if has $e.name $.reserved }}
+{{ $at }}.name={{ toJson $e.name }} is set by the chart ({{ $.why }}); remove it here
+{{- end }}
+{{- if and (hasKey $e "value") (hasKey $e "valueFrom") }}
+{{ $at }} ({{ $e.name }}) has both value and valueFrom; keep one
+{{- end }}
+{{- if and (hasKey $e "value") (not (kindIs "string" $e.value)) }}
+{{ $at }}.value={{ toJson $e.value }} ({{ $e.name }}) is not a string; Kubernetes takes only strings: quote it (value: "{{ $e.value }}")
+{{- end }}
+{{- if and (hasKey $e "valueFrom") (not (kindIs "map" $e.valueFrom)) }}
+{{ $at }}.valueFrom={{ toJson $e.valueFrom }} ({{ $e.name }}) is invalid; valid: {secretKeyRef: {name, key}}, {configMapKeyRef: …}, {fieldRef: …}, {resourceFieldRef: …}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Resources: quantities, request <= limit. (dict "f" $f "key" "workerPools[0].resources" "resources" $map) */}}
+{{- define "taskherd.check.resources" -}}
+{{- $r := .resources | default dict }}
+{{- range $k, $_ := $r }}
+{{- if not (has $k (list "requests" "limits" "claims")) }}
+{{ $.key }}: unknown key {{ toJson $k }}; valid: requests, limits
+{{- end }}
+{{- end }}
+{{- range $section := list "requests" "limits" }}
+{{- $m := get $r $section }}
+{{- if and (hasKey $r $section) (not (kindIs "map" $m)) (not (kindIs "invalid" $m)) }}
+{{ $.key }}.{{ $section }}={{ toJson $m }} is invalid; valid: a map such as {cpu: 100m, memory: 256Mi}
+{{- else }}
+{{- range $name, $q := ($m | default dict) }}
+{{- if eq (include "taskherd.quantityValue" $q) "invalid" }}
+{{ $.key }}.{{ $section }}.{{ $name }}={{ toJson $q }} is invalid; valid: {{ $.f.quantity.valid }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $requests := $r.requests | default dict }}
+{{- $limits := $r.limits | default dict }}
+{{- if and (kindIs "map" $requests) (kindIs "map" $limits) }}
+{{- range $name, $limit := $limits }}
+{{- if hasKey $requests $name }}
+{{- $lv := include "taskherd.quantityValue" $limit }}
+{{- $rv := include "taskherd.quantityValue" (get $requests $name) }}
+{{- if and (ne $lv "invalid") (ne $rv "invalid") (gt (float64 $rv) (float64 $lv)) }}
+{{ $.key }}.requests.{{ $name }}={{ get $requests $name | toJson }} is more than {{ $.key }}.limits.{{ $name }}={{ toJson $limit }}; a request may not exceed its limit
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Extra containers (initContainers, sidecars) run in the restricted pod: they may not weaken the
+chart's security context, which they inherit (their own keys win).
+(dict "f" $f "key" "workerPools[0].sidecars" "containers" $list "taken" $names)
+*/}}
+{{- define "taskherd.check.containers" -}}
+{{- $f := .f }}
+{{- $seen := dict }}
+{{- range $i, $c := .containers }}
+{{- $at := printf "%s[%d]" $.key $i }}
+{{- if not (kindIs "map" $c) }}
+{{ $at }}={{ toJson $c }} is not a container; valid: a Kubernetes Container ({name, image, command, ...})
+{{- else }}
+{{- if not (and (kindIs "string" $c.name) (regexMatch $f.dnsLabel.re (toString $c.name))) }}
+{{ $at }}.name={{ toJson $c.name }} is missing or invalid; valid: {{ $f.dnsLabel.valid }}
+{{- else if or (has $c.name $.taken) (hasKey $seen $c.name) }}
+{{ $at }}.name={{ toJson $c.name }} is already a container of this pod; container names must be unique
+{{- end }}
+{{- $_ := set $seen (toString $c.name) true }}
+{{- if not (and (kindIs "string" $c.image) $c.image) }}
+{{ $at }}.image={{ toJson $c.image }} is missing; every container needs an image
+{{- end }}
+{{- with $c.securityContext }}
+{{- if and (kindIs "bool" .privileged) .privileged }}
+{{ $at }}.securityContext.privileged=true is refused: pods run under the restricted Pod Security Standard
+{{- end }}
+{{- if and (kindIs "bool" .allowPrivilegeEscalation) .allowPrivilegeEscalation }}
+{{ $at }}.securityContext.allowPrivilegeEscalation=true is refused: pods run under the restricted Pod Security Standard
+{{- end }}
+{{- if and (kindIs "bool" .runAsNonRoot) (not .runAsNonRoot) }}
+{{ $at }}.securityContext.runAsNonRoot=false is refused: pods run under the restricted Pod Security Standard
+{{- end }}
+{{- if and (hasKey . "runAsUser") (eq (toString .runAsUser) "0") }}
+{{ $at }}.securityContext.runAsUser=0 is refused: pods run under the restricted Pod Security Standard (non-root)
+{{- end }}
+{{- with .capabilities }}
+{{- range (.add | default list) }}
+{{- if ne . "NET_BIND_SERVICE" }}
+{{ $at }}.securityContext.capabilities.add contains {{ toJson . }}; the restricted Pod Security Standard allows only NET_BIND_SERVICE
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* -- the rules ------------------------------------------------------------------------------ */}}
+
+{{- define "taskherd.validate.broker" -}}
+{{- $f := .f }}
+{{- $b := .root.Values.broker }}
+{{- $s := $b.existingSecret }}
+{{- if not $s.name }}
+broker.existingSecret.name is empty; name the Secret holding the broker URL (kubectl create secret generic celery-broker --from-literal=url=redis://...), plain-text URLs are not accepted
+{{- else }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" "broker.existingSecret.name" "value" $s.name "max" 253) }}
+{{- end }}
+{{- if not $s.key }}
+broker.existingSecret.key is empty; give the key of the broker URL in the Secret (e.g. url)
+{{- else }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "secretKey" "key" "broker.existingSecret.key" "value" $s.key "max" 253) }}
+{{- end }}
+{{- if $s.managementUrlKey }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "secretKey" "key" "broker.existingSecret.managementUrlKey" "value" $s.managementUrlKey "max" 253) }}
+{{- if ne $b.type "rabbitmq" }}
+broker.existingSecret.managementUrlKey={{ toJson $s.managementUrlKey }} is read only for broker.type rabbitmq (the management API), but broker.type is {{ toJson $b.type }}; remove it
+{{- end }}
+{{- end }}
+{{- $ports := list }}
+{{- range $b.ports }}{{ $ports = append $ports (int .) }}{{ end }}
+{{- if ne (len (uniq $ports)) (len $ports) }}
+broker.ports={{ toJson $b.ports }} lists a port twice
+{{- end }}
+{{- if and (eq $b.type "rabbitmq") (eq (toJson $ports) "[6379]") }}
+broker.ports=[6379] is Redis's port, but broker.type is rabbitmq; leave broker.ports empty to allow RabbitMQ's [5672, 15672] (AMQP and the management API), or list the ports your broker listens on
+{{- end }}
+{{- if and (eq $b.type "redis") $ports (not (without $ports 5672 15672)) }}
+broker.ports={{ toJson $b.ports }} are RabbitMQ's ports, but broker.type is redis; leave broker.ports empty to allow Redis's [6379], or list the port your Redis listens on
+{{- end }}
+{{- include "taskherd.check.peers" (dict "f" $f "key" "broker.networkPeers" "peers" $b.networkPeers) }}
+{{- end }}
+
+{{/*
+Object names: every object of a kind has a distinct name. The prefix is trimmed before a suffix
+is added (taskherd.componentName), so only a real clash remains: a pool named like a component
+(operator, exporter, beat), or two suffixes that meet after the prefix was trimmed.
+*/}}
+{{- define "taskherd.validate.names" -}}
+{{- $root := .root }}
+{{- $f := .f }}
+{{- $v := $root.Values }}
+{{- range $key := list "fullnameOverride" "nameOverride" }}
+{{- with get $v $key }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" (toString .)) }}
+{{ $key }}={{ toJson . }} is invalid; valid: lowercase letters, digits and "-", starting and ending with a letter or digit (longer than 63 characters is cut to 63)
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $names := dict }}
+{{- $claims := list }}
+{{- if $v.operator.enabled }}
+{{- $op := include "taskherd.operator.fullname" $root }}
+{{- $claims = concat $claims (list (list "Deployment" $op "the operator (operator.enabled)") (list "ServiceAccount" $op "the operator (operator.enabled)")) }}
+{{- if $v.operator.podDisruptionBudget.enabled }}
+{{- $claims = append $claims (list "PodDisruptionBudget" $op "the operator (operator.podDisruptionBudget.enabled)") }}
+{{- end }}
+{{- end }}
+{{- if $v.exporter.enabled }}
+{{- $claims = append $claims (list "Deployment" (include "taskherd.exporter.fullname" $root) "the exporter (exporter.enabled)") }}
+{{- end }}
+{{- if $v.beat.enabled }}
+{{- $claims = append $claims (list "Deployment" (include "taskherd.beat.fullname" $root) "Celery beat (beat.enabled)") }}
+{{- end }}
+{{- range $pool := .pools }}
+{{- $at := printf "workerPools[%d].name=%s" (int $pool.index) (toJson $pool.name) }}
+{{- $claims = append $claims (list "Deployment" $pool.fullname $at) }}
+{{- if and $pool.autoscaling.enabled $v.operator.enabled }}
+{{- $claims = append $claims (list "WorkerPool" $pool.fullname $at) }}
+{{- end }}
+{{- if $pool.podDisruptionBudget.enabled }}
+{{- $claims = append $claims (list "PodDisruptionBudget" $pool.fullname $at) }}
+{{- end }}
+{{- if $pool.serviceAccount.create }}
+{{- $claims = append $claims (list "ServiceAccount" $pool.serviceAccountName (printf "%s (serviceAccount.create)" $at)) }}
+{{- end }}
+{{- end }}
+{{- range $claim := $claims }}
+{{- $id := printf "%s/%s" (index $claim 0) (index $claim 1) }}
+{{- if hasKey $names $id }}
+{{ index $claim 2 }}: {{ $id }} is also the name of {{ get $names $id }}; two objects cannot share a name: choose another pool name (or a shorter fullnameOverride)
+{{- else }}
+{{- $_ := set $names $id (index $claim 2) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* One image: (dict "ctx" $ctx "image" $img "key" (function of the field -> key as written)) */}}
+{{- define "taskherd.check.image" -}}
+{{- $f := .f }}
+{{- $img := .image }}
+{{- $registry := default $img.registry (.global.imageRegistry | default "") }}
+{{- $registryKey := ternary "global.imageRegistry" .keys.registry (not (empty .global.imageRegistry)) }}
+{{- if $registry }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "registry" "key" $registryKey "value" $registry "max" 255) }}
+{{- end }}
+{{- if not (regexMatch $f.repository.re (toString $img.repository)) }}
+{{ .keys.repository }}={{ toJson $img.repository }} is invalid; valid: {{ $f.repository.valid }}{{ if contains ":" (toString $img.repository) }} (put a tag in {{ .keys.tag }}, a digest in {{ .keys.digest }}){{ end }}
+{{- else if and $registry (regexMatch "^([^/]*[.:][^/]*|localhost)/" (toString $img.repository)) }}
+{{ .keys.repository }}={{ toJson $img.repository }} starts with a registry host, and the registry is already {{ toJson $registry }} ({{ $registryKey }}); the image would be {{ $registry }}/{{ $img.repository }}: put the host in {{ .keys.registry }} and the rest in {{ .keys.repository }}
+{{- end }}
+{{- if or (kindIs "float64" $img.tag) (kindIs "int64" $img.tag) (kindIs "int" $img.tag) }}
+{{ .keys.tag }}={{ toJson $img.tag }} is a number, not a tag: YAML reads 1.10 as 1.1 and 1.0 as 1; quote it ({{ .keys.tag }}: "{{ $img.tag }}")
+{{- else if and $img.tag (not (regexMatch $f.tag.re (toString $img.tag))) }}
+{{ .keys.tag }}={{ toJson $img.tag }} is invalid; valid: {{ $f.tag.valid }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.images" -}}
+{{- $ctx := . }}
+{{- $v := .root.Values }}
+{{- $global := $v.global | default dict }}
+{{- range $component := list "operator" "exporter" }}
+{{- $keys := dict }}
+{{- range $field := list "registry" "repository" "tag" "digest" }}{{ $_ := set $keys $field (printf "%s.image.%s" $component $field) }}{{ end }}
+{{- include "taskherd.check.image" (dict "f" $ctx.f "image" (get $v $component).image "keys" $keys "global" $global) }}
+{{- end }}
+{{- range $pool := .pools }}
+{{- $keys := dict }}
+{{- range $field := list "registry" "repository" "tag" "digest" }}
+{{- $_ := set $keys $field (include "taskherd.pool.key" (dict "root" $ctx.root "index" $pool.index "path" (printf "image.%s" $field))) }}
+{{- end }}
+{{- include "taskherd.check.image" (dict "f" $ctx.f "image" $pool.image "keys" $keys "global" $global) }}
+{{- end }}
+{{- end }}
+
+{{/* Celery worker options the chart derives from values: extraArgs may not set them again. */}}
+{{- define "taskherd.reservedWorkerArgs" -}}
+--time-limit: "set timeLimits.hardSeconds instead: the pod's grace period is derived from it"
+--soft-time-limit: "set timeLimits.softSeconds instead"
+--prefetch-multiplier: "taskherd.worker.configure fixes the prefetch at 1 (with late acks a worker must not hold messages another could run)"
+--concurrency: "set concurrency instead (the chart passes it)"
+-c: "set concurrency instead (the chart passes it)"
+--queues: "set queues instead (the chart passes it)"
+-Q: "set queues instead (the chart passes it)"
+--exclude-queues: "set queues instead (the chart passes it)"
+-X: "set queues instead (the chart passes it)"
+--max-tasks-per-child: "set maxTasksPerChild instead (the chart passes it)"
+--max-memory-per-child: "set maxMemoryPerChildKb instead (the chart passes it)"
+--loglevel: "set logLevel instead (the chart passes it)"
+-l: "set logLevel instead (the chart passes it)"
+--app: "set app instead (the chart passes it)"
+-A: "set app instead (the chart passes it)"
+--autoscale: "the operator scales pods (autoscaling); Celery's autoscale would change the concurrency the limits assume"
+--beat: "every replica would run its own beat and send each periodic task once per replica: set beat.enabled instead"
+-B: "every replica would run its own beat and send each periodic task once per replica: set beat.enabled instead"
+--detach: "a detached worker leaves the container, which then exits"
+-D: "a detached worker leaves the container, which then exits"
+--pool: "only prefork enforces the hard time limit the grace period is derived from and keeps tasks off the heartbeat loop"
+-P: "only prefork enforces the hard time limit the grace period is derived from and keeps tasks off the heartbeat loop"
+{{- end }}
+
+{{/* Environment variables the chart sets on the worker (taskherd.contract): env may not repeat them. */}}
+{{- define "taskherd.workerEnvNames" -}}
+TASKHERD_BROKER_URL TASKHERD_BROKER_TYPE TASKHERD_QUEUES TASKHERD_DEAD_LETTER_QUEUES TASKHERD_SOFT_TIME_LIMIT TASKHERD_TIME_LIMIT TASKHERD_VISIBILITY_TIMEOUT TASKHERD_DRAIN_DEADLINE TASKHERD_MAX_TASKS_PER_CHILD TASKHERD_MAX_MEMORY_PER_CHILD_KB TASKHERD_HEARTBEAT_DIR TASKHERD_HEARTBEAT_INTERVAL TASKHERD_METRICS_PORT TASKHERD_METRICS_DIR POD_NAME POD_NAMESPACE
+{{- end }}
+
+{{/* Each pool on its own. */}}
+{{- define "taskherd.validate.pools" -}}
+{{- $ctx := . }}
+{{- $root := .root }}
+{{- $f := .f }}
+{{- $v := $root.Values }}
+{{- $reservedArgs := fromYaml (include "taskherd.reservedWorkerArgs" $root) }}
+{{- $reservedEnv := splitList " " (include "taskherd.workerEnvNames" $root) }}
+{{- range $pool := .pools }}
+{{- $i := int $pool.index }}
+{{- $entry := index $v.workerPools $i }}
+{{- $k := dict }}
+{{- range $path := list "app" "queues" "deadLetterQueues" "command" "extraArgs" "timeLimits.softSeconds" "timeLimits.hardSeconds" "terminationGracePeriodSeconds" "drainMarginSeconds" "shutdownSeconds" "maxMemoryPerChildKb" "resources" "resources.limits.memory" "scratchSizeLimit" "env" "envFrom" "extraVolumes" "extraVolumeMounts" "metrics.port" "replicas" "autoscaling.enabled" "autoscaling.minReplicas" "autoscaling.maxReplicas" "autoscaling.deadLetter.alertmanagerUrl" "autoscaling.deadLetter.webhookUrl" "podDisruptionBudget.maxUnavailable" "podLabels" "podAnnotations" "nodeSelector" "imagePullSecrets" "priorityClassName" "serviceAccount.name" "serviceAccount.annotations" "initContainers" "sidecars" }}
+{{- $_ := set $k $path (include "taskherd.pool.key" (dict "root" $root "index" $i "path" $path)) }}
+{{- end }}
+{{- /* app and command */}}
+{{- if and (empty $pool.command) (not $pool.app) }}
+workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is workerPoolDefaults.app; set the Celery application (celery -A <app>) in either, or a full command
+{{- else if and (empty $pool.command) (not (regexMatch $f.celeryApp.re (toString $pool.app))) }}
+{{ $k.app }}={{ toJson $pool.app }} is invalid; valid: {{ $f.celeryApp.valid }}
+{{- end }}
+{{- if and $pool.command $pool.extraArgs }}
+{{ $k.extraArgs }}={{ toJson $pool.extraArgs }} would be ignored: {{ $k.command }} replaces the whole command; put the arguments in the command
+{{- end }}
+{{- if empty $pool.command }}
+{{- range $j, $arg := $pool.extraArgs }}
+{{- $flag := regexReplaceAll "^(--[^=]+)=.*$|^(-[A-Za-z]).+$" (toString $arg) "${1}${2}" }}
+{{- if and (hasKey $reservedArgs $flag) (not (regexMatch "^(--pool=|-P)prefork$" (toString $arg))) }}
+{{ $k.extraArgs }}[{{ $j }}]={{ toJson $arg }} is refused: {{ get $reservedArgs $flag }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- /* queues and their dead-letter queues */}}
+{{- if empty $pool.queues }}
+{{ $k.queues }} is empty (pool {{ toJson $pool.name }}); list at least one queue to consume
+{{- else }}
+{{- range $q := $pool.queues }}
+{{- if not (regexMatch $f.queue.re (toString $q)) }}
+{{ $k.queues }} contains {{ toJson $q }}, which is invalid; valid: {{ $f.queue.valid }}
+{{- end }}
+{{- end }}
+{{- if ne (len (uniq $pool.queues)) (len $pool.queues) }}
+{{ $k.queues }}={{ toJson $pool.queues }} names a queue twice
+{{- end }}
+{{- if ne (len $pool.deadLetterQueues) (len $pool.queues) }}
+{{ $k.deadLetterQueues }}={{ toJson $pool.deadLetterQueues }} names {{ len $pool.deadLetterQueues }} queue(s) for the {{ len $pool.queues }} of {{ $k.queues }}={{ toJson $pool.queues }}; give one dead-letter queue per queue, in the same order, or none for <queue>.dlq
+{{- else }}
+{{- range $dlq := $pool.deadLetterQueues }}
+{{- if and (not $pool.deadLetterQueuesDerived) (not (regexMatch $f.queue.re (toString $dlq))) }}
+{{ $k.deadLetterQueues }} contains {{ toJson $dlq }}, which is invalid; valid: {{ $f.queue.valid }}
+{{- else if has $dlq $pool.queues }}
+{{ $k.deadLetterQueues }} contains {{ toJson $dlq }}, which is also one of {{ $k.queues }}; a dead-letter queue must not be consumed as work
+{{- end }}
+{{- end }}
+{{- if ne (len (uniq $pool.deadLetterQueues)) (len $pool.deadLetterQueues) }}
+{{ $k.deadLetterQueues }}={{ toJson $pool.deadLetterQueues }} names a queue twice; each queue needs its own dead-letter queue
+{{- end }}
+{{- end }}
+{{- end }}
+{{- /* time */}}
+{{- $soft := int64 $pool.timeLimits.softSeconds }}
+{{- $hard := int64 $pool.timeLimits.hardSeconds }}
+{{- if ge $soft $hard }}
+{{ index $k "timeLimits.softSeconds" }}={{ $soft }} must be less than {{ index $k "timeLimits.hardSeconds" }}={{ $hard }}, so the task gets SoftTimeLimitExceeded before it is killed
+{{- end }}
+{{- if lt (int64 $pool.graceSeconds) (int64 $pool.minGraceSeconds) }}
+{{ index $k "terminationGracePeriodSeconds" }}={{ int64 $pool.graceSeconds }} is too short: it must be at least timeLimits.hardSeconds + drainMarginSeconds + shutdownSeconds = {{ $hard }} + {{ int64 $pool.drainMarginSeconds }} + {{ int64 $pool.shutdownSeconds }} = {{ int64 $pool.minGraceSeconds }}, or a task within its time limit is SIGKILLed; leave it empty to derive it
+{{- end }}
+{{- if and (eq $v.broker.type "redis") (le (int64 $v.broker.visibilityTimeoutSeconds) $hard) }}
+broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} must be greater than {{ index $k "timeLimits.hardSeconds" }}={{ $hard }}: Redis would deliver a task again while it still runs
+{{- end }}
+{{- /* memory */}}
+{{- include "taskherd.check.resources" (dict "f" $f "key" $k.resources "resources" $pool.resources) }}
+{{- $memory := include "taskherd.quantityValue" ((($pool.resources | default dict).limits | default dict).memory | default "") }}
+{{- if and (gt (int64 $pool.maxMemoryPerChildKb) 0) (ne $memory "invalid") (gt (float64 $memory) 0.0) (ge (mulf (float64 $pool.maxMemoryPerChildKb) 1024.0) (float64 $memory)) }}
+{{ $k.maxMemoryPerChildKb }}={{ int64 $pool.maxMemoryPerChildKb }} KiB is not below {{ index $k "resources.limits.memory" }}={{ toJson $pool.resources.limits.memory }}: the pod is OOM-killed before Celery replaces the child (it checks after each task); set it well below the limit, or 0
+{{- end }}
+{{- if eq (include "taskherd.quantityValue" $pool.scratchSizeLimit) "invalid" }}
+{{ $k.scratchSizeLimit }}={{ toJson $pool.scratchSizeLimit }} is invalid; valid: {{ $f.quantity.valid }}
+{{- end }}
+{{- /* environment, volumes, extra containers */}}
+{{- include "taskherd.check.env" (dict "key" $k.env "env" $pool.env "reserved" $reservedEnv "why" "the chart <-> worker contract, docs/chart.md: set the value it comes from") }}
+{{- range $j, $from := $pool.envFrom }}
+{{- if not (and (kindIs "map" $from) (or $from.configMapRef $from.secretRef) (not (and $from.configMapRef $from.secretRef))) }}
+{{ $k.envFrom }}[{{ $j }}]={{ toJson $from }} is invalid; valid: {configMapRef: {name: …}} or {secretRef: {name: …}}, with an optional prefix
+{{- end }}
+{{- end }}
+{{- $reservedVolumes := list "tmp" "heartbeat" "prometheus" "beat-schedule" }}
+{{- $volumes := list }}
+{{- range $j, $vol := $pool.extraVolumes }}
+{{- if not (and (kindIs "map" $vol) (kindIs "string" $vol.name) (regexMatch $f.dnsLabel.re (toString $vol.name))) }}
+{{ $k.extraVolumes }}[{{ $j }}].name={{ toJson (and (kindIs "map" $vol) $vol.name) }} is missing or invalid; valid: {{ $f.dnsLabel.valid }}
+{{- else if or (has $vol.name $volumes) (has $vol.name $reservedVolumes) }}
+{{ $k.extraVolumes }}[{{ $j }}].name={{ toJson $vol.name }} is already a volume of the pod (the chart's {{ join ", " $reservedVolumes }}, or an earlier entry); choose another name
+{{- else }}
+{{- $volumes = append $volumes $vol.name }}
+{{- end }}
+{{- end }}
+{{- range $j, $m := $pool.extraVolumeMounts }}
+{{- if not (kindIs "map" $m) }}
+{{ $k.extraVolumeMounts }}[{{ $j }}]={{ toJson $m }} is not a volume mount; valid: {name, mountPath}
+{{- else }}
+{{- if not (has $m.name $volumes) }}
+{{ $k.extraVolumeMounts }}[{{ $j }}].name={{ toJson $m.name }} is not one of the pool's extraVolumes {{ toJson $volumes }}; add it to {{ $k.extraVolumes }} (the pool's pods, beat and the test pod mount the same volumes)
+{{- end }}
+{{- if not (and (kindIs "string" $m.mountPath) (hasPrefix "/" (toString $m.mountPath))) }}
+{{ $k.extraVolumeMounts }}[{{ $j }}].mountPath={{ toJson $m.mountPath }} is invalid; valid: an absolute path
+{{- else if has (trimSuffix "/" $m.mountPath) (list "/tmp" "/run/taskherd/heartbeat" "/run/taskherd/prometheus" "/run/taskherd/beat") }}
+{{ $k.extraVolumeMounts }}[{{ $j }}].mountPath={{ toJson $m.mountPath }} is where the chart mounts its own volume; choose another path
+{{- end }}
+{{- end }}
+{{- end }}
+{{- include "taskherd.check.containers" (dict "f" $f "key" $k.initContainers "containers" $pool.initContainers "taken" (list "taskherd-worker")) }}
+{{- $taken := list "taskherd-worker" }}
+{{- range $pool.initContainers }}{{ if kindIs "map" . }}{{ $taken = append $taken (toString .name) }}{{ end }}{{ end }}
+{{- include "taskherd.check.containers" (dict "f" $f "key" $k.sidecars "containers" $pool.sidecars "taken" $taken) }}
+{{- /* scaling and disruption */}}
+{{- $as := $pool.autoscaling }}
+{{- if $as.enabled }}
+{{- if gt (int64 $as.minReplicas) (int64 $as.maxReplicas) }}
+{{ index $k "autoscaling.minReplicas" }}={{ int64 $as.minReplicas }} must not exceed {{ index $k "autoscaling.maxReplicas" }}={{ int64 $as.maxReplicas }}
+{{- end }}
+{{- if not $v.operator.enabled }}
+{{ index $k "autoscaling.enabled" }}=true but operator.enabled=false; nothing would scale pool {{ toJson $pool.name }} (disable autoscaling and set replicas, or enable the operator)
+{{- end }}
+{{- if and (kindIs "map" $entry) (hasKey $entry "replicas") }}
+workerPools[{{ $i }}].replicas={{ toJson $entry.replicas }} would be ignored: {{ index $k "autoscaling.enabled" }}=true and the operator owns the replica count; set autoscaling.minReplicas/maxReplicas, or autoscaling.enabled=false
+{{- end }}
+{{- if ne (int64 $pool.metrics.port) (int64 $v.workerPoolDefaults.metrics.port) }}
+{{ index $k "metrics.port" }}={{ int64 $pool.metrics.port }} differs from workerPoolDefaults.metrics.port={{ int64 $v.workerPoolDefaults.metrics.port }}; the operator reads busyness of autoscaled pools on the default port, so set it there
+{{- end }}
+{{- if and $as.deadLetter.alertmanagerUrl $as.deadLetter.webhookUrl }}
+{{ index $k "autoscaling.deadLetter.alertmanagerUrl" }} and {{ index $k "autoscaling.deadLetter.webhookUrl" }} are both set; choose one page target
+{{- end }}
+{{- include "taskherd.check.url" (dict "f" $f "key" (index $k "autoscaling.deadLetter.alertmanagerUrl") "value" $as.deadLetter.alertmanagerUrl) }}
+{{- include "taskherd.check.url" (dict "f" $f "key" (index $k "autoscaling.deadLetter.webhookUrl") "value" $as.deadLetter.webhookUrl) }}
+{{- end }}
+{{- if $pool.podDisruptionBudget.enabled }}
+{{- $mu := $pool.podDisruptionBudget.maxUnavailable }}
+{{- if kindIs "string" $mu }}
+{{- if not (regexMatch $f.percent.re $mu) }}
+{{ index $k "podDisruptionBudget.maxUnavailable" }}={{ toJson $mu }} is invalid; valid: a whole number >= 1 or {{ $f.percent.valid }}
+{{- else if eq $mu "0%" }}
+{{ index $k "podDisruptionBudget.maxUnavailable" }}="0%" would block every node drain forever; valid: at least 1 (or 1%), or podDisruptionBudget.enabled=false
+{{- end }}
+{{- else if eq (int64 $mu) 0 }}
+{{ index $k "podDisruptionBudget.maxUnavailable" }}=0 would block every node drain forever; valid: at least 1 (or 1%), or podDisruptionBudget.enabled=false
+{{- end }}
+{{- end }}
+{{- /* metadata and scheduling */}}
+{{- include "taskherd.check.labels" (dict "f" $f "key" $k.podLabels "labels" $pool.podLabels "reserved" true) }}
+{{- include "taskherd.check.annotations" (dict "f" $f "key" $k.podAnnotations "annotations" $pool.podAnnotations) }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" $k.nodeSelector "labels" $pool.nodeSelector) }}
+{{- include "taskherd.check.pullSecrets" (dict "f" $f "key" $k.imagePullSecrets "secrets" $pool.imagePullSecrets) }}
+{{- if $pool.priorityClassName }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" $k.priorityClassName "value" $pool.priorityClassName "max" 253) }}
+{{- end }}
+{{- if $pool.serviceAccount.name }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" (index $k "serviceAccount.name") "value" $pool.serviceAccount.name "max" 253) }}
+{{- end }}
+{{- include "taskherd.check.annotations" (dict "f" $f "key" (index $k "serviceAccount.annotations") "annotations" $pool.serviceAccount.annotations) }}
+{{- if and $pool.serviceAccount.annotations (not $pool.serviceAccount.create) }}
+{{ index $k "serviceAccount.annotations" }} would be ignored: serviceAccount.create is false, so the chart creates no ServiceAccount to annotate; set serviceAccount.create=true
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Rules across pools: names, shared queues. */}}
+{{- define "taskherd.validate.poolsTogether" -}}
+{{- $seen := dict }}
+{{- $queueOwner := dict }}
+{{- $dlqOf := dict }}
+{{- $scaledBy := dict }}
+{{- range $pool := .pools }}
+{{- $at := printf "workerPools[%d]" (int $pool.index) }}
+{{- if hasKey $seen (toString $pool.name) }}
+{{ $at }}.name={{ toJson $pool.name }} is also the name of {{ get $seen (toString $pool.name) }}; pool names must be unique
+{{- else }}
+{{- $_ := set $seen (toString $pool.name) $at }}
+{{- end }}
+{{- range $j, $q := $pool.queues }}
+{{- $dlq := "" }}
+{{- if lt $j (len $pool.deadLetterQueues) }}{{ $dlq = index $pool.deadLetterQueues $j }}{{ end }}
+{{- if and (hasKey $dlqOf $q) (ne (get $dlqOf $q) $dlq) }}
+{{ $at }} (pool {{ toJson $pool.name }}) gives queue {{ toJson $q }} the dead-letter queue {{ toJson $dlq }}, but {{ get $queueOwner $q }} gives it {{ toJson (get $dlqOf $q) }}; a queue has one dead-letter queue
+{{- end }}
+{{- if and $pool.autoscaling.enabled (hasKey $scaledBy $q) }}
+{{ $at }} (pool {{ toJson $pool.name }}) and {{ get $scaledBy $q }} both autoscale on queue {{ toJson $q }}; each would scale to the whole depth (twice the workers): let one pool consume it, or disable autoscaling on one
+{{- end }}
+{{- if $pool.autoscaling.enabled }}{{ $_ := set $scaledBy $q (printf "%s (pool %s)" $at (toJson $pool.name)) }}{{ end }}
+{{- $_ := set $dlqOf $q $dlq }}
+{{- $_ := set $queueOwner $q (printf "%s (pool %s)" $at (toJson $pool.name)) }}
+{{- end }}
+{{- end }}
+{{- range $pool := .pools }}
+{{- range $dlq := $pool.deadLetterQueues }}
+{{- if and (hasKey $queueOwner $dlq) (not (has $dlq $pool.queues)) }}
+workerPools[{{ int $pool.index }}] (pool {{ toJson $pool.name }}) uses {{ toJson $dlq }} as a dead-letter queue, but {{ get $queueOwner $dlq }} consumes it as work; a dead-letter queue must not be consumed
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.network" -}}
+{{- $f := .f }}
+{{- $np := .root.Values.networkPolicy }}
+{{- range $i, $cidr := $np.apiServer.cidrs }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "cidr" "key" (printf "networkPolicy.apiServer.cidrs[%d]" $i) "value" $cidr) }}
+{{- end }}
+{{- include "taskherd.check.policyRules" (dict "f" $f "key" "networkPolicy.workerExtraEgress" "rules" $np.workerExtraEgress "peers" "to") }}
+{{- include "taskherd.check.policyRules" (dict "f" $f "key" "networkPolicy.operatorExtraEgress" "rules" $np.operatorExtraEgress "peers" "to") }}
+{{- include "taskherd.check.peers" (dict "f" $f "key" "networkPolicy.metricsIngress.from" "peers" $np.metricsIngress.from) }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" "networkPolicy.dns.namespaceSelector" "labels" $np.dns.namespaceSelector) }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" "networkPolicy.dns.podSelector" "labels" $np.dns.podSelector) }}
+{{- end }}
+
+{{- define "taskherd.validate.operator" -}}
+{{- $f := .f }}
+{{- $op := .root.Values.operator }}
+{{- if and $op.enabled (eq (int64 $op.healthPort) (int64 $op.metricsPort)) }}
+operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ int64 $op.metricsPort }}; the health endpoint and /metrics are two servers and need two ports
+{{- end }}
+{{- include "taskherd.check.url" (dict "f" $f "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
+{{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.serviceAccount.annotations" "annotations" $op.serviceAccount.annotations) }}
+{{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.podAnnotations" "annotations" $op.podAnnotations) }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" "operator.nodeSelector" "labels" $op.nodeSelector) }}
+{{- include "taskherd.check.pullSecrets" (dict "f" $f "key" "operator.imagePullSecrets" "secrets" $op.imagePullSecrets) }}
+{{- include "taskherd.check.resources" (dict "f" $f "key" "operator.resources" "resources" $op.resources) }}
+{{- include "taskherd.check.resources" (dict "f" $f "key" "exporter.resources" "resources" .root.Values.exporter.resources) }}
+{{- include "taskherd.check.env" (dict "key" "operator.env" "env" $op.env "reserved" (list "POD_NAME" "POD_NAMESPACE" "TASKHERD_LEASE_NAME" "TASKHERD_OPERATOR_METRICS_PORT" "TASKHERD_OPERATOR_HEALTH_PORT" "TASKHERD_WORKER_METRICS_PORT" "TASKHERD_ALERTMANAGER_URL") "why" "operator.* values") }}
+{{- if $op.priorityClassName }}
+{{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" "operator.priorityClassName" "value" $op.priorityClassName "max" 253) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Monitoring objects that would be created but could not work, and the one-page rule: a dead
+letter pages from ONE source (docs/chart.md, "One page per dead letter").
+*/}}
+{{- define "taskherd.validate.monitoring" -}}
+{{- $f := .f }}
+{{- $v := .root.Values }}
+{{- $m := $v.monitoring }}
+{{- if and $m.podMonitor.enabled $v.networkPolicy.enabled (not $v.networkPolicy.metricsIngress.enabled) }}
+monitoring.podMonitor.enabled=true but networkPolicy.metricsIngress.enabled=false: the NetworkPolicies would block Prometheus from the pods; set networkPolicy.metricsIngress.enabled=true (and .from to your Prometheus namespace)
+{{- end }}
+{{- if and $m.serviceMonitor.enabled (not $v.operator.enabled) }}
+monitoring.serviceMonitor.enabled=true scrapes the operator, but operator.enabled=false; disable one of them
+{{- end }}
+{{- if and $m.serviceMonitor.enabled $v.operator.enabled $v.networkPolicy.enabled (not $v.networkPolicy.metricsIngress.enabled) }}
+monitoring.serviceMonitor.enabled=true but networkPolicy.metricsIngress.enabled=false: the operator's NetworkPolicy would block Prometheus; set networkPolicy.metricsIngress.enabled=true
+{{- end }}
+{{- if $m.prometheusRule.enabled }}
+{{- if $v.operator.defaultAlertmanagerUrl }}
+operator.defaultAlertmanagerUrl is set and monitoring.prometheusRule.enabled=true: both would page TaskherdDeadLetterQueue for the same dead letters (twice, from two sources); keep the PrometheusRule and remove the URL, or disable the PrometheusRule
+{{- end }}
+{{- range $pool := $.pools }}
+{{- if and $pool.autoscaling.enabled (or $pool.autoscaling.deadLetter.alertmanagerUrl $pool.autoscaling.deadLetter.webhookUrl) }}
+{{ include "taskherd.pool.key" (dict "root" $.root "index" $pool.index "path" (ternary "autoscaling.deadLetter.alertmanagerUrl" "autoscaling.deadLetter.webhookUrl" (not (empty $pool.autoscaling.deadLetter.alertmanagerUrl)))) }} is set and monitoring.prometheusRule.enabled=true: both would page for the dead letters of pool {{ toJson $pool.name }} (twice, from two sources); keep the PrometheusRule and remove the URL, or disable the PrometheusRule
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $name := list "podMonitor" "serviceMonitor" "prometheusRule" "grafanaDashboard" }}
+{{- include "taskherd.check.labels" (dict "f" $f "key" (printf "monitoring.%s.labels" $name) "labels" (get $m $name).labels "reserved" true) }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.beat" -}}
+{{- $v := .root.Values }}
+{{- $beat := $v.beat }}
+{{- if $beat.enabled }}
+{{- $names := list }}
+{{- range .pools }}{{ $names = append $names (toString .name) }}{{ end }}
+{{- if not .pools }}
+beat.enabled=true but workerPools is empty; beat runs with a pool's image, app and queues
+{{- else if and $beat.pool (not (has $beat.pool $names)) }}
+beat.pool={{ toJson $beat.pool }} is not a pool; valid: one of {{ toJson $names }} (or empty for the first)
+{{- else }}
+{{- $pool := index .pools 0 }}
+{{- range .pools }}{{ if eq (toString .name) $beat.pool }}{{ $pool = . }}{{ end }}{{ end }}
+{{- if and $pool.command (not $beat.command) }}
+beat.enabled=true with pool {{ toJson $pool.name }}, whose command replaces celery's (no app to run beat with); set beat.command too
+{{- end }}
+{{- end }}
+{{- range $j, $arg := $beat.extraArgs }}
+{{- $flag := regexReplaceAll "^(--[^=]+)=.*$|^(-[A-Za-z]).+$" (toString $arg) "${1}${2}" }}
+{{- if has $flag (list "--schedule" "-s" "--max-interval" "--detach" "-D" "--pidfile" "--app" "-A") }}
+beat.extraArgs[{{ $j }}]={{ toJson $arg }} would override what the chart sets ({{ $flag }}); use beat.maxIntervalSeconds, beat.scheduler, or beat.pool's app
+{{- end }}
+{{- end }}
+{{- include "taskherd.check.resources" (dict "f" .f "key" "beat.resources" "resources" $beat.resources) }}
+{{- include "taskherd.check.annotations" (dict "f" .f "key" "beat.podAnnotations" "annotations" $beat.podAnnotations) }}
+{{- include "taskherd.check.labels" (dict "f" .f "key" "beat.nodeSelector" "labels" $beat.nodeSelector) }}
+{{- if $beat.priorityClassName }}
+{{- include "taskherd.check.format" (dict "f" .f "format" "dnsSubdomain" "key" "beat.priorityClassName" "value" $beat.priorityClassName "max" 253) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.tests" -}}
+{{- $tests := .root.Values.tests }}
+{{- if and $tests.enabled $tests.pool }}
+{{- $names := list }}
+{{- range .pools }}{{ $names = append $names (toString .name) }}{{ end }}
+{{- if not (has $tests.pool $names) }}
+tests.pool={{ toJson $tests.pool }} is not a pool; valid: one of {{ toJson $names }} (or empty for the first)
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.metadata" -}}
+{{- $v := .root.Values }}
+{{- include "taskherd.check.labels" (dict "f" .f "key" "commonLabels" "labels" $v.commonLabels "reserved" true) }}
+{{- include "taskherd.check.annotations" (dict "f" .f "key" "commonAnnotations" "annotations" $v.commonAnnotations) }}
+{{- end }}
+
+{{- define "taskherd.validate.security" -}}
+{{- $seccomp := .root.Values.podSecurityContext.seccompProfile }}
+{{- if and (eq $seccomp.type "Localhost") (not $seccomp.localhostProfile) }}
+podSecurityContext.seccompProfile.type=Localhost needs podSecurityContext.seccompProfile.localhostProfile (the profile's path on the node)
+{{- end }}
+{{- if and (ne $seccomp.type "Localhost") $seccomp.localhostProfile }}
+podSecurityContext.seccompProfile.localhostProfile is set, but type is {{ toJson $seccomp.type }}; it is read only with type Localhost
+{{- end }}
+{{- end }}
+
+{{- define "taskherd.validate.extraDeploy" -}}
+{{- range $i, $obj := .root.Values.extraDeploy }}
+{{- if kindIs "map" $obj }}
+{{- if not (and $obj.apiVersion $obj.kind (kindIs "map" $obj.metadata) ($obj.metadata | default dict).name) }}
+extraDeploy[{{ $i }}] has no apiVersion, kind or metadata.name; valid: a whole Kubernetes object (or a string template rendering one)
+{{- end }}
+{{- else if not (kindIs "string" $obj) }}
+extraDeploy[{{ $i }}]={{ toJson $obj }} is not an object; valid: a Kubernetes object, or a string rendered with tpl
+{{- end }}
+{{- end }}
+{{- end }}
