@@ -3,13 +3,20 @@ Redis-guarded effects from the store's Redis, and the dead-letter queue — ever
 that start with the scenario's prefix, as checker types. The shell around checker.py."""
 from __future__ import annotations
 
+import httpx
 import psycopg
 import redis
 
 from e2e.demo.ledger import read_envelopes
+from e2e.lib.cluster import CommandFailed
+from taskherd.queues import BrokerUnreachable
 
 from .checker import Attempt, DeadLetter
 from .deploy import Release, ledger_modules
+
+#: what reading the ledger, the queues or the cluster raises while a fault is on (a database or a
+#: broker restarting, a port-forward being replaced): a poll that meets one looks again later
+UNAVAILABLE = (psycopg.Error, redis.RedisError, OSError, httpx.HTTPError, BrokerUnreachable, CommandFailed)
 
 
 def effects(release: Release, prefix: str) -> tuple[list[str], list[str], list[str]]:

@@ -156,7 +156,7 @@ class Scenario:
             return last
 
         try:
-            wait_for(f"the steady state {list(names)}", problems, timeout, 2, equals=[])
+            wait_for(f"the steady state {list(names)}", problems, timeout, 2, equals=[], ignoring=ledger.UNAVAILABLE)
             return []
         except WaitTimeout:
             return last or ["timed out"]
@@ -211,7 +211,7 @@ class Scenario:
 
         try:
             wait_for("every task settled and the steady state back", settled, self.spec.recovery_seconds, 2,
-                     ignoring=(OSError, RuntimeError))
+                     ignoring=ledger.UNAVAILABLE)
         except WaitTimeout:
             waiting = last.get("waiting", [])
             self.failures.append(f"not recovered within {self.spec.recovery_seconds:.0f}s of the fault's end: "

@@ -122,7 +122,7 @@ def _one_fault(ctx: Context, spec: FaultSpec, t0: float, marks: list[Mark], wind
     record: dict = {"fault": spec.name}
     try:
         wait_for("every worker Ready before the next fault", lambda: _serving(ctx, ready_only=True),
-                 STEADY_SECONDS, 2)
+                 STEADY_SECONDS, 2, ignoring=ledger.UNAVAILABLE)
     except WaitTimeout as exc:
         record["error"] = f"not steady before the fault: {exc}"
         return record
@@ -144,7 +144,8 @@ def _one_fault(ctx: Context, spec: FaultSpec, t0: float, marks: list[Mark], wind
     windows.append((round(start - t0, 1), round(end - t0, 1), spec.name))
     record.update(start=round(start - t0, 1), end=round(end - t0, 1))
     try:
-        wait_for(f"service back after {spec.name}", lambda: _serving(ctx, ready_only=False), STEADY_SECONDS, 1)
+        wait_for(f"service back after {spec.name}", lambda: _serving(ctx, ready_only=False), STEADY_SECONDS, 1,
+                 ignoring=ledger.UNAVAILABLE)
         record["recovery_seconds"] = round(time.time() - end, 1)
         marks.append(Mark(round(time.time() - t0, 1), "recovered", "recovered"))
     except WaitTimeout as exc:
@@ -178,7 +179,7 @@ def _settle(ctx: Context, producer: Producer, prefix: str) -> str | None:
         return not last
 
     try:
-        wait_for("every task of the soak settled", done, SETTLE_SECONDS, 5, ignoring=(OSError, RuntimeError))
+        wait_for("every task of the soak settled", done, SETTLE_SECONDS, 5, ignoring=ledger.UNAVAILABLE)
         return None
     except WaitTimeout:
         return f"{len(last)} task(s) without an outcome {SETTLE_SECONDS}s after the load stopped: {last[:5]}"

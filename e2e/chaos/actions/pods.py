@@ -48,7 +48,7 @@ class KillProcess(Action):
             timeout = STOPPED_WORKER_RESTART_SECONDS if signum is signal.SIGSTOP else 90
             for hit in hits:
                 pod = hit["pod"]
-                seen = wait_for(f"{pod}'s container restarted after SIG{signum.name.removeprefix('SIG')}",
+                seen = ctx.cluster.wait(f"{pod}'s container restarted after {signum.name}",
                                 lambda p=pod: _restart_counts(ctx, [p])[p], timeout, 1,
                                 until=lambda n, b=hit["restarts_before"]: n > b)
                 hit["restarts_after"] = seen
@@ -60,7 +60,7 @@ class KillProcess(Action):
             else:
                 wait_workers_ready(ctx, "every worker Ready again", timeout)
 
-        return Injection(f"SIG{signum.name.removeprefix('SIG')} to the main process of "
+        return Injection(f"{signum.name} to the main process of "
                          + ", ".join(f"{h['pod']} ({h['in_flight']} task(s) running)" for h in hits),
                          recover, evidence)
 

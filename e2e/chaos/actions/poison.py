@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from e2e.lib.waiting import wait_for
 
-from ..ledger import dead_letters
+from ..ledger import UNAVAILABLE, dead_letters
 from . import Action, Context, Injection, count, one_of
 
 #: the hard limit ends a wedged task (30 s); an OOM poison runs MAX_DELIVERIES times, a few s each
@@ -45,7 +45,8 @@ class SendPoison(Action):
 
         def recover() -> None:
             wait_for(f"the {kind} poison {sorted(keys)} in the dead-letter queue",
-                     lambda: keys <= {d.key for d in dead_letters(ctx.release)}, DEAD_LETTERED_WITHIN_SECONDS, 2)
+                     lambda: keys <= {d.key for d in dead_letters(ctx.release)}, DEAD_LETTERED_WITHIN_SECONDS, 2,
+                     ignoring=UNAVAILABLE)
             if kind == "oom":
                 after = {pod: oom_kills(ctx, pod) for pod in before}
                 evidence["oom_kills"] = {pod: (before[pod], after[pod]) for pod in before}
