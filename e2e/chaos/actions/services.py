@@ -84,11 +84,11 @@ return 1
 
 
 class DeadLetterQueueUnwritable(Action):
-    """Every publish to the DLQ fails for the fault's duration — Redis: the list replaced by a
-    string (LPUSH answers WRONGTYPE); RabbitMQ: a `max-length 0, reject-publish` policy (the
-    publisher confirm is a nack) — while poison tasks fail. They must be put back, not acked nor
-    lost, and land in the DLQ once it is writable again. The file's load sends no poison of its
-    own: the DLQ is empty when the policy applies, so nothing in it can be dropped."""
+    """Every publish to the DLQ fails for the fault's duration — Redis: the list set aside and a
+    string put in its place (LPUSH answers WRONGTYPE); RabbitMQ: a `reject-publish` policy whose
+    max-length is the DLQ's depth at that moment (the publisher confirm is a nack) — while poison
+    tasks fail. They must be put back, not acked nor lost, and land in the DLQ once it is writable
+    again."""
 
     name = "dlq-unwritable"
     targets = ("dead-letter-queue",)
@@ -105,15 +105,16 @@ class DeadLetterQueueUnwritable(Action):
         else:
             vhost = quote(ctx.release.tenancy.vhost, safe="")
             api = _management(urls.management)
-            depth = api.get(f"/api/queues/{vhost}/{quote(dlq, safe='')}").json().get("messages", 0)
-            if depth:
-                raise ActionError(f"{dlq} holds {depth} message(s): a max-length 0 policy could drop them; "
-                                  "this fault needs an empty DLQ (its file sends no poison before the fault)")
+            # The limit is what the DLQ holds now (earlier scenarios' envelopes): nothing is dropped,
+            # nothing more gets in.
+            queue = api.get(f"/api/queues/{vhost}/{quote(dlq, safe='')}")
+            queue.raise_for_status()
+            depth = queue.json().get("messages", 0)
             api.put(f"/api/policies/{vhost}/{_POLICY}", json={
                 "pattern": f"^{dlq.replace('.', '[.]')}$", "apply-to": "queues", "priority": 100,
-                "definition": {"max-length": 0, "overflow": "reject-publish"}}).raise_for_status()
+                "definition": {"max-length": depth, "overflow": "reject-publish"}}).raise_for_status()
             unblock = lambda: api.delete(f"/api/policies/{vhost}/{_POLICY}").raise_for_status()  # noqa: E731
-            how = f"policy {_POLICY} on {dlq}: max-length 0, reject-publish"
+            how = f"policy {_POLICY} on {dlq}: max-length {depth} (its depth now), reject-publish"
         time.sleep(2)  # RabbitMQ applies a policy asynchronously
         tasks = ctx.poison("permanent", params.get("poison", 2))
         for task in tasks:
