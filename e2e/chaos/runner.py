@@ -292,6 +292,9 @@ def expectation_problems(expect: Iterable[str], *, injection: Injection | None, 
     for name in expect:
         if name == "attempts-interrupted" and result.interrupted_attempts == 0:
             problems.append("attempts-interrupted: no attempt was cut off: the fault did not hit a running task")
+        elif name == "ran-elsewhere" and not ran_elsewhere(attempts, hit_pods(evidence)):
+            problems.append(f"ran-elsewhere: no task of the pods hit ({', '.join(hit_pods(evidence)) or 'none'}) "
+                            f"ran again on another pod: the fault did not take work away from them")
         elif name == "container-restarted":
             hits = evidence.get("hits", [])
             if not hits or any(h.get("restarts_after", 0) <= h.get("restarts_before", 0) for h in hits):
@@ -328,6 +331,20 @@ def expectation_problems(expect: Iterable[str], *, injection: Injection | None, 
         elif name == "pods-moved" and evidence.get("workers_left_on_node"):
             problems.append(f"pods-moved: workers still on the node: {evidence['workers_left_on_node']}")
     return problems
+
+
+def hit_pods(evidence: dict) -> list[str]:
+    return list(evidence.get("pods") or evidence.get("workers_on_node") or [h["pod"] for h in evidence.get("hits", [])])
+
+
+def ran_elsewhere(attempts: Iterable[checker.Attempt], pods: Iterable[str]) -> bool:
+    """Whether a task that had an attempt on one of `pods` was then attempted on another pod."""
+    pods = set(pods)
+    by_key: dict[str, list[checker.Attempt]] = {}
+    for a in attempts:
+        by_key.setdefault(a.key, []).append(a)
+    return any(a.pod in pods and any(b.pod not in pods and b.started_at > a.started_at for b in runs)
+               for runs in by_key.values() for a in runs)
 
 
 # --- a run --------------------------------------------------------------------------------------------

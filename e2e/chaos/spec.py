@@ -46,8 +46,8 @@ REQUIREMENTS = ("node-access", "nodes>1", "kind", "rabbitmq-cluster")
 TRIGGERS = ("inFlight", "afterSeconds", "scalingUp", "scalingDown")
 STEADY_STATES = ("workers-ready", "queue-empty", "operator-leading", "outbox-empty")
 #: fault-specific evidence the runner checks after the ledger invariants
-EXPECTATIONS = ("attempts-interrupted", "container-restarted", "pod-replaced", "scaled-up", "scaled-down",
-                "idle-first", "rolled-out", "leader-changed", "poison-dead-lettered", "pods-moved")
+EXPECTATIONS = ("attempts-interrupted", "ran-elsewhere", "container-restarted", "pod-replaced", "scaled-up",
+                "scaled-down", "idle-first", "rolled-out", "leader-changed", "poison-dead-lettered", "pods-moved")
 #: the poison kinds the workload can send, and the DLQ reason each must end with
 POISON_REASONS = {"permanent": "permanent-error", "oom": "killed-worker", "socket-wedge": "hard-time-limit"}
 

@@ -134,8 +134,22 @@ def claim(services: Services, *, owner: str, broker: str, quorum: bool = False) 
     if broker == "rabbitmq":
         tenants.fresh_vhost((host.quorum if quorum else host.main).management, vhost)
     tenants.fresh_database(host.main.postgres, database)
+    durable_commits(host.main.postgres, database)
     args = dict(broker=broker, quorum=quorum, redis_db=redis_db, store_db=store_db, vhost=vhost, database=database)
     return Tenancy(owner=owner, **args, host=_urls(host, **args), pods=_urls(services.pods, **args))
+
+
+def durable_commits(postgres_url: str, database: str) -> None:
+    """Every session on the app's database commits durably, whatever the server's default.
+
+    The e2e PostgreSQL runs with synchronous_commit=off (speed for the tests), and then a commit
+    returns while its WAL record is still in the server's shared memory: a crash of the server —
+    the postgres-restart fault — loses it. The effect row and its idempotency key vanish together
+    while the task's message was acknowledged: a lost task. Production runs with the default, on."""
+    import psycopg
+
+    with psycopg.connect(f"{postgres_url}/postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{database}" SET synchronous_commit TO on')
 
 
 def release(services: Services, tenancy: Tenancy) -> None:
