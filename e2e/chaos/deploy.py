@@ -20,6 +20,7 @@ import yaml
 from e2e.lib import cluster as clusters
 from e2e.services.config import PORTS
 
+from .images import Image
 from .world import QUORUM_NAMESPACE, SERVICES_NAMESPACE, STORE_NAMESPACE, Tenancy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +76,14 @@ def _egress(namespace: str, component: str, port: str) -> dict:
     return {"to": [_peer(namespace, component)], "ports": [{"port": PORTS[component][port], "protocol": "TCP"}]}
 
 
-def values_for(tenancy: Tenancy) -> dict:
-    """e2e/chaos/app/values.yaml plus what depends on the run: broker kind, where the services are
-    (NetworkPolicy peers, enforced on kind), the code volume, the queue type."""
+def values_for(tenancy: Tenancy, images: dict[str, Image] | None = None) -> dict:
+    """e2e/chaos/app/values.yaml plus what depends on the run: the images, broker kind, where the
+    services are (NetworkPolicy peers, enforced on kind), the code volume, the queue type."""
     values = copy.deepcopy(yaml.safe_load(BASE_VALUES.read_text()))
+    for component, key in (("worker", "workerPoolDefaults"), ("operator", "operator")):
+        if images and component in images:
+            values.setdefault(key, {})["image"] = {"repository": images[component].repository,
+                                                   "tag": images[component].tag, "pullPolicy": "IfNotPresent"}
     rabbit_namespace = QUORUM_NAMESPACE if tenancy.quorum else SERVICES_NAMESPACE
     broker = values["broker"]
     broker["type"] = tenancy.broker
@@ -155,7 +160,8 @@ def relay_deployment(image: str, pull_policy: str) -> dict:
             }}}}
 
 
-def install(cluster: clusters.Cluster, namespace: str, tenancy: Tenancy, run_dir: Path, log: Log) -> Release:
+def install(cluster: clusters.Cluster, namespace: str, tenancy: Tenancy, run_dir: Path, log: Log,
+            images: dict[str, Image] | None = None) -> Release:
     """Tables, Secrets, code, chart and relay; returns once every worker and the relay are Ready."""
     started = time.monotonic()
     create_schema(tenancy)
@@ -168,16 +174,15 @@ def install(cluster: clusters.Cluster, namespace: str, tenancy: Tenancy, run_dir
                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ledger-settings"},
                 "data": {"queue-type": tenancy.queue_type}}]
     cluster.apply(yaml.safe_dump_all(objects), namespace=namespace)
-    values = values_for(tenancy)
+    values = values_for(tenancy, images)
     values_file = run_dir / f"values-{tenancy.broker}{'-quorum' if tenancy.quorum else ''}.yaml"
     values_file.parent.mkdir(parents=True, exist_ok=True)
     values_file.write_text("# e2e/chaos/app/values.yaml + this run (written by e2e/chaos)\n"
                            + yaml.safe_dump(values, sort_keys=False))
     cluster.helm("upgrade", "--install", RELEASE, str(CHART), "--namespace", namespace, "-f", str(values_file),
                  "--wait", "--timeout", "300s", timeout=360)
-    image = values.get("workerPoolDefaults", {}).get("image", {})
-    repository, tag = image.get("repository", "taskherd.local/worker"), image.get("tag", "dev")
-    cluster.apply(json.dumps(relay_deployment(f"{repository}:{tag}", "IfNotPresent")), namespace=namespace)
+    worker = images["worker"].ref if images and "worker" in images else clusters.versions()["WORKER_IMAGE"]
+    cluster.apply(json.dumps(relay_deployment(worker, "IfNotPresent")), namespace=namespace)
     cluster.kubectl("-n", namespace, "rollout", "status", f"deployment/{RELAY}", "--timeout=180s", timeout=200)
     log(f"ledger installed in {namespace} ({tenancy.broker}{', quorum queues' if tenancy.quorum else ''}): "
         f"{time.monotonic() - started:.0f}s")

@@ -61,7 +61,7 @@ class NodeAccess:
                                   f"{(r.stderr or r.stdout).strip()}")
         return r.stdout
 
-    def _crictl(self) -> list[str]:
+    def crictl(self) -> list[str]:
         if self.cluster.source == "local":
             return [clusters.crictl_path(), "--runtime-endpoint", f"unix://{clusters.local_containerd_socket()}"]
         return ["crictl"]
@@ -78,7 +78,7 @@ class NodeAccess:
                                   f"{json.dumps(statuses)[:400]}")
         node = obj["spec"]["nodeName"]
         container_id = status["containerID"].split("://", 1)[-1]
-        info = json.loads(self.run(node, [*self._crictl(), "inspect", container_id]))
+        info = json.loads(self.run(node, [*self.crictl(), "inspect", container_id]))
         pid = int(info["info"]["pid"])
         if pid <= 0:
             raise NodeAccessError(f"pod {namespace}/{pod}: crictl reports no process for {container_id}")

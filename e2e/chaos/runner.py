@@ -30,6 +30,7 @@ from e2e.lib.waiting import WaitTimeout, wait_for
 from . import checker, deploy, ledger
 from .actions import ACTIONS, ActionError, Context, Injection
 from .nodes import NodeAccessError
+from .images import Image
 from .observe import Observer
 from .report import Outcome, draw_timeline, write_summary
 from .spec import FaultSpec
@@ -361,9 +362,10 @@ class Installation:
     fresh namespace when a scenario leaves it unsteady, removed at the end."""
 
     def __init__(self, cluster: clusters.Cluster, services: Services, run_dir: Path, log: Log, *, broker: str,
-                 quorum: bool, make_namespace: Callable[[str, bool], str] | None = None):
+                 quorum: bool, images: dict[str, Image] | None = None,
+                 make_namespace: Callable[[str, bool], str] | None = None):
         self.cluster, self.services, self.run_dir, self.log = cluster, services, run_dir, log
-        self.broker, self.quorum = broker, quorum
+        self.broker, self.quorum, self.images = broker, quorum, images
         #: (broker, quorum) -> a new namespace; the tests pass the harness's, which attaches its trail
         self.make_namespace = make_namespace or (lambda b, q: new_namespace(cluster, b, quorum=q))
         self.release: deploy.Release | None = None
@@ -373,7 +375,7 @@ class Installation:
         if self.release is None:
             namespace = self.make_namespace(self.broker, self.quorum)
             self.tenancy = claim(self.services, owner=namespace, broker=self.broker, quorum=self.quorum)
-            self.release = deploy.install(self.cluster, namespace, self.tenancy, self.run_dir, self.log)
+            self.release = deploy.install(self.cluster, namespace, self.tenancy, self.run_dir, self.log, self.images)
         return self.release
 
     def replace(self) -> None:

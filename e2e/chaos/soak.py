@@ -24,6 +24,7 @@ from e2e.lib.waiting import WaitTimeout, wait_for
 
 from . import checker, deploy, ledger
 from .actions import ACTIONS, ActionError, Context
+from .images import pinned
 from .nodes import NodeAccessError
 from .observe import Observer
 from .report import draw_timeline, write_summary
@@ -67,8 +68,9 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, broker: str, tasks
         poison_next[0] += n
         return tasks_
 
+    images = pinned(cluster, log)
     with services(cluster, quorum=False, log=log) as deployed:
-        installation = Installation(cluster, deployed, run_dir, log, broker=broker, quorum=False)
+        installation = Installation(cluster, deployed, run_dir, log, broker=broker, quorum=False, images=images)
         try:
             release = installation.get()
             t0 = time.time()

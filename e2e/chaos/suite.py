@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 from e2e.lib import cluster as clusters
 
+from .images import pinned
 from .report import Outcome
 from .runner import Installation, Scenario, capabilities, missing
 from .spec import FaultSpec
@@ -56,6 +57,7 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, brokers: tuple[str
         return outcomes
     log(f"{len(runnable)} scenario(s) on the {cluster.source} cluster ({cluster.kubeconfig}); "
         f"{len(outcomes)} excluded; run folder {run_dir}")
+    images = pinned(cluster, log)
     with services(cluster, quorum=any(q for _, q, _ in runnable), log=log) as deployed:
         current: Installation | None = None
         try:
@@ -63,7 +65,8 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, brokers: tuple[str
                 if current is None or (current.broker, current.quorum) != (broker, quorum):
                     if current is not None:
                         current.remove()
-                    current = Installation(cluster, deployed, run_dir, log, broker=broker, quorum=quorum)
+                    current = Installation(cluster, deployed, run_dir, log, broker=broker, quorum=quorum,
+                                           images=images)
                 started = time.monotonic()
                 try:
                     outcome, current.release = Scenario(spec, current.get(), deployed, run_dir, log, seed=seed).run()

@@ -14,6 +14,7 @@ import os
 import pytest
 
 from e2e.chaos import spec
+from e2e.chaos.images import pinned
 from e2e.chaos.runner import Installation, Scenario, capabilities, missing
 from e2e.chaos.world import services
 from e2e.lib.pytest_plugin import create_test_namespace
@@ -30,9 +31,10 @@ def chaos(cluster, request):
     """(services, installation, run folder) for the module; the installation is removed at the end."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = RUNS / f"chaos-test-{stamp}"
+    images = pinned(cluster, print)
     with services(cluster, quorum=False, log=print) as deployed:
         installation = Installation(
-            cluster, deployed, run_dir, print, broker=BROKER, quorum=False,
+            cluster, deployed, run_dir, print, broker=BROKER, quorum=False, images=images,
             make_namespace=lambda broker, quorum: create_test_namespace(
                 cluster, request, labels={"pod-security.kubernetes.io/enforce": "restricted"}))
         try:

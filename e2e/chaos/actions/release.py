@@ -9,29 +9,11 @@ from typing import Any, Mapping
 from e2e.lib.waiting import wait_for
 
 from ..deploy import upgrade, worker_deployment
+from ..images import tag_on_every_node
 from . import Action, ActionError, Context, Injection, one_of, seconds, wait_workers_ready
 
 #: the tag the upgrade moves to: the same image under a new name, as a CI pipeline pushes one
 UPGRADE_TAG = "chaos-upgrade"
-
-
-def tag_image(ctx: Context, source: str, target: str) -> None:
-    """Tags `source` as `target` in every node's containerd (no registry: the nodes hold the images)."""
-    nodes = [n["metadata"]["name"] for n in ctx.cluster.kubectl_json("get", "nodes")["items"]]
-    for node in nodes:
-        base = (["ctr", "--address", str(_local_socket())] if ctx.cluster.source == "local" else ["ctr"])
-        ctx.nodes.run(node, [*base, "-n", "k8s.io", "images", "tag", "--force", _qualified(source), _qualified(target)])
-
-
-def _local_socket():
-    from e2e.lib import cluster as clusters
-
-    return clusters.local_containerd_socket()
-
-
-def _qualified(image: str) -> str:
-    first = image.split("/", 1)[0]
-    return image if "." in first or ":" in first or first == "localhost" else f"docker.io/{image}"
 
 
 class HelmUpgrade(Action):
@@ -53,7 +35,7 @@ class HelmUpgrade(Action):
         changes = []
         if params.get("image", True):
             repository = image.rsplit(":", 1)[0]
-            tag_image(ctx, image, f"{repository}:{UPGRADE_TAG}")
+            tag_on_every_node(ctx.cluster, image, f"{repository}:{UPGRADE_TAG}")
             pool["image"] = {"repository": repository, "tag": UPGRADE_TAG, "pullPolicy": "IfNotPresent"}
             changes.append(f"image {image} -> {repository}:{UPGRADE_TAG}")
         stamp = str(int(time.time()))
