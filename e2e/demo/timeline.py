@@ -19,6 +19,9 @@ MARK_COLOURS: dict[str, str] = {
     "alert": "tab:orange",
     "scale": "tab:olive",
     "drained": "tab:green",
+    "load": "tab:blue",
+    "fault": "tab:red",
+    "recovered": "tab:green",
 }
 
 
@@ -52,8 +55,9 @@ def in_flight_series(intervals: Iterable[tuple[float, float]], times: Sequence[f
 
 
 def render(samples: Sequence[Sample], marks: Sequence[Mark], in_flight: Sequence[int], path: Path,
-           *, title: str = "taskherd demo") -> Path:
-    """Draws depth and age, replicas and in-flight tasks, and the DLQ, with the faults as lines."""
+           *, title: str = "taskherd demo", windows: Sequence[tuple[float, float, str]] = ()) -> Path:
+    """Draws depth and age, replicas and in-flight tasks, and the DLQ, with the faults as lines and
+    `windows` (start, end, label) — a fault held for a while — shaded."""
     if len(in_flight) != len(samples):
         raise ValueError(f"in_flight has {len(in_flight)} values for {len(samples)} samples: one per sample")
     import matplotlib
@@ -88,6 +92,11 @@ def render(samples: Sequence[Sample], marks: Sequence[Mark], in_flight: Sequence
     ax_dlq.set_xlabel("seconds since the first task was sent")
     ax_dlq.legend(loc="upper left", fontsize="small")
 
+    for start, end, label in windows:
+        for ax in (ax_queue, ax_pool, ax_dlq):
+            ax.axvspan(start, end, color="tab:red", alpha=0.12, linewidth=0)
+        ax_queue.annotate(label, xy=(start, 0.02), xycoords=("data", "axes fraction"), fontsize="x-small",
+                          color="tab:red")
     for i, mark in enumerate(group_marks(marks)):
         colour = MARK_COLOURS.get(mark.kind, "black")
         for ax in (ax_queue, ax_pool, ax_dlq):

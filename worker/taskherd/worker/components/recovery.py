@@ -39,6 +39,14 @@ guard's case). When a whole node stalls, every lease on it lapses at once: a res
 refreshes were late (:func:`stalled`) waits a full lease period before restoring anyone, so the
 workers of a node that froze together do not take each other's tasks. Kombu's visibility-timeout
 sweep stays in place as the fallback for anything not tracked.
+
+A live worker can strand deliveries too: when its broker connection drops, Celery gives up every
+message delivered on it (their acks are refused after a connection loss, their tasks cancelled)
+and kombu pushes them back as the channel closes — which fails when Redis itself is what went
+away (a restart, a failover). They would then wait in ``unacked``, owned by a lease that stays
+alive, for the visibility timeout. So when that give-back fails, the worker takes a new identity
+for its next deliveries and hands the old one's to its lease thread, which restores them as soon
+as Redis answers again (``Lease.adopt``).
 """
 from __future__ import annotations
 
@@ -305,6 +313,34 @@ class Lease(threading.Thread):
         self._refresh = client.register_script(REFRESH_SCRIPT)
         self._lapsed = client.register_script(LAPSED_SCRIPT)
         self._passes = 0
+        self._lock = threading.Lock()
+        #: identities this process gave up, whose deliveries are still to be restored
+        self._abandoned: list[str] = []
+
+    def adopt(self, worker_id: str) -> str:
+        """Keep the lease of `worker_id` from now on and give back, on the next pass that reaches
+        Redis, every delivery still held under the identity it replaces (returned): its lease is
+        dropped and RESTORE_SCRIPT run for it, at once rather than after its timeout, since this
+        process knows that identity will never ack."""
+        with self._lock:
+            old, self.worker_id = self.worker_id, worker_id
+            self._abandoned.append(old)
+            self._held_once = False
+        return old
+
+    def give_back_abandoned(self) -> int:
+        with self._lock:
+            pending = list(self._abandoned)
+        total = 0
+        for old in pending:
+            self.client.delete(self.keys(alive_key(old)))
+            count = restore_worker(self.client, old, prefix=self.keys.prefix)
+            with self._lock:
+                self._abandoned.remove(old)
+            total += max(count, 0)
+            logger.warning("taskherd recovery: gave back %d message(s) delivered to %s before its broker connection "
+                           "was lost", max(count, 0), old)
+        return total
 
     def refresh(self) -> None:
         record = json.dumps({"pid": os.getpid(), "refreshed_at": self.clock()})
@@ -342,6 +378,8 @@ class Lease(threading.Thread):
                     # give them a full lease period to refresh before taking silence for death.
                     self._redis_healthy_since = None
                 refreshed_at = time.monotonic()
+                if self._abandoned:
+                    self.give_back_abandoned()
                 if self._redis_healthy_since is None:
                     self._redis_healthy_since = time.monotonic()
                 # Half an interval of slack: the pass that falls on the boundary must not miss it by
@@ -474,6 +512,18 @@ def _tracking_qos_class():
                 self._fenced_remove(delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
 
+        def restore_unacked(self, client=None):
+            """The channel closes (the connection was lost, or the worker stops): kombu pushes back
+            what it delivered. When Redis cannot take them (it is what went away), this worker's
+            identity is abandoned instead: the lease thread restores them once Redis answers."""
+            if self.tracker is None:
+                return super().restore_unacked(client)
+            try:
+                return super().restore_unacked(client)
+            except (redis.RedisError, OSError):
+                abandon_identity()
+                raise
+
         def restore_by_tag(self, tag, client=None, leftmost=False):
             if self.tracker is None:
                 return super().restore_by_tag(tag, client=client, leftmost=leftmost)
@@ -497,20 +547,37 @@ def _tracking_qos_class():
 
 
 _installed_lease: Lease | None = None
+_installed_tracker: Tracker | None = None
+
+
+def new_worker_id(hostname: str) -> str:
+    return f"{hostname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def abandon_identity() -> None:
+    """Track the next deliveries under a new identity; the lease thread gives back the old one's."""
+    lease, tracker = _installed_lease, _installed_tracker
+    if lease is None or tracker is None:
+        return
+    hostname = tracker.worker_id.rsplit(".", 2)[0]
+    tracker.worker_id = new_worker_id(hostname)
+    old = lease.adopt(tracker.worker_id)
+    logger.warning("taskherd recovery: the broker connection was lost and Redis could not take back the messages "
+                   "delivered on it; they go back as soon as it answers (identity %s -> %s)", old, tracker.worker_id)
 
 
 def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: str = "") -> Lease:
     """In a worker process: start tracking deliveries and keeping the lease (once per process)."""
-    global _installed_lease
+    global _installed_lease, _installed_tracker
     if _installed_lease is not None:
         return _installed_lease
-    worker_id = f"{hostname}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    worker_id = new_worker_id(hostname)
     client = redis.Redis.from_url(broker_url, socket_timeout=max(1.0, settings.heartbeat_interval),
                                   socket_connect_timeout=max(1.0, settings.heartbeat_interval))
     lease = Lease(client=client, worker_id=worker_id, settings=settings, prefix=prefix)
     lease.refresh()  # the lease exists before the first delivery is tracked
     qos_class = _tracking_qos_class()
-    qos_class.tracker = Tracker(worker_id=worker_id, prefix=prefix)
+    qos_class.tracker = _installed_tracker = Tracker(worker_id=worker_id, prefix=prefix)
     compat.set_redis_qos_class(qos_class)
     lease.start()
     atexit.register(lease.release)

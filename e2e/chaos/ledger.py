@@ -1,0 +1,57 @@
+"""Reading a scenario's ledger: effects, duplicate applications and attempts from PostgreSQL, the
+Redis-guarded effects from the store's Redis, and the dead-letter queue — every row of the keys
+that start with the scenario's prefix, as checker types. The shell around checker.py."""
+from __future__ import annotations
+
+import httpx
+import psycopg
+import redis
+
+from e2e.demo.ledger import read_envelopes
+from e2e.lib.cluster import CommandFailed
+from taskherd.queues import BrokerUnreachable
+
+from .checker import Attempt, DeadLetter
+from .deploy import Release, ledger_modules
+
+#: what reading the ledger, the queues or the cluster raises while a fault is on (a database or a
+#: broker restarting, a port-forward being replaced): a poll that meets one looks again later
+UNAVAILABLE = (psycopg.Error, redis.RedisError, OSError, httpx.HTTPError, BrokerUnreachable, CommandFailed)
+
+
+def effects(release: Release, prefix: str) -> tuple[list[str], list[str], list[str]]:
+    """(PostgreSQL effect keys, duplicate-application keys, Redis effect keys) of the prefix."""
+    _, db = ledger_modules()
+    like = f"{prefix}-%"
+    with psycopg.connect(release.tenancy.host.database, autocommit=True, connect_timeout=10) as conn:
+        pg = [r[0] for r in conn.execute("SELECT key FROM ledger_effects WHERE key LIKE %s", (like,))]
+        dup = [r[0] for r in conn.execute("SELECT key FROM ledger_duplicates WHERE key LIKE %s", (like,))]
+    with redis.Redis.from_url(release.tenancy.host.store, socket_timeout=10) as client:
+        entries = [e.decode().split("|", 1)[0] for e in client.lrange(db.EFFECTS_LIST, 0, -1)]
+    return pg, dup, [k for k in entries if k.startswith(prefix + "-")]
+
+
+def attempts(release: Release, prefix: str) -> list[Attempt]:
+    with psycopg.connect(release.tenancy.host.database, autocommit=True, connect_timeout=10) as conn:
+        rows = conn.execute(
+            "SELECT key, task_id, pod, extract(epoch FROM started_at)::float8, "
+            "extract(epoch FROM finished_at)::float8, outcome FROM ledger_attempts WHERE key LIKE %s ORDER BY id",
+            (f"{prefix}-%",)).fetchall()
+    return [Attempt(*row) for row in rows]
+
+
+def dead_letters(release: Release, prefix: str | None = None) -> list[DeadLetter]:
+    """The envelopes in the ledger's DLQ (of the prefix, when given), left in place."""
+    app, _ = ledger_modules()
+    urls = release.tenancy.host
+    out = []
+    for envelope in read_envelopes(urls.broker, app.DEAD_LETTER_QUEUE, management_url=urls.management):
+        key = str((envelope.get("kwargs") or {}).get("key", envelope.get("task_id")))
+        if prefix is None or key.startswith(prefix + "-"):
+            out.append(DeadLetter(key=key, reason=envelope.get("reason") or "?", attempts=envelope.get("attempts")))
+    return out
+
+
+def pending_outbox_rows(release: Release) -> int:
+    with psycopg.connect(release.tenancy.host.database, autocommit=True, connect_timeout=10) as conn:
+        return conn.execute("SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL").fetchone()[0]
