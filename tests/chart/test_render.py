@@ -62,7 +62,7 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
                               "queues": ["celery"], "deadLetterQueues": ["celery.dlq"]}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
-    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning"}
+    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning", "resendIntervalSeconds": 60}
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
@@ -125,6 +125,20 @@ def test_an_explicit_grace_period_that_is_long_enough_is_kept():
     assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900
 
 
+def test_page_severity_and_resend_interval_reach_the_workerpool():
+    """A payments pool pages as critical and re-sends every 30 s; the other pool keeps the defaults."""
+    values = {**BROKER, "workerPoolDefaults": {"autoscaling": {"deadLetter": {"resendIntervalSeconds": 120}}},
+              "workerPools": [
+                  {"name": "payments", "app": "a", "queues": ["payments"],
+                   "autoscaling": {"deadLetter": {"severity": "critical", "resendIntervalSeconds": 30}}},
+                  {"name": "reports", "app": "a", "queues": ["reports"]}]}
+    pools = by_kind(render(values=values), "WorkerPool")
+    assert pools["th-taskherd-payments"]["spec"]["deadLetter"] == {
+        "threshold": 1, "severity": "critical", "resendIntervalSeconds": 30}
+    assert pools["th-taskherd-reports"]["spec"]["deadLetter"] == {
+        "threshold": 1, "severity": "warning", "resendIntervalSeconds": 120}
+
+
 def test_a_pool_overrides_defaults_with_false_and_zero():
     """A pool can turn autoscaling off and set minReplicas 0 (sprig's merge would drop both)."""
     values = {**BROKER, "workerPools": [
@@ -161,7 +175,7 @@ def test_rabbitmq_multipool_scenario():
                                            "managementUrlKey": "management-url"}
     assert spec["broker"]["deadLetterQueues"] == ["orders.dlq", "emails.dlq"]
     assert spec["minReplicas"] == 0
-    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning",
+    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning", "resendIntervalSeconds": 60,
                                   "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
     policies = by_kind(objects, "NetworkPolicy")
     worker_egress = policies["th-taskherd-worker"]["spec"]["egress"]
