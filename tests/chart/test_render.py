@@ -494,3 +494,26 @@ def test_long_names_keep_their_suffix_and_stay_distinct():
         assert {n[-17:] for n in names} == {"reports-nightly-a", "reports-nightly-b"}
     operator = [n for n in by_kind(objects, "Deployment") if n.endswith("-operator")]
     assert len(operator) == 1 and len(operator[0]) <= 63
+
+
+def documented_pod_labels() -> dict[str, str]:
+    """The label table under **Pod labels.** in docs/chart.md: label -> where it is."""
+    text = (CHART.parents[1] / "docs" / "chart.md").read_text()
+    table = text.split("**Pod labels.**", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    return {cells[0].strip().strip("`"): cells[2].strip() for cells in rows}
+
+
+def test_worker_pod_labels_are_the_ones_docs_chart_md_lists():
+    values = {**BROKER, "workerPools": [{"name": "payments", "app": "a", "podLabels": {"team": "pay"}}],
+              "beat": {"enabled": True}}
+    deployments = by_kind(render(values=values), "Deployment")
+    documented = documented_pod_labels()
+    worker = deployments["th-taskherd-payments"]["spec"]["template"]["metadata"]["labels"]
+    assert worker == {"app.kubernetes.io/name": "taskherd", "app.kubernetes.io/instance": "th",
+                      "app.kubernetes.io/component": "worker", "taskherd.io/pool": "payments", "team": "pay"}
+    assert set(worker) - {"team"} == set(documented)
+    for name in ("beat", "operator", "exporter"):
+        labels = deployments[f"th-taskherd-{name}"]["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == name
+        assert set(labels) == {k for k, where in documented.items() if where == "every pod of the chart"}
