@@ -40,6 +40,7 @@ configure(
     max_deliveries=int(env("TEST_MAX_DELIVERIES", "5")),
     delivery_counter_url=env("TEST_COUNTER_URL") or None,
     queue_type=env("TEST_QUEUE_TYPE", "classic"),
+    prefetch_multiplier=int(env("TEST_PREFETCH_MULTIPLIER", "1")),
 )
 
 _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL") else None
