@@ -103,6 +103,16 @@ def kill_worker(key):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@app.task(name="core.allocate")
+def allocate(key, megabytes):
+    """Grows its process by `megabytes`, page by page (a report that does not fit its memory limit)."""
+    record(key + ":start")
+    held = bytearray(megabytes * 1024 * 1024)
+    for offset in range(0, len(held), 4096):
+        held[offset] = 1
+    record(key + ":done")
+
+
 @app.task(name="core.ignores_soft_limit")
 def ignores_soft_limit(key):
     record(key)
