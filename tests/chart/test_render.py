@@ -260,7 +260,7 @@ def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
     assert rule["spec"]["groups"][-1]["name"] == "taskherd-values"
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"TaskherdDeadLetterQueue", "TaskherdOldestMessageTooOld", "TaskherdTaskErrorRateHigh",
-                      "TaskherdWorkerRestarting", "TaskherdHeartbeatStale", "TaskherdExporterDown",
+                      "TaskherdWorkerRestarting", "TaskherdPoolChildKilled", "TaskherdHeartbeatStale", "TaskherdExporterDown",
                       "TaskherdExporterFailing", "TaskherdOperatorErrors", "TaskherdOperatorNoLeader"}
     pm = by_kind(objects, "PodMonitor")["th-taskherd-worker"]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
