@@ -64,7 +64,7 @@ async def _send_pages(snapshot: Snapshot, planned: Plan, deps: "Deps", outcome: 
                           pool=snapshot.name, namespace=snapshot.namespace, severity=delivery.severity,
                           threshold=delivery.threshold)
             outcome.delivered += 1
-            deps.metrics.pages.labels(page.kind).inc()
+            deps.metrics.pages.labels(snapshot.namespace, snapshot.name, page.kind).inc()
         except Exception as exc:  # noqa: BLE001 - due again on the next poll
             outcome.errors.append("page")
             outcome.undelivered[page.queue] = redact(f"page for {page.queue} not delivered: "

@@ -64,12 +64,13 @@ async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> Pol
     status, kept, events = settle(snapshot, planned, outcome)
     errors = list(snapshot.errors) + outcome.errors + await report(snapshot, planned.events + events, status, deps)
 
+    pool = (snapshot.namespace, snapshot.name)
     for kind in errors:
-        deps.metrics.errors.labels(kind).inc()
+        deps.metrics.errors.labels(*pool, kind).inc()
     if planned.decision is not None and snapshot.scale is not None:
         before, after = snapshot.scale.replicas, planned.decision.replicas
-        deps.metrics.decisions.labels("up" if after > before else "down" if after < before else "hold").inc()
-    deps.metrics.poll_seconds.observe(time.perf_counter() - started)
+        deps.metrics.decisions.labels(*pool, "up" if after > before else "down" if after < before else "hold").inc()
+    deps.metrics.poll_seconds.labels(*pool).observe(time.perf_counter() - started)
     where = f"{snapshot.namespace}/{snapshot.name}"
     if outcome.scaled:
         log.info("%s: scaled %s", where, planned.scale.describe())

@@ -102,7 +102,8 @@ class PoolScheduler:
             try:
                 result = await poll_once(entry.body, entry.memory, self.deps)
             except Exception:  # noqa: BLE001 - poll_once handles the expected; this is a bug
-                self.deps.metrics.errors.labels("internal").inc()
+                metadata = entry.body["metadata"]
+                self.deps.metrics.errors.labels(metadata.get("namespace"), metadata.get("name"), "internal").inc()
                 log.exception("poll of %s/%s failed", entry.body["metadata"].get("namespace"),
                               entry.body["metadata"].get("name"))
                 result = None
@@ -126,6 +127,7 @@ class PoolScheduler:
     def start_due(self) -> list[asyncio.Task]:
         """Start every poll that is due and not already running, as one round; returns the round."""
         leading = self.is_leading()
+        self.deps.metrics.leader.set(1 if leading else 0)
         if leading and not self._was_leading:
             for entry in self.pools.values():  # what we saw before losing the lease is stale
                 entry.memory = PoolMemory()

@@ -30,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from taskherd import contract
+from taskherd.build_info import build_info
 from taskherd.queues import BrokerUnreachable, QueueStats, inspect_queues
 
 from . import options
@@ -86,7 +87,8 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
         name = dead_letters[queue]
         if name in snapshot.stats and not snapshot.stats[name].pending:
             dlq.add_metric([queue, name], snapshot.stats[name].ready)
-    return [messages, age, lower_bound, unacked_age, visibility, consumers, dlq, success, polled, duration]
+    return [messages, age, lower_bound, unacked_age, visibility, consumers, dlq, success, polled, duration,
+            build_info()]
 
 
 class QueuePoller(Collector):

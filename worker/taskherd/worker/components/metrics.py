@@ -37,12 +37,10 @@ import dataclasses
 import glob
 import logging
 import os
-import platform
 import re
 import shutil
 import threading
 import time
-from importlib import metadata
 from typing import Any, Iterable
 
 from celery import Celery, signals
@@ -51,6 +49,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from taskherd import compat, contract
+from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
 from . import Component, installed
@@ -199,21 +198,6 @@ def compact_dead_processes(directory: str) -> int:
         for path in paths:
             os.remove(path)
     return sum(len(paths) for paths in dead.values())
-
-
-def _version(distribution: str) -> str:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def build_info() -> GaugeMetricFamily:
-    """``taskherd_build_info``: 1, labelled with the versions that run (join on it in queries)."""
-    family = GaugeMetricFamily("taskherd_build_info", "Versions of taskherd, Celery and Python; always 1.",
-                               labels=["version", "celery", "python"])
-    family.add_metric([_version("taskherd"), _version("celery"), platform.python_version()], 1.0)
-    return family
 
 
 def heartbeat_timestamp(record: dict[str, Any] | None) -> GaugeMetricFamily:
