@@ -14,9 +14,6 @@ need_root
 take_lock images
 apt_install docker.io python3-pip
 APP_LIST="$IMAGES_CACHE/app-images.list"   # tarballs up.sh imports
-DOCKER_HOME="$TASKHERD_HOME/docker"
-DOCKER_SOCK="$DOCKER_HOME/docker.sock"
-DOCKER=(docker -H "unix://$DOCKER_SOCK")
 PY=/usr/bin/python3
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' ||
     die "$PY must be Python 3.11 (the images' Python)"
@@ -51,7 +48,7 @@ fi
 work=$(mktemp -d "$IMAGES_CACHE/app.XXXXXX")
 started_dockerd=
 cleanup() {
-    if [ -n "$started_dockerd" ]; then stop_dockerd; fi
+    if [ -n "$started_dockerd" ]; then stop_builder; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -66,25 +63,11 @@ build_wheels() {
 }
 run_step "wheels for the images" image-wheels build_wheels
 
-# ---- private dockerd
-stop_dockerd() {
-    local m
-    stop_pidfile dockerd "$DOCKER_HOME/dockerd.pid" 20 "$(readlink -f "$(command -v dockerd)")"
-    # overlay mounts a stopped (or killed) dockerd left under its data root
-    awk -v d="$(readlink -f "$DOCKER_HOME")" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
-        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
-}
-stop_dockerd   # a leftover from an interrupted run
-mkdir -p "$DOCKER_HOME/data" "$DOCKER_HOME/exec"
-echo '{}' >"$DOCKER_HOME/daemon.json"
-setsid dockerd --config-file "$DOCKER_HOME/daemon.json" -H "unix://$DOCKER_SOCK" \
-    --data-root "$DOCKER_HOME/data" --exec-root "$DOCKER_HOME/exec" --pidfile "$DOCKER_HOME/dockerd.pid" \
-    --bridge none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
-    --storage-driver overlay2 >"$DOCKER_HOME/dockerd.log" 2>&1 </dev/null 9>&- &
+# ---- private dockerd (images/lib.sh)
+start_builder
 started_dockerd=1
-wait_for dockerd 60 "${DOCKER[@]}" version || { tail -20 "$DOCKER_HOME/dockerd.log" >&2; die "dockerd did not start"; }
 
-"${DOCKER[@]}" load -q -i "$BASE_TAR" >/dev/null
+builder load -q -i "$BASE_TAR" >/dev/null
 imported=()
 # docker_image NAME TAG: docker build of images/NAME/Dockerfile, saved to $IMAGES_CACHE/NAME.tar
 docker_image() {
@@ -92,8 +75,8 @@ docker_image() {
     mkdir -p "$ctx"
     cp "$IMAGES_SRC/$name/Dockerfile" "$ctx/"
     cp -r "$work/wheels" "$ctx/wheels"
-    DOCKER_BUILDKIT=0 "${DOCKER[@]}" build --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$tag" "$ctx"
-    "${DOCKER[@]}" save -o "$out.partial" "$tag"
+    DOCKER_BUILDKIT=0 builder build --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$tag" "$ctx"
+    builder save -o "$out.partial" "$tag"
     mv "$out.partial" "$out"
 }
 for name in worker operator; do
@@ -101,7 +84,7 @@ for name in worker operator; do
     run_step "$name image" "image-$name" docker_image "$name" "${!var}"
     imported+=("$IMAGES_CACHE/$name.tar")
 done
-"${DOCKER[@]}" image prune -f >/dev/null   # superseded builds of the same tags
+builder image prune -f >/dev/null   # superseded builds of the same tags
 printf '%s\n' "${imported[@]}" "$SERVICES_TAR" >"$APP_LIST"
 echo "$src_key" >"$IMAGES_CACHE/app-images.key"
 

@@ -104,3 +104,28 @@ debootstrap_rootfs() {
         "$dir/var/log/"*.log
     : >"$dir/etc/resolv.conf"
 }
+
+# ---- the private builder: a dockerd of the image builds' own (data root, exec root and socket under
+# $TASKHERD_HOME/docker, no bridge, no iptables), started for a build and stopped again by PID. Hold
+# `take_lock images` around it: builds share its data root.
+BUILDER_HOME="$TASKHERD_HOME/docker"
+BUILDER_SOCK="$BUILDER_HOME/docker.sock"
+builder() { docker -H "unix://$BUILDER_SOCK" "$@"; }
+start_builder() {
+    apt_install docker.io
+    stop_builder   # a leftover of an interrupted build
+    mkdir -p "$BUILDER_HOME/data" "$BUILDER_HOME/exec"
+    echo '{}' >"$BUILDER_HOME/daemon.json"
+    setsid dockerd --config-file "$BUILDER_HOME/daemon.json" -H "unix://$BUILDER_SOCK" \
+        --data-root "$BUILDER_HOME/data" --exec-root "$BUILDER_HOME/exec" --pidfile "$BUILDER_HOME/dockerd.pid" \
+        --bridge none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
+        --storage-driver overlay2 >"$BUILDER_HOME/dockerd.log" 2>&1 </dev/null 9>&- &
+    wait_for dockerd 60 builder version || { tail -20 "$BUILDER_HOME/dockerd.log" >&2; die "dockerd did not start"; }
+}
+stop_builder() {
+    local m
+    stop_pidfile dockerd "$BUILDER_HOME/dockerd.pid" 20 "$(readlink -f "$(command -v dockerd)")"
+    # overlay mounts a stopped (or killed) dockerd left under its data root
+    awk -v d="$(readlink -f "$BUILDER_HOME")" 'index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+}

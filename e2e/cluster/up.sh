@@ -262,7 +262,9 @@ wait_for "containerd" 30 ctr_ version || die "containerd did not start (log: $LO
 log "importing images into containerd (namespace k8s.io)"
 APP_TARS=()   # worker and operator images, when images/build.sh (make images) has built them
 [ -f "$IMAGES_CACHE/app-images.list" ] && mapfile -t APP_TARS <"$IMAGES_CACHE/app-images.list"
-for tar in "$PAUSE_TAR" "$COREDNS_TAR" "$BASE_TAR" "${APP_TARS[@]}"; do
+USER_TARS=()  # your apps' images, built and listed by scripts/app-image.sh
+[ -f "$IMAGES_CACHE/user-images.list" ] && mapfile -t USER_TARS < <(awk '{print $2}' "$IMAGES_CACHE/user-images.list")
+for tar in "$PAUSE_TAR" "$COREDNS_TAR" "$BASE_TAR" "${APP_TARS[@]}" "${USER_TARS[@]}"; do
     [ -f "$tar" ] || continue
     ctr_ images import --no-unpack "$tar" >/dev/null || die "import of $tar failed"
 done

@@ -43,6 +43,7 @@ configure(
     delivery_counter_url=env("TEST_COUNTER_URL") or None,
     queue_type=env("TEST_QUEUE_TYPE", "classic"),
     components=without(default_components(), FastRecovery) if env("TEST_FAST_RECOVERY") == "0" else None,
+    prefetch_multiplier=int(env("TEST_PREFETCH_MULTIPLIER", "1")),
 )
 
 _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL") else None
@@ -103,6 +104,16 @@ def kill_worker(key):
     """A message that kills its process every time (think: segfault or OOM kill)."""
     record(key)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(name="core.allocate")
+def allocate(key, megabytes):
+    """Grows its process by `megabytes`, page by page (a report that does not fit its memory limit)."""
+    record(key + ":start")
+    held = bytearray(megabytes * 1024 * 1024)
+    for offset in range(0, len(held), 4096):
+        held[offset] = 1
+    record(key + ":done")
 
 
 @app.task(name="core.ignores_soft_limit")

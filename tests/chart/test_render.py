@@ -62,7 +62,7 @@ def test_defaults_give_one_autoscaled_pool_and_the_operator():
     assert spec["broker"] == {"type": "redis", "secretRef": {"name": "celery-broker", "key": "url"},
                               "queues": ["celery"], "deadLetterQueues": ["celery.dlq"]}
     assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 10)
-    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning"}
+    assert spec["deadLetter"] == {"threshold": 1, "severity": "warning", "resendIntervalSeconds": 60}
     # Rolling upgrades never lower capacity: new workers come up before old ones drain.
     assert worker["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert set(by_kind(objects, "PodDisruptionBudget")) == {"th-taskherd-default", "th-taskherd-operator"}
@@ -129,6 +129,20 @@ def test_an_explicit_grace_period_that_is_long_enough_is_kept():
     assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900
 
 
+def test_page_severity_and_resend_interval_reach_the_workerpool():
+    """A payments pool pages as critical and re-sends every 30 s; the other pool keeps the defaults."""
+    values = {**BROKER, "workerPoolDefaults": {"autoscaling": {"deadLetter": {"resendIntervalSeconds": 120}}},
+              "workerPools": [
+                  {"name": "payments", "app": "a", "queues": ["payments"],
+                   "autoscaling": {"deadLetter": {"severity": "critical", "resendIntervalSeconds": 30}}},
+                  {"name": "reports", "app": "a", "queues": ["reports"]}]}
+    pools = by_kind(render(values=values), "WorkerPool")
+    assert pools["th-taskherd-payments"]["spec"]["deadLetter"] == {
+        "threshold": 1, "severity": "critical", "resendIntervalSeconds": 30}
+    assert pools["th-taskherd-reports"]["spec"]["deadLetter"] == {
+        "threshold": 1, "severity": "warning", "resendIntervalSeconds": 120}
+
+
 def test_a_pool_overrides_defaults_with_false_and_zero():
     """A pool can turn autoscaling off and set minReplicas 0 (sprig's merge would drop both)."""
     values = {**BROKER, "workerPools": [
@@ -165,7 +179,7 @@ def test_rabbitmq_multipool_scenario():
                                            "managementUrlKey": "management-url"}
     assert spec["broker"]["deadLetterQueues"] == ["orders.dlq", "emails.dlq"]
     assert spec["minReplicas"] == 0
-    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning",
+    assert spec["deadLetter"] == {"threshold": 5, "severity": "warning", "resendIntervalSeconds": 60,
                                   "alertmanagerUrl": "http://alertmanager.monitoring:9093"}
     policies = by_kind(objects, "NetworkPolicy")
     worker_egress = policies["th-taskherd-worker"]["spec"]["egress"]
@@ -250,7 +264,7 @@ def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
     assert rule["spec"]["groups"][-1]["name"] == "taskherd-values"
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert alerts == {"TaskherdDeadLetterQueue", "TaskherdOldestMessageTooOld", "TaskherdTaskErrorRateHigh",
-                      "TaskherdWorkerRestarting", "TaskherdHeartbeatStale", "TaskherdExporterDown",
+                      "TaskherdWorkerRestarting", "TaskherdPoolChildKilled", "TaskherdHeartbeatStale", "TaskherdExporterDown",
                       "TaskherdExporterFailing", "TaskherdOperatorErrors", "TaskherdOperatorNoLeader"}
     pm = by_kind(objects, "PodMonitor")["th-taskherd-worker"]
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
@@ -494,3 +508,26 @@ def test_long_names_keep_their_suffix_and_stay_distinct():
         assert {n[-17:] for n in names} == {"reports-nightly-a", "reports-nightly-b"}
     operator = [n for n in by_kind(objects, "Deployment") if n.endswith("-operator")]
     assert len(operator) == 1 and len(operator[0]) <= 63
+
+
+def documented_pod_labels() -> dict[str, str]:
+    """The label table under **Pod labels.** in docs/chart.md: label -> where it is."""
+    text = (CHART.parents[1] / "docs" / "chart.md").read_text()
+    table = text.split("**Pod labels.**", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    return {cells[0].strip().strip("`"): cells[2].strip() for cells in rows}
+
+
+def test_worker_pod_labels_are_the_ones_docs_chart_md_lists():
+    values = {**BROKER, "workerPools": [{"name": "payments", "app": "a", "podLabels": {"team": "pay"}}],
+              "beat": {"enabled": True}}
+    deployments = by_kind(render(values=values), "Deployment")
+    documented = documented_pod_labels()
+    worker = deployments["th-taskherd-payments"]["spec"]["template"]["metadata"]["labels"]
+    assert worker == {"app.kubernetes.io/name": "taskherd", "app.kubernetes.io/instance": "th",
+                      "app.kubernetes.io/component": "worker", "taskherd.io/pool": "payments", "team": "pay"}
+    assert set(worker) - {"team"} == set(documented)
+    for name in ("beat", "operator", "exporter"):
+        labels = deployments[f"th-taskherd-{name}"]["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == name
+        assert set(labels) == {k for k, where in documented.items() if where == "every pod of the chart"}

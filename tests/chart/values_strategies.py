@@ -76,6 +76,8 @@ MUTATIONS: dict[tuple, st.SearchStrategy] = {
     ("workerPools", 0, "autoscaling", "deadLetter", "alertmanagerUrl"): url,
     ("workerPools", 0, "autoscaling", "deadLetter", "webhookUrl"): url,
     ("workerPools", 0, "autoscaling", "deadLetter", "threshold"): count,
+    ("workerPools", 0, "autoscaling", "deadLetter", "resendIntervalSeconds"): seconds,
+    ("workerPools", 0, "autoscaling", "deadLetter", "severity"): st.sampled_from(["critical", "page", "urgent", ""]),
     ("workerPools", 0, "podDisruptionBudget", "maxUnavailable"): max_unavailable,
     ("workerPools", 0, "serviceAccount", "create"): st.booleans(),
     ("workerPools", 0, "serviceAccount", "annotations"): st.dictionaries(label_key, small_text, max_size=2),

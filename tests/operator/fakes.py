@@ -74,19 +74,24 @@ class Clock:
 
 
 def make_deps(kube, broker, *, busy: dict[str, int | None] | None = None, posts=None, clock=None,
-              fail_posts: bool = False) -> Deps:
+              fail_posts: bool = False, child_deaths: dict[str, list] | None = None) -> Deps:
+    """`child_deaths`: pod name -> what its worker's metrics say (a pod missing: unreadable)."""
     busy = busy or {}
     posts = [] if posts is None else posts
+    child_deaths = {} if child_deaths is None else child_deaths
 
     async def reader(pod):
         return busy.get(pod["metadata"]["name"], 0)
+
+    async def death_reader(pod):
+        return child_deaths.get(pod["metadata"]["name"])
 
     async def poster(url, body):
         if fail_posts:
             raise ConnectionError("alertmanager down")
         posts.append((url, body))
 
-    return Deps(kube=kube, observe=broker, busyness=reader, poster=poster,
+    return Deps(kube=kube, observe=broker, busyness=reader, poster=poster, child_deaths=death_reader,
                 metrics=OperatorMetrics(registry=CollectorRegistry()), clock=clock or Clock())
 
 

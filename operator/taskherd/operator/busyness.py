@@ -40,15 +40,15 @@ def pod_is_running(pod: Mapping[str, Any]) -> bool:
     return status.get("phase") == "Running" and bool(status.get("podIP"))
 
 
-class MetricsBusynessReader:
-    """GET http://<podIP>:<port>/metrics and read the in-flight gauge."""
+class WorkerMetrics:
+    """GET http://<podIP>:<port>/metrics of a worker pod: the text, or None when it cannot be read."""
 
     def __init__(self, *, port: int = WORKER_METRICS_PORT, timeout: float = 2.0,
                  client: httpx.AsyncClient | None = None) -> None:
         self.port = port
         self._client = client or httpx.AsyncClient(timeout=timeout)
 
-    async def __call__(self, pod: Mapping[str, Any]) -> int | None:
+    async def text(self, pod: Mapping[str, Any]) -> str | None:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
             return None
@@ -57,7 +57,15 @@ class MetricsBusynessReader:
             response.raise_for_status()
         except httpx.HTTPError:
             return None
-        return parse_in_flight(response.text)
+        return response.text
+
+
+class MetricsBusynessReader(WorkerMetrics):
+    """The in-flight gauge of a worker pod."""
+
+    async def __call__(self, pod: Mapping[str, Any]) -> int | None:
+        text = await self.text(pod)
+        return None if text is None else parse_in_flight(text)
 
 
 async def read_busyness(pods: list[Mapping[str, Any]], reader: BusynessReader) -> list[PodBusyness]:

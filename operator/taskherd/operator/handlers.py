@@ -12,6 +12,7 @@ from . import kube
 from .alerts import DryRunPoster, HttpPoster
 from .broker import BrokerObserver
 from .busyness import MetricsBusynessReader
+from .child_deaths import MetricsChildDeathReader
 from .config import OperatorConfig
 from .leader import AlwaysLeader, LeaderElector
 from .metrics import OperatorMetrics
@@ -46,6 +47,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     writer = kube.DryRunKube(api) if config.dry_run else api
     deps = Deps(kube=writer, observe=BrokerObserver(kube=api),
                 busyness=MetricsBusynessReader(port=config.worker_metrics_port),
+                child_deaths=MetricsChildDeathReader(port=config.worker_metrics_port),
                 poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
                 default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector

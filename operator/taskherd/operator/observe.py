@@ -2,8 +2,8 @@
 
 Reads the spec, the queues (through the broker Secret), the scale subresource of the target, and
 the worker pods when they matter (their busyness before a possible scale-down, their terminations
-every TERMINATIONS_EVERY_SECONDS). A failed read becomes a `Problem` in the snapshot, never an
-exception: the plan turns it into a condition.
+and the pool-child deaths their workers counted every TERMINATIONS_EVERY_SECONDS). A failed read
+becomes a `Problem` in the snapshot, never an exception: the plan turns it into a condition.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .busyness import read_busyness
+from .child_deaths import read_child_deaths
 from .deletion_cost import ANNOTATION
 from .kube import NotFound, Scale, Unsupported
 from .pause import pause_from
@@ -80,6 +81,9 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
             try:
                 read["pod_events"] = tuple(await deps.kube.list_pod_events(namespace))
                 read["pods"] = tuple(pods)
+                if deps.child_deaths is not None:  # a pod that cannot be read is left out
+                    read["child_deaths"] = {pod: tuple(deaths) for pod, deaths in
+                                            (await read_child_deaths(pods, deps.child_deaths)).items()}
             except Exception as exc:  # noqa: BLE001 - the report is best effort
                 errors.append("terminations")
                 log.warning("%s/%s: terminations not read: %s", namespace, meta["name"], _error_text(exc))

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from taskherd.queues.stats import AGE_FROM_PUBLISH_COUNTER
 
+from .child_deaths import ChildDeaths, child_death_entries, describe
 from .deletion_cost import PodBusyness, annotations_to_change, busy_count, deletion_costs
 from .kube import Scale
 from .paging import Page, PagingState, step
@@ -20,7 +21,7 @@ from .pause import Pause
 from .policy import PoolSpec
 from .scaling import Decision, Observation, Recommendation, desired_replicas, prune_history
 from .status import Conditions
-from .terminations import recent_terminations
+from .terminations import recent_terminations, termination_key
 
 #: pods and their Events are read for the termination report at most this often.
 TERMINATIONS_EVERY_SECONDS = 30.0
@@ -57,6 +58,8 @@ class Snapshot:
     #: worker pods and their Events, when the termination report was due and could be read.
     pods: tuple[Mapping[str, Any], ...] | None = None
     pod_events: tuple[Mapping[str, Any], ...] = ()
+    #: running pod name -> the pool-child deaths its worker counted, read with the pods
+    child_deaths: Mapping[str, tuple[ChildDeaths, ...]] = field(default_factory=dict)
     #: what could not be read, by kind (the `kind` label of taskherd_operator_errors_total).
     errors: tuple[str, ...] = ()
 
@@ -203,8 +206,7 @@ def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
     if snapshot.scale is not None:
         _plan_scale(result, spec, snapshot, memory)
     if snapshot.pods is not None:
-        result.memory = replace(result.memory, terminations_read_at=now, terminations=recent_terminations(
-            snapshot.pods, snapshot.pod_events, result.memory.terminations))
+        _plan_terminations(result, snapshot)
     _plan_pages(result, spec, observation, now)
     if observation is not None:
         result.status.update(
@@ -249,6 +251,18 @@ def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMe
     result.status.update(currentReplicas=scale.current_replicas, desiredReplicas=decision.replicas)
     if snapshot.busyness is not None:
         result.status["busyWorkers"] = busy
+
+
+def _plan_terminations(result: Plan, snapshot: Snapshot) -> None:
+    """The termination report, and a Warning Event for each pool child's death it lists for the first
+    time (the kubelet's own Events already tell of container terminations)."""
+    before = {termination_key(t) for t in result.memory.terminations}
+    report = recent_terminations(snapshot.pods, snapshot.pod_events, result.memory.terminations,
+                                 pool_children=child_death_entries(snapshot.child_deaths))
+    result.memory = replace(result.memory, terminations_read_at=snapshot.now, terminations=report)
+    for entry in reversed(report):  # oldest first, as they happened
+        if entry.get("process") and termination_key(entry) not in before:
+            result.events.append(EventSpec("Warning", *describe(entry)))
 
 
 def _plan_pages(result: Plan, spec: PoolSpec, observation: Observation | None, now: float) -> None:

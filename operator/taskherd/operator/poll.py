@@ -18,6 +18,7 @@ from .alerts import Poster
 from .apply import apply, report
 from .broker import ObserveFn
 from .busyness import BusynessReader
+from .child_deaths import ChildDeathReader
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import observe
@@ -35,6 +36,8 @@ class Deps:
     poster: Poster
     metrics: OperatorMetrics
     clock: Callable[[], float] = time.time
+    #: reads the pool-child deaths a worker pod counted; None: not read
+    child_deaths: ChildDeathReader | None = None
     #: used when a pool's spec names no alert target.
     default_alertmanager_url: str | None = None
 

@@ -3,6 +3,7 @@
 Kubernetes records the last termination of each container (`lastState.terminated`: reason such
 as OOMKilled or Error, exit code, finish time) and a restart count; a liveness kill shows up only
 as an Event ("Container worker failed liveness probe, will be restarted"), so the two are joined.
+Pool processes that died while their container lived on (child_deaths.py) join the same list.
 The list is merged with what the status already showed, so a deleted pod's death stays visible.
 """
 from __future__ import annotations
@@ -75,12 +76,18 @@ def terminations_from(pods: Iterable[Mapping[str, Any]], events: Iterable[Mappin
     return found
 
 
+def termination_key(item: Mapping[str, Any]) -> tuple:
+    """What makes two entries the same termination: pod, container or process, and when."""
+    return item.get("pod"), item.get("container"), item.get("process"), item.get("finishedAt")
+
+
 def recent_terminations(pods: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]],
-                        previous: Iterable[Mapping[str, Any]] = (), limit: int = DEFAULT_LIMIT) -> list[dict[str, Any]]:
-    """Newest first, one entry per (pod, container, finishedAt), at most `limit`."""
+                        previous: Iterable[Mapping[str, Any]] = (), limit: int = DEFAULT_LIMIT,
+                        pool_children: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Newest first, one entry per termination_key, at most `limit`; `pool_children` are the
+    entries of child_deaths.child_death_entries."""
     merged: dict[tuple, dict[str, Any]] = {}
-    for item in list(previous) + terminations_from(pods, events):
-        key = (item.get("pod"), item.get("container"), item.get("finishedAt"))
-        merged[key] = dict(item)  # the fresh reading wins (restart count, liveness reason)
+    for item in list(previous) + list(pool_children) + terminations_from(pods, events):
+        merged[termination_key(item)] = dict(item)  # the fresh reading wins (restart count, liveness reason)
     ordered = sorted(merged.values(), key=lambda t: _ts(t.get("finishedAt")) or 0.0, reverse=True)
     return ordered[:limit]

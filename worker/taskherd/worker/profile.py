@@ -166,6 +166,8 @@ class Profile(Settings):
     components: tuple[Component, ...] = ()
     #: seconds a delivery counter key lives (long enough to outlast any redelivery loop)
     delivery_counter_ttl: float = 7 * 24 * 3600
+    #: legal but risky choices about how a worker consumes; issued when a worker of the app starts
+    worker_warnings: tuple[str, ...] = ()
 
     @property
     def broker_is_redis(self) -> bool:
@@ -404,7 +406,9 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     dead-letter arguments). The broker URL must be set before (``Celery(broker=...)``,
     ``broker_url``, ``CELERY_BROKER_URL`` or ``TASKHERD_BROKER_URL``): the Redis-only settings and
     checks depend on it. Raises :class:`ProfileError` listing every invalid setting, its value and
-    the valid range.
+    the valid range. Legal but risky choices (``Profile.worker_warnings``) become a
+    :class:`ProfileWarning` in the log of each worker of the app when it starts, not here: producers
+    call configure() too.
     """
     unknown = sorted(set(settings) - set(SETTING_NAMES))
     if unknown:
@@ -447,8 +451,6 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     delivery_counter_url = wanted.delivery_counter_url
     if delivery_counter_url is None and kind == "redis":
         delivery_counter_url = broker_url.split(";")[0].strip()
-    for message in warns:
-        warnings.warn(message, ProfileWarning, stacklevel=2)
 
     profile = Profile(
         **{name: getattr(wanted, name) for name in SETTING_NAMES if name not in ("queues",)},
@@ -458,7 +460,7 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
         components=tuple(resolved),
     )
     profile = dataclasses.replace(profile, visibility_timeout=visibility_timeout if kind == "redis" else None,
-                                  delivery_counter_url=delivery_counter_url)
+                                  delivery_counter_url=delivery_counter_url, worker_warnings=tuple(warns))
 
     transport_options = dict(conf.broker_transport_options or {})
     if profile.visibility_timeout is not None:
@@ -492,4 +494,20 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     if profile.visibility_timeout is not None:
         refuse_time_limits_at_publish(app, below=profile.visibility_timeout)
     install_components(app, profile.components, profile)  # each class once: configure() may run twice
+    _warn_when_a_worker_starts(app)
     return profile
+
+
+def _warn_when_a_worker_starts(app: Any) -> None:
+    """The profile's warnings, as ProfileWarning, once a worker of ``app`` has set up its logging
+    (Celery routes warnings to the worker's log). They are about consuming: a producer importing
+    the same app module calls configure() too and must not hear them."""
+    from celery import signals
+
+    def after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        if getattr(instance, "app", None) is not app:
+            return
+        for message in get_profile(app).worker_warnings:  # the last configure() call's
+            warnings.warn(message, ProfileWarning, stacklevel=1)
+
+    signals.celeryd_after_setup.connect(after_setup, weak=False, dispatch_uid=f"taskherd.profile.warnings.{id(app)}")

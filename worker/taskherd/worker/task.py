@@ -38,10 +38,11 @@ from typing import Any
 
 import celery
 from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker.request import Request as CeleryRequest
 
-from . import deliveries, soft_limit
+from . import child_deaths, deliveries, soft_limit
 from .backoff import backoff_delay
 from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
@@ -247,7 +248,8 @@ def _context_headers(request: Any, name: str) -> dict:
 
 
 class Request(CeleryRequest):
-    """The main process's view of a task: dead-letters hard time limits, puts messages back."""
+    """The main process's view of a task: dead-letters hard time limits, puts messages back, names
+    the cause of a pool child's death (taskherd.worker.child_deaths)."""
 
     #: set when a hard-timed-out task could not be dead-lettered and went back to its queue
     _put_back_after_timeout = False
@@ -275,6 +277,8 @@ class Request(CeleryRequest):
             state.task_ready(self)
             self.put_back()
             return None
+        elif isinstance(exc, WorkerLostError):
+            child_deaths.record(self.name, str(exc), task_id=self.id)
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:

@@ -14,6 +14,10 @@ Metrics (all labelled by ``task`` name):
 - ``taskherd_tasks_in_flight`` — gauge of tasks executing now (live-sum over pool children).
 - ``taskherd_task_deliveries_total`` — messages received by the worker (redeliveries included):
   deliveries minus outcomes shows work lost to crashes and redelivered.
+- ``taskherd_pool_child_deaths_total{task,cause}`` — pool processes that died under a task
+  (taskherd.worker.child_deaths: ``OOMKilled``, ``SIGKILL``, ``SIGSEGV``, ``ExitCode<n>``), with
+  ``taskherd_pool_child_last_death_timestamp_seconds{task,cause}``: recorded by the main process,
+  the only trace of a child the OOM killer took while its container lived on.
 - ``taskherd_heartbeat_timestamp_seconds`` — when the worker's main loop last wrote heartbeat.json
   (Unix time), 0 before its first write: ``time() - taskherd_heartbeat_timestamp_seconds`` is the
   age, and a worker that never started its loop alerts too (Prometheus exports timestamps, not ages).
@@ -77,6 +81,13 @@ class TaskMetrics:
                                registry=registry, multiprocess_mode="livesum")
         self.deliveries = Counter("task_deliveries", "Task messages received, redeliveries included.", ["task"],
                                   namespace=namespace, registry=registry)
+        self.child_deaths = Counter("pool_child_deaths", "Pool processes that died under a task, by task and "
+                                    "cause (OOMKilled, SIGKILL, SIGSEGV, ExitCode1, ...).", ["task", "cause"],
+                                    namespace=namespace, registry=registry)
+        self.last_child_death = Gauge("pool_child_last_death_timestamp_seconds",
+                                      "When a pool process last died under the task, by cause (Unix time).",
+                                      ["task", "cause"], namespace=namespace, registry=registry,
+                                      multiprocess_mode="max")
 
     def record_outcome(self, task_name: str, outcome: str) -> None:
         if outcome not in OUTCOMES:
