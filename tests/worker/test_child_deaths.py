@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.worker_process import WorkerProcess
 from taskherd.worker.child_deaths import OomKills, cause_of, parse_status, read_oom_kills
-from worker_support import core_env, dead_letters, wait_for
+from e2e.lib.waiting import wait_for
+from worker_support import core_env, dead_letters
 
 DEATHS = "taskherd_pool_child_deaths_total"
 LAST_DEATH = "taskherd_pool_child_last_death_timestamp_seconds"
@@ -88,14 +89,14 @@ def test_a_child_killed_mid_task_is_counted_with_its_signal(
     from celery import Celery
 
     Celery(broker=redis_url).send_task("core.slow", args=("job", 1.0), queue=unique_name)
-    wait_for(lambda: recorded("job:start"), timeout=30, what="the task to start")
+    wait_for("the task to start", lambda: recorded("job:start"), timeout=30)
     (_, child, _), = recorded("job:start")
     killed_at = time.time()
     os.kill(child, signal.SIGKILL)
-    wait_for(lambda: recorded("job:done"), timeout=60, what="the task to run again and finish")
+    wait_for("the task to run again and finish", lambda: recorded("job:done"), timeout=60)
 
-    seen = wait_for(lambda: deaths(port).get((DEATHS, "core.slow", "SIGKILL")) and deaths(port), timeout=15,
-                    what="the death on /metrics")
+    seen = wait_for("the death on /metrics", lambda: deaths(port), timeout=15,
+                    until=lambda seen: seen.get((DEATHS, "core.slow", "SIGKILL")))
     assert {key for key in seen if key[0] == DEATHS} == {(DEATHS, "core.slow", "SIGKILL")}
     assert seen[(DEATHS, "core.slow", "SIGKILL")] == 1
     assert killed_at <= seen[(LAST_DEATH, "core.slow", "SIGKILL")] <= time.time()
@@ -156,8 +157,8 @@ def test_a_child_the_oom_killer_takes_is_oomkilled_in_the_metrics_and_the_poison
         from celery import Celery
 
         Celery(broker=redis_url).send_task("core.allocate", args=("report", 600), queue=unique_name)
-        (letter,) = wait_for(lambda: dead_letters(redis_url, unique_name), timeout=120,
-                             what="the report dead-lettered after two OOM kills")
+        (letter,) = wait_for("the report dead-lettered after two OOM kills",
+                             lambda: dead_letters(redis_url, unique_name), timeout=120)
         assert letter.envelope.reason == "killed-worker"
         assert len(recorded("report:start")) == 2 and recorded("report:done") == []
         assert cgroup.oom_kills() == 2, "the kernel's OOM killer, not a signal we sent"
