@@ -1,4 +1,4 @@
-# The chaos suite (issue 13): see docs/chaos.md.
+# The chaos suite: see docs/chaos.md.
 #   make chaos               every fault of e2e/chaos/faults on Redis and RabbitMQ, on the cluster the e2e
 #                            entry point resolves (E2E_CLUSTER=kind for the node faults); about 55 min here
 #   make chaos CHAOS_FAULTS="broker-restart oom-kill" CHAOS_BROKER=redis    a part of it

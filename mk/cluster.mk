@@ -1,4 +1,4 @@
-# The local Kubernetes cluster (issue 4): see docs/cluster.md.
+# The local Kubernetes cluster: see docs/cluster.md.
 #   make cluster           start it (idempotent: a no-op when healthy), building what is missing
 #   make cluster-down      stop exactly what it started and remove its state
 #   make cluster-binaries  build kube-*, kubectl, etcd, helm, CoreDNS, crictl into $TASKHERD_HOME/bin

@@ -1,4 +1,4 @@
-# The demo (issue 7): see docs/demo.md.
+# The demo: see docs/demo.md.
 #   make demo                 the full demo on a real cluster; BROKER=redis|rabbitmq (default rabbitmq)
 #   make demo DEMO_SHORT=1    the short version (fewer charges and faults), as `make test` runs it
 #   make demo-down            remove what the demo created (not the cluster, not the services)

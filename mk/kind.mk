@@ -1,4 +1,4 @@
-# The kind cluster (issue 14): see docs/cluster.md, "kind".
+# The kind cluster: see docs/cluster.md, "kind".
 #   make kind-image          the kind node image, built here from the project's Kubernetes (no registry)
 #   make kind-cluster        the `taskherd` kind cluster: 1 control plane + 2 workers, kube-router,
 #                            the worker/operator (and services) images loaded
