@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -43,6 +45,8 @@ _failure_reports = pytest.StashKey[list[tuple[str, Callable[[], str]]]]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--keep-namespaces", action="store_true",
                      help="keep each cluster test's namespace after it ends (the next session removes it)")
+    parser.addini("still_running_after", "seconds a test may run without a line before one names it",
+                  default="25")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -179,3 +183,50 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
                 text = f"(could not be collected: {e!r})"
             report.sections.append((title, text[-REPORT_CHARS:]))
     return report
+
+
+# --- a line while a long test runs ----------------------------------------------------------------
+# `-q` prints one character per test; a cluster test (a demo, a chaos scenario) can take minutes, and
+# a newcomer cannot tell that from a hang. While one test (with its fixtures) runs longer than the
+# ini option `still_running_after` (seconds) without a line, a line says which and for how long.
+
+_running = pytest.StashKey[dict]()
+_stop_reporting = pytest.StashKey[threading.Event]()
+
+
+def still_running_line(nodeid: str, started: float, now: float) -> str:
+    elapsed = int(now - started)
+    return f"… still running {nodeid} ({elapsed // 60}m{elapsed % 60:02d}s)"
+
+
+def _report_long_tests(config: pytest.Config, stop: threading.Event) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    quiet_limit = float(config.getini("still_running_after"))
+    state = config.stash[_running]
+    while not stop.wait(min(5.0, quiet_limit / 4)):
+        nodeid, started, last_line = state.get("nodeid"), state.get("started"), state.get("last_line")
+        now = time.monotonic()
+        if reporter is None or nodeid is None or now - last_line < quiet_limit:
+            continue
+        reporter.ensure_newline()
+        reporter.write_line(still_running_line(nodeid, started, now))
+        state["last_line"] = now
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_running] = {}
+    stop = threading.Event()
+    session.config.stash[_stop_reporting] = stop
+    threading.Thread(target=_report_long_tests, args=(session.config, stop), name="taskherd-still-running",
+                     daemon=True).start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _stop_reporting in session.config.stash:
+        session.config.stash[_stop_reporting].set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):  # noqa: ARG001 - pytest's hook signature
+    now = time.monotonic()
+    item.config.stash[_running].update(nodeid=item.nodeid, started=now, last_line=now)
