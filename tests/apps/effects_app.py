@@ -4,6 +4,8 @@ outbox tests. Configured from the environment:
 TEST_BROKER_URL, TEST_QUEUE, TEST_PG_DSN      where to consume and where the ledger lives
 TEST_VISIBILITY_TIMEOUT                       Redis: seconds before an unacked message is restored
                                               (time limits are set below it)
+TEST_FAST_RECOVERY=0                          leaves the FastRecovery component out (the visibility
+                                              timeout is then the only way back for a dead worker's task)
 TEST_SLOW_FIRST_SECONDS                       the first attempt of each task sleeps this long (so a
                                               test can kill it mid-task) ...
 TEST_SLOW_FIRST_AT                            ... "inside" its transaction (the effect is not committed
@@ -29,7 +31,8 @@ import redis
 from celery import Celery
 
 from apps.effects_schema import process_connection
-from taskherd.worker import ProfileWarning, configure
+from taskherd.worker import ProfileWarning, configure, default_components, without
+from taskherd.worker.components.recovery import FastRecovery
 from taskherd.worker.idempotency import PostgresStore, RedisStore, idempotent
 
 BROKER_URL = os.environ["TEST_BROKER_URL"]
@@ -41,17 +44,18 @@ SLOW_FIRST_AT = os.environ.get("TEST_SLOW_FIRST_AT", "inside")
 app = Celery("effects", broker=BROKER_URL)
 app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=True)
 visibility = float(os.environ.get("TEST_VISIBILITY_TIMEOUT", "0"))
+components = without(default_components(), FastRecovery) if os.environ.get("TEST_FAST_RECOVERY") == "0" else None
 if BROKER_URL.startswith("redis"):
     # Sweep for expired unacked messages every second instead of kombu's 10 s x 10 throttle.
     app.conf.broker_transport_options = {"unacked_restore_interval": 1, "unacked_restore_throttle": 1}
 if visibility:
     # A short visibility timeout needs time limits below it (configure() checks that).
     configure(app, soft_time_limit=visibility * 0.5, time_limit=visibility * 0.8, visibility_timeout=visibility,
-              backoff_base=0.1, backoff_cap=0.1)
+              backoff_base=0.1, backoff_cap=0.1, components=components)
 else:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProfileWarning)  # no delivery counter on RabbitMQ here
-        configure(app)
+        configure(app, components=components)
 
 store = PostgresStore()
 

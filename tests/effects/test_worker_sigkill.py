@@ -40,7 +40,8 @@ def producer_app(broker_url: str, queue: str) -> Celery:
     return producer
 
 
-def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, visibility_timeout=None):
+def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, visibility_timeout=None,
+                               fast_recovery=True):
     """Runs one task on one of two workers, SIGKILLs that worker's process group mid-task, and
     returns (attempts, ledger rows, seconds from first attempt to rerun, seconds from kill to rerun)."""
     create_tables(dsn)
@@ -48,6 +49,8 @@ def kill_whole_worker_mid_task(broker_url, dsn, queue, worker_factory, *, at, vi
            "TEST_SLOW_FIRST_AT": at}
     if visibility_timeout:
         env["TEST_VISIBILITY_TIMEOUT"] = str(visibility_timeout)
+    if not fast_recovery:
+        env["TEST_FAST_RECOVERY"] = "0"
     workers = [worker_factory("apps.effects_app", queues=[queue], env=env, concurrency=1) for _ in range(2)]
 
     producer = producer_app(broker_url, queue)
@@ -92,7 +95,7 @@ def test_rabbitmq_task_of_a_killed_worker_runs_again_on_another_and_its_effect_i
 def test_redis_task_of_a_killed_worker_comes_back_after_the_visibility_timeout(
         at, redis_url, pg_dsn, unique_name, worker_factory):
     attempts, ledger, since_first, _ = kill_whole_worker_mid_task(
-        redis_url, pg_dsn, unique_name, worker_factory, at=at, visibility_timeout=10)
+        redis_url, pg_dsn, unique_name, worker_factory, at=at, visibility_timeout=10, fast_recovery=False)
     assert (len(attempts), len(ledger)) == (2, 1)
     # Not before the visibility timeout (counted from delivery, just before the first attempt),
     # and soon after it: the sweep runs every second (unacked_restore_interval=1, throttle=1).

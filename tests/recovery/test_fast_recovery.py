@@ -147,7 +147,10 @@ def test_recovery_honours_the_global_key_prefix(redis_url, unique_name, worker_f
     restarted = wait_for("the task to restart", lambda: starts(client, token)[1:], timeout=30)[0]
     assert restarted["host"].startswith(node_of(survivor)) and restarted["at"] - killed_at <= 3 + 1 + 5
     wait_for("the restarted task to finish", lambda: ends(client, token), timeout=30)
-    assert client.hlen(prefix + "unacked") == 0 and client.hlen(prefix + recovery.OWNER_KEY) == 0
+    # the ack follows the task's return: give it a moment
+    wait_for("the prefixed bookkeeping to empty",
+             lambda: (client.hlen(prefix + "unacked"), client.hlen(prefix + recovery.OWNER_KEY)), timeout=10,
+             equals=(0, 0))
 
 
 def test_warm_shutdown_finishes_the_task_once_and_leaves_no_lease(redis_url, unique_name, worker_factory):

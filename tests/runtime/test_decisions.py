@@ -143,7 +143,8 @@ def test_metric_names_follow_prometheus_conventions():
     metrics.TaskMetrics(registry=registry)
     names = {metric.name for metric in registry.collect()}
     assert names == {"taskherd_tasks", "taskherd_task_runtime_seconds", "taskherd_task_queue_wait_seconds",
-                     "taskherd_tasks_in_flight", "taskherd_task_deliveries"}  # counters get `_total` on exposition
+                     "taskherd_tasks_in_flight", "taskherd_task_deliveries", "taskherd_pool_child_deaths",
+                     "taskherd_pool_child_last_death_timestamp_seconds"}  # counters get `_total` on exposition
 
 
 def test_published_at_reads_the_stamp_and_skips_missing_or_garbage():
