@@ -210,6 +210,7 @@ def _report_long_tests(config: pytest.Config, stop: threading.Event) -> None:
             continue
         reporter.ensure_newline()
         reporter.write_line(still_running_line(nodeid, started, now))
+        reporter.flush()  # output piped to a file or `tee` is block-buffered
         state["last_line"] = now
 
 
