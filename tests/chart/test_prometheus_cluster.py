@@ -35,6 +35,8 @@ from e2e.services.config import PROMETHEUS_RULES_CONFIGMAP
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 log = logging.getLogger("taskherd.e2e.chart.prometheus")
+# one line per poll of Prometheus' API would bury the waits' own progress lines
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 APP = Path(__file__).parent / "apps" / "chart_app.py"
 POOL, QUEUE, DLQ = "work", "monitored", "monitored.dlq"
