@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,9 @@ from chart_support import CHART, by_kind, render
 from e2e.chaos import images as pinned_images
 from e2e.lib.pytest_plugin import create_test_namespace
 from e2e.lib.waiting import wait_for
-from e2e.services import access, deploy, tenants
+from e2e.services import access, deploy
 from e2e.services.config import PROMETHEUS_RULES_CONFIGMAP
+from e2e.services.endpoints import in_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 log = logging.getLogger("taskherd.e2e.chart.prometheus")
@@ -44,6 +46,7 @@ ALERT = "TaskherdDeadLetterQueue"
 #: the alert's `for` in this test (the chart's is 5m): pending, then firing after one more evaluation
 ALERT_FOR = "10s"
 SERVICES = ("redis", "alertmanager", "prometheus")
+BROKER_DATABASE = 1
 #: what the release runs, by the pod label app.kubernetes.io/component: pods scraped
 SCRAPED = {"worker": 1, "exporter": 1, "operator": 2}
 
@@ -135,6 +138,7 @@ def rendered_rules(values: dict[str, Any], *, release: str, namespace: str) -> d
 
 @pytest.fixture(scope="module")
 def monitoring(cluster, request, tmp_path_factory):
+    started = time.monotonic()
     images = pinned_images.pinned(cluster, log.info)
     namespace = create_test_namespace(cluster, request, labels={"pod-security.kubernetes.io/enforce": "restricted"})
     services_namespace = create_test_namespace(cluster, request)
@@ -146,25 +150,34 @@ def monitoring(cluster, request, tmp_path_factory):
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": PROMETHEUS_RULES_CONFIGMAP, "namespace": services_namespace},
         "data": {"taskherd.yml": yaml.safe_dump(rules)}}))
+    values_file = tmp_path_factory.mktemp("values") / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
     try:
-        services = deploy.up(cluster, namespace=services_namespace, components=SERVICES,
-                             prometheus_namespaces=(namespace,), log=log.info)
-        with access.reach(cluster, services, log=log.info) as host:
-            database, _ = tenants.lease_redis_database(host.redis_db(0), release)
+        with ThreadPoolExecutor(max_workers=1) as background:
+            # The services and the release start together: workers retry the broker until Redis
+            # answers, and the first test waits until Prometheus scrapes every pod.
+            services_up = background.submit(deploy.up, cluster, namespace=services_namespace, components=SERVICES,
+                                            prometheus_namespaces=(namespace,), log=log.info)
+            credentials = wait_for("the services' credentials", lambda: deploy.read_credentials(
+                cluster, services_namespace), timeout=300, interval=1, ignoring=(deploy.ServicesError,))
+            # The Redis is this test's alone: any database index will do.
+            pods = in_cluster(credentials, namespace=services_namespace, components=SERVICES)
             cluster.kubectl("-n", namespace, "create", "secret", "generic", "broker",
-                            f"--from-literal=url={services.pods.redis_db(database)}")
+                            f"--from-literal=url={pods.redis_db(BROKER_DATABASE)}")
             cluster.kubectl("-n", namespace, "create", "configmap", "chart-app", f"--from-file=chart_app.py={APP}")
-            values_file = tmp_path_factory.mktemp("values") / "values.yaml"
-            values_file.write_text(yaml.safe_dump(values))
             result = cluster.helm("install", release, str(CHART), "-n", namespace, "-f", str(values_file),
-                                  "--wait", "--timeout", "4m", check=False, timeout=300)
+                                  check=False, timeout=120)
             if result.returncode != 0:
                 pytest.fail(f"helm install failed: {result.stderr}", pytrace=False)
-            yield Monitoring(namespace=namespace, release=release, broker_url=host.redis_db(database),
+            services = services_up.result()
+        with access.reach(cluster, services, log=log.info) as host:
+            log.info("release %s installed and services ready %.0f s after the start", release,
+                     time.monotonic() - started)
+            yield Monitoring(namespace=namespace, release=release, broker_url=host.redis_db(BROKER_DATABASE),
                              prometheus=host.prometheus, alertmanager=host.alertmanager)
-            cluster.helm("uninstall", release, "-n", namespace, "--wait", check=False, timeout=300)
     finally:
-        # the namespace, and the ClusterRole that lets Prometheus discover pods
+        # The namespace and the ClusterRole that lets Prometheus discover pods; the release's
+        # namespace goes with the test harness's cleanup.
         deploy.down(cluster, namespace=services_namespace, log=log.info)
 
 
@@ -175,8 +188,9 @@ def test_prometheus_scrapes_workers_exporter_and_operator(monitoring):
             seen.setdefault(target["labels"].get("component", "?"), []).append(target["health"])
         return seen
 
+    # from `helm install`: the pods start, become ready and are discovered and scraped
     wait_for("every pod of the release scraped and up (component: target health)", health_by_component,
-             timeout=90, interval=2,
+             timeout=240, interval=2,
              until=lambda seen: {c: len(h) for c, h in seen.items()} == SCRAPED
              and all(h == "up" for hs in seen.values() for h in hs))
 
