@@ -25,7 +25,8 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
         return [line for line in text.splitlines() if line.startswith("taskherd_tasks_total{")]
 
     # A permanent failure is dead-lettered: it counts as failed (Celery's signal) and as dead_lettered.
-    assert sorted(wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda lines: len(lines) == 3)) == [
+    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 3)
+    assert sorted(lines) == [
         'taskherd_tasks_total{outcome="dead_lettered",task="runtime_profile.refuse"} 1.0',
         'taskherd_tasks_total{outcome="failed",task="runtime_profile.refuse"} 1.0',
         'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0']
