@@ -98,7 +98,13 @@ def prometheus_config(settings: Settings, namespace: str) -> str:
         "rule_files": [f"{CONFIG_DIR}/rules/*.yml", f"{CONFIG_DIR}/rules/*.yaml"],
         "scrape_configs": [{
             "job_name": "pods",
+            # The labels a target exposes win over the ones below, as with the chart's
+            # ServiceMonitor (honorLabels): the operator labels its per-pool series with the
+            # WorkerPool's `namespace`, which would otherwise become `exported_namespace`.
+            "honor_labels": True,
             "kubernetes_sd_configs": [discovery],
+            # The labels the Prometheus Operator gives a PodMonitor's targets (namespace, pod,
+            # container) and the chart's PodMonitor adds (pool): the chart's alerts read them.
             "relabel_configs": [
                 # every container port named `metrics` (the chart's workers, exporter and operator)
                 {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics",
@@ -106,10 +112,12 @@ def prometheus_config(settings: Settings, namespace: str) -> str:
                 {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
                 {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                 {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
                 {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
                  "target_label": "component"},
                 {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
                  "target_label": "release"},
+                {"source_labels": ["__meta_kubernetes_pod_label_taskherd_io_pool"], "target_label": "pool"},
             ],
         }],
     }, sort_keys=False)

@@ -67,7 +67,7 @@ def retry_once(self, key: str) -> str:
 
 @app.task(name="runtime.record")
 def record(key: str, outcome: str) -> None:
-    """Stands in for the DLQ/delivery-limit modules, which call metrics.record_outcome themselves."""
+    """Records an outcome the way the DLQ (taskherd.worker.task) and other modules do, without a profile."""
 
     ledger().incr(f"runs:{key}")
     record_outcome("runtime.record", outcome)

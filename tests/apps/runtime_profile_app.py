@@ -7,6 +7,7 @@ import os
 
 from celery import Celery
 
+from taskherd.worker import PermanentError
 from taskherd.worker.profile import configure
 
 app = Celery("runtime_profile_app", broker=os.environ["TEST_BROKER_URL"])
@@ -17,3 +18,8 @@ profile = configure(app, soft_time_limit=20, time_limit=30)  # installs heartbea
 @app.task(name="runtime_profile.add")
 def add(x: int, y: int) -> int:
     return x + y
+
+
+@app.task(name="runtime_profile.refuse")
+def refuse() -> None:
+    raise PermanentError("never succeeds")

@@ -18,10 +18,16 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
         assert code == 0, output
     producer = Celery(broker=redis_url)
     producer.send_task("runtime_profile.add", args=(2, 3), queue=unique_name)
+    producer.send_task("runtime_profile.refuse", queue=unique_name)
 
-    def succeeded():
+    def counted():
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        return 'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0' in text
+        return [line for line in text.splitlines() if line.startswith("taskherd_tasks_total{")]
 
-    wait_for("the task counted as succeeded", succeeded, timeout=20)
+    # A permanent failure is dead-lettered: it counts as failed (Celery's signal) and as dead_lettered.
+    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 3)
+    assert sorted(lines) == [
+        'taskherd_tasks_total{outcome="dead_lettered",task="runtime_profile.refuse"} 1.0',
+        'taskherd_tasks_total{outcome="failed",task="runtime_profile.refuse"} 1.0',
+        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0']
     producer.close()

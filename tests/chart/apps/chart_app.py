@@ -7,6 +7,7 @@ Tasks record what they did in Redis (TEST_LEDGER_URL): `runs:<key>` counts execu
 side effect `effect:<key>` is guarded by SET NX, so it happens once per key however often a task
 is delivered. Run as Celery beat, the app sends `chart.tick` every TEST_BEAT_SECONDS (default 1),
 naming the beat's pod: the ticks show which beat ran when (`ticks:<pod>`, publish times).
+`chart.refuse` fails for good: the worker dead-letters it at once (the monitoring test's page).
 """
 import os
 import time
@@ -14,7 +15,7 @@ import time
 import redis
 from celery import Celery
 
-from taskherd.worker import configure
+from taskherd.worker import PermanentError, configure
 from taskherd.worker.components.metrics import published_at
 
 app = Celery("chart_app")
@@ -48,3 +49,9 @@ def tick(self, beat_pod: str) -> None:
     """One periodic send of the beat on `beat_pod`, recorded with the time beat published it."""
     ledger().zadd(f"ticks:{beat_pod}", {self.request.id: published_at(self.request) or time.time()})
     ledger().sadd("beats", beat_pod)
+
+
+@app.task(name="chart.refuse")
+def refuse(reason: str) -> None:
+    """A task that can never succeed: no retry, straight to the queue's DLQ."""
+    raise PermanentError(reason)

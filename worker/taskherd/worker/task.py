@@ -44,6 +44,7 @@ from celery.worker.request import Request as CeleryRequest
 
 from . import child_deaths, deliveries, soft_limit
 from .backoff import backoff_delay
+from .components.metrics import record_outcome
 from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
 from .profile import Profile, get_profile
@@ -119,6 +120,7 @@ def _dead_letter(app: Any, profile: Profile, envelope: Envelope) -> None:
                      queue_type=profile.queue_type)
     logger.error("taskherd: %s[%s] dead-lettered to %s: %s (%s)", envelope.task, envelope.task_id,
                  profile.dead_letter_queue_for(envelope.queue), envelope.reason, envelope.detail)
+    record_outcome(envelope.task or "unknown", "dead_lettered")
 
 
 class Task(celery.Task):
