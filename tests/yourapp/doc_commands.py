@@ -41,9 +41,10 @@ def blocks(markdown: str) -> list[Block]:
     return found
 
 
-def script(steps: list[Block]) -> str:
-    """One bash script running `steps` in order; each says where it comes from before it runs."""
-    parts = ["set -euo pipefail"]
+def script(steps: list[Block], *, stop_at_first_failure: bool = True) -> str:
+    """One bash script running `steps` in order; each says where it comes from before it runs.
+    A cleanup script goes on past a failing command (it removes whatever the steps got to create)."""
+    parts = ["set -euo pipefail" if stop_at_first_failure else "set -uo pipefail"]
     for block in steps:
         parts.append(f"echo '=== docs/your-app.md line {block.line}: {block.section.replace(chr(39), '')}' >&2")
         parts.append(block.body.rstrip())

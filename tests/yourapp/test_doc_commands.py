@@ -52,3 +52,10 @@ def test_the_script_runs_the_steps_in_order_and_stops_at_the_first_failure():
     done = subprocess.run(["bash", "-c", script([b for b in failing if b.role == "step"])],
                           capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == "one\n"
+
+
+def test_a_cleanup_script_goes_on_past_a_failure():
+    cleanup = blocks(GUIDE.replace("echo done", "false\necho done"))[-1]
+    done = subprocess.run(["bash", "-c", script([cleanup], stop_at_first_failure=False)],
+                          capture_output=True, text=True)
+    assert done.stdout == "done\n"
