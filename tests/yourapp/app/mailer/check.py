@@ -1,7 +1,7 @@
-"""What happened to the welcome mails: `python -m mailer.check COUNT [--wait SECONDS]` waits (at
-most SECONDS) until user-0000 … user-(COUNT-1) each have a mail, then prints how many were sent
-once, never (lost) or more than once (duplicated), and by which pods; exit status 1 unless every
-one was sent exactly once."""
+"""What happened to the welcome mails: `python -m mailer.check COUNT [--batch B] [--wait SECONDS]`
+waits (at most SECONDS) until user-B-0000 … user-B-(COUNT-1) each have a mail, then prints how many
+were sent once, never (lost) or more than once (duplicated), and by which pods; exit status 1
+unless every one was sent exactly once."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,7 @@ import time
 from tabulate import tabulate
 
 from . import store
+from .send import user_id
 
 
 def counts(wanted: set[str]) -> tuple[dict[str, int], dict[str, int]]:
@@ -26,9 +27,10 @@ def counts(wanted: set[str]) -> tuple[dict[str, int], dict[str, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mailer.check", description=__doc__.splitlines()[0])
     parser.add_argument("count", type=int)
+    parser.add_argument("--batch", default="signup")
     parser.add_argument("--wait", type=float, default=0, metavar="SECONDS")
     args = parser.parse_args(argv)
-    wanted = {f"user-{i:04d}" for i in range(args.count)}
+    wanted = {user_id(args.batch, i) for i in range(args.count)}
     deadline = time.monotonic() + args.wait
     while True:
         per_user, per_pod = counts(wanted)
