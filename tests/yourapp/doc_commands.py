@@ -35,7 +35,8 @@ def blocks(markdown: str) -> list[Block]:
         before = markdown[:match.start()].rstrip().splitlines()
         mark = _MARK.search(before[-1]) if before else None
         role = "step" if mark is None else "skipped" if mark.group("mark").startswith("not run") else "cleanup"
-        headings = [line.lstrip("#").strip() for line in before if line.startswith("#")]
+        prose = _FENCE.sub("", markdown[:match.start()]).splitlines()  # a `# comment` in a block is no heading
+        headings = [line.lstrip("#").strip() for line in prose if line.startswith("#")]
         found.append(Block(line=markdown.count("\n", 0, match.start()) + 1, body=match.group("body"),
                            role=role, section=headings[-1] if headings else ""))
     return found

@@ -14,6 +14,7 @@ echo two
 ```
 
 ```text
+# not a heading
 $ not a command
 ```
 
@@ -41,6 +42,7 @@ def test_steps_alternatives_and_cleanup_are_told_apart():
         ("step", "Build", "echo one\necho two\n"), ("skipped", "Build", "exit 1\n"),
         ("step", "Watch", "echo \"it's three\"\n"), ("cleanup", "Watch", "echo done\n")]
     assert found[0].line == 5
+    assert found[1].section == "Build", "a comment in a code block is no heading"
 
 
 def test_the_script_runs_the_steps_in_order_and_stops_at_the_first_failure():
