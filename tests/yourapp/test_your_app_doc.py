@@ -3,7 +3,7 @@
 The guide's `sh` blocks are the test's commands (doc_commands.py): run in order in one bash session
 from the repository root, with the guide's variables set to a copy of the mailer (`APP_DIR`), the
 test's own namespace (`NS`) and the mailer's image (`IMAGE`); the cleanup block runs afterwards
-whatever happened. The guide's own checks decide: `python -m mailer.check` exits 1 on a lost or
+whatever happened. The guide's own checks decide: `python3 -m mailer.check` exits 1 on a lost or
 duplicated mail, `kubectl wait` on a page that never fires. The files the guide shows (Dockerfile,
 values, requirements) must be the mailer's, so that what a reader copies is what was tested.
 """

@@ -1,4 +1,4 @@
-"""What happened to the welcome mails: `python -m mailer.check COUNT [--batch B] [--wait SECONDS]`
+"""What happened to the welcome mails: `python3 -m mailer.check COUNT [--batch B] [--wait SECONDS]`
 waits (at most SECONDS) until user-B-0000 … user-B-(COUNT-1) each have a mail, then prints how many
 were sent once, never (lost) or more than once (duplicated), and by which pods; exit status 1
 unless every one was sent exactly once."""
@@ -25,7 +25,7 @@ def counts(wanted: set[str]) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mailer.check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m mailer.check", description=__doc__.splitlines()[0])
     parser.add_argument("count", type=int)
     parser.add_argument("--batch", default="signup")
     parser.add_argument("--wait", type=float, default=0, metavar="SECONDS")

@@ -1,4 +1,4 @@
-"""Sends work as the sign-up service would: `python -m mailer.send COUNT [--batch B]` queues welcome
+"""Sends work as the sign-up service would: `python3 -m mailer.send COUNT [--batch B]` queues welcome
 mails for user-B-0000 … user-B-(COUNT-1); `--invalid` queues COUNT mails to user ids that do not
 exist (each ends in the dead-letter queue after one attempt)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ def user_id(batch: str, number: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mailer.send", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m mailer.send", description=__doc__.splitlines()[0])
     parser.add_argument("count", type=int)
     parser.add_argument("--batch", default="signup", help="names the users (default: signup)")
     parser.add_argument("--invalid", action="store_true", help="user ids that do not exist")

@@ -11,7 +11,7 @@ from taskherd.worker.idempotency import PostgresStore
 keys = PostgresStore(table="mailer_idempotency")
 
 # No unique constraint on user_id, on purpose: the idempotency key is what keeps a welcome mail
-# from going out twice, and `python -m mailer.check` counts the rows to show it.
+# from going out twice, and `python3 -m mailer.check` counts the rows to show it.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS mailer_sent (
     user_id  text NOT NULL,
