@@ -71,11 +71,16 @@ def test_following_the_guide_runs_the_mailer_under_taskherd(cluster, namespace, 
     steps = [b for b in found if b.role == "step"]
     cleanup = [b for b in found if b.role == "cleanup"]
 
+    # A reader runs the cleanup in the shell of the steps (KUBECONFIG and PATH from `make cluster-env`):
+    # the steps' exported variables are handed to the cleanup's shell, however the steps ended.
+    exported = tmp_path / "exported.sh"
     started = time.monotonic()
     try:
-        run = _run(script(steps), env, tmp_path / "steps.log", timeout=1200)
+        run = _run(f"trap 'export -p > {exported}' EXIT\n" + script(steps), env, tmp_path / "steps.log",
+                   timeout=1200)
     finally:
-        removed = _run(script(cleanup, stop_at_first_failure=False), env, tmp_path / "cleanup.log", timeout=300)
+        removed = _run(f"[ -f {exported} ] && source {exported}\n" + script(cleanup, stop_at_first_failure=False),
+                       env, tmp_path / "cleanup.log", timeout=300)
     minutes = (time.monotonic() - started) / 60
     print(f"docs/your-app.md followed in {minutes:.1f} min (steps and cleanup)")
     output = run.stdout
