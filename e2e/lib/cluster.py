@@ -292,11 +292,23 @@ def selected_source() -> str:
             raise ValueError(f"E2E_CLUSTER={chosen!r} is not a cluster the e2e tests know: use one of "
                              f"{', '.join(SOURCES)} (or leave it unset for the default order)")
         return chosen
-    if os.environ.get("TASKHERD_KUBECONFIG") or os.environ.get("KUBECONFIG"):
-        return "explicit"
+    explicit = os.environ.get("TASKHERD_KUBECONFIG") or os.environ.get("KUBECONFIG")
+    if explicit:
+        return own_cluster_of(explicit) or "explicit"
     if kindlib.kind_binary() and kindlib.pulled_image_in_docker():
         return "kind"
     return "local"
+
+
+def own_cluster_of(kubeconfig: str) -> str | None:
+    """"local" or "kind" when a kubeconfig is the one this project wrote for that cluster (a reader
+    who ran `eval "$(make cluster-env)"` has KUBECONFIG set, and still means the local cluster:
+    its images are imported, not pushed, and node faults are possible), else None."""
+    given = os.path.realpath(kubeconfig)
+    for source, path in (("local", local_kubeconfig()), ("kind", kindlib.kubeconfig())):
+        if given == os.path.realpath(path):
+            return source
+    return None
 
 
 def resolve() -> Cluster:

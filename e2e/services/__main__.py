@@ -9,8 +9,8 @@
   forward         tunnel every service to 127.0.0.1 (through the API server) and print the URLs
                   this host uses, until interrupted
   redis-db OWNER [--release]   lease (or release) a Redis database of OWNER's own; prints its URL
-  vhost NAME      a fresh RabbitMQ vhost (an existing one is emptied); prints its AMQP URL
-  database NAME   a fresh PostgreSQL database (an existing one is dropped); prints its URL
+  vhost NAME [--drop]      a fresh RabbitMQ vhost (an existing one is emptied); prints its AMQP URL
+  database NAME [--drop]   a fresh PostgreSQL database (an existing one is dropped); prints its URL
 
 Exit status 0 on success, 1 with the reason on stderr otherwise.
 """
@@ -53,8 +53,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     lease.add_argument("--release", action="store_true", help="flush and give it back")
     vhost = sub.add_parser("vhost", help="a fresh RabbitMQ vhost")
     vhost.add_argument("name")
+    vhost.add_argument("--drop", action="store_true", help="delete it with its queues instead")
     database = sub.add_parser("database", help="a fresh PostgreSQL database")
     database.add_argument("name")
+    database.add_argument("--drop", action="store_true", help="drop it instead")
     return p.parse_args(argv)
 
 
@@ -121,11 +123,19 @@ def run(args: argparse.Namespace) -> None:
         _with_host(cluster, ns, lease)
     elif args.command == "vhost":
         def vhost(deployed: deploy.Deployed, host: Endpoints) -> None:
+            if args.drop:
+                gone = tenants.delete_vhost(host.management, args.name)
+                say(f"vhost {args.name} {'deleted' if gone else 'did not exist'}")
+                return
             tenants.fresh_vhost(host.management, args.name)
             print(deployed.pods.amqp_vhost(args.name))
         _with_host(cluster, ns, vhost)
     elif args.command == "database":
         def database(deployed: deploy.Deployed, host: Endpoints) -> None:
+            if args.drop:
+                tenants.drop_database(host.postgres, args.name)
+                say(f"database {args.name} dropped")
+                return
             tenants.fresh_database(host.postgres, args.name)
             print(deployed.pods.database(args.name))
         _with_host(cluster, ns, database)

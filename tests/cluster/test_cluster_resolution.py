@@ -80,6 +80,17 @@ def test_explicit_kubeconfig_wins_over_kind(env, monkeypatch, tmp_path, ensured)
     assert ensured == []
 
 
+def test_a_kubeconfig_this_project_wrote_is_its_own_cluster_not_an_explicit_one(env, monkeypatch, ensured):
+    home, _ = env
+    monkeypatch.setenv("KUBECONFIG", str(home / "cluster" / "admin.kubeconfig"))  # make cluster-env
+    assert clusterlib.selected_source() == "local"
+    assert clusterlib.resolve().source == "local"
+    monkeypatch.setenv("KUBECONFIG", str(home / "kind" / ".." / "kind" / "kubeconfig"))
+    assert clusterlib.selected_source() == "kind"
+    monkeypatch.setenv("KUBECONFIG", str(home / "cluster" / "other.kubeconfig"))
+    assert clusterlib.selected_source() == "explicit"
+
+
 def test_default_order_picks_kind_with_binary_and_pulled_node_image(env, tmp_path, ensured):
     _, bindir = env
     add_kind(bindir, tmp_path / "kind.log")

@@ -35,15 +35,17 @@ def blocks(markdown: str) -> list[Block]:
         before = markdown[:match.start()].rstrip().splitlines()
         mark = _MARK.search(before[-1]) if before else None
         role = "step" if mark is None else "skipped" if mark.group("mark").startswith("not run") else "cleanup"
-        headings = [line.lstrip("#").strip() for line in before if line.startswith("#")]
+        prose = _FENCE.sub("", markdown[:match.start()]).splitlines()  # a `# comment` in a block is no heading
+        headings = [line.lstrip("#").strip() for line in prose if line.startswith("#")]
         found.append(Block(line=markdown.count("\n", 0, match.start()) + 1, body=match.group("body"),
                            role=role, section=headings[-1] if headings else ""))
     return found
 
 
-def script(steps: list[Block]) -> str:
-    """One bash script running `steps` in order; each says where it comes from before it runs."""
-    parts = ["set -euo pipefail"]
+def script(steps: list[Block], *, stop_at_first_failure: bool = True) -> str:
+    """One bash script running `steps` in order; each says where it comes from before it runs.
+    A cleanup script goes on past a failing command (it removes whatever the steps got to create)."""
+    parts = ["set -euo pipefail" if stop_at_first_failure else "set -uo pipefail"]
     for block in steps:
         parts.append(f"echo '=== docs/your-app.md line {block.line}: {block.section.replace(chr(39), '')}' >&2")
         parts.append(block.body.rstrip())

@@ -14,6 +14,7 @@ echo two
 ```
 
 ```text
+# not a heading
 $ not a command
 ```
 
@@ -41,6 +42,7 @@ def test_steps_alternatives_and_cleanup_are_told_apart():
         ("step", "Build", "echo one\necho two\n"), ("skipped", "Build", "exit 1\n"),
         ("step", "Watch", "echo \"it's three\"\n"), ("cleanup", "Watch", "echo done\n")]
     assert found[0].line == 5
+    assert found[1].section == "Build", "a comment in a code block is no heading"
 
 
 def test_the_script_runs_the_steps_in_order_and_stops_at_the_first_failure():
@@ -52,3 +54,10 @@ def test_the_script_runs_the_steps_in_order_and_stops_at_the_first_failure():
     done = subprocess.run(["bash", "-c", script([b for b in failing if b.role == "step"])],
                           capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == "one\n"
+
+
+def test_a_cleanup_script_goes_on_past_a_failure():
+    cleanup = blocks(GUIDE.replace("echo done", "false\necho done"))[-1]
+    done = subprocess.run(["bash", "-c", script([cleanup], stop_at_first_failure=False)],
+                          capture_output=True, text=True)
+    assert done.stdout == "done\n"
