@@ -46,7 +46,8 @@ def grid_run(variant: str, broker_url: str, redis_url: str, *, tasks: int, worke
         for _ in range(tasks):
             app.send_task("bench.noop", queue=queue, producer=prod)
     depth = depth_reader(broker_url, queue)
-    wait_for(f"the {tasks} published messages in {queue}", depth, 60, 0.05, equals=tasks)  # AMQP publishes are asynchronous
+    # AMQP publishes are asynchronous: wait until the broker holds them all.
+    wait_for(f"the {tasks} published messages in {queue}", depth, 60, 0.05, equals=tasks)
     env = {**os.environ, "BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
            "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
@@ -60,6 +61,7 @@ def grid_run(variant: str, broker_url: str, redis_url: str, *, tasks: int, worke
                  "--without-mingle", "--without-gossip", "--without-heartbeat", "--queues", queue],
                 env=env, cwd=ROOT / "bench", stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             log.close()
+
         def depth_while_alive() -> int:
             dead = [p.pid for p in processes if p.poll() is not None]
             assert not dead, f"worker(s) {dead} exited: see {log_dir}"
