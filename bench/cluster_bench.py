@@ -28,6 +28,7 @@ from repo_paths import ROOT  # first: the shared helpers below live in the repos
 
 from e2e.lib import cluster as clusterlib
 from e2e.lib.forwarder import Forwarder, pod_gateway_address
+from e2e.lib.waiting import wait_for
 
 CHART = ROOT / "charts" / "taskherd"
 APP = ROOT / "bench" / "cluster_app.py"
@@ -142,12 +143,10 @@ class Release:
         self.forwarders: dict[int, Forwarder] = {}
         self.pod_broker_url = self._through_forwarder(self.host_broker_url)
         self.pod_ledger_url = self._through_forwarder(self.host_ledger_url)
-        self.cluster.apply(f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {self.namespace}\n  labels:\n"
-                           f"    taskherd.io/bench: {self.label}\n    pod-security.kubernetes.io/enforce: restricted\n")
-        stack.callback(lambda: self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false",
-                                                    check=False))
-        clusterlib.wait_for("default ServiceAccount", lambda: self.kubectl("get", "sa", "default", check=False)
-                            .returncode == 0, timeout=60, interval=0.5)
+        stack.callback(lambda: self.cluster.delete_namespace(self.namespace))
+        self.cluster.create_namespace(self.namespace, labels={"taskherd.io/bench": self.label,
+                                                              "pod-security.kubernetes.io/enforce": "restricted"},
+                                      annotations={})
         self.kubectl("create", "secret", "generic", "broker", f"--from-literal=url={self.pod_broker_url}",
                      f"--from-literal=ledger={self.pod_ledger_url}")
         self.kubectl("create", "configmap", "cluster-app", f"--from-file=cluster_app.py={APP}")
@@ -227,13 +226,12 @@ class Release:
 
     def settle(self, replicas: int, timeout: float = 300) -> list[str]:
         """Waits until exactly `replicas` pods exist and are Ready; returns their names."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            live = self.watch.live()
-            if len(live) == replicas and all("ready" in self.watch.times(p) for p in live):
-                return live
-            time.sleep(0.5)
-        raise SystemExit(f"the pool did not settle at {replicas} Ready pods in {timeout:.0f}s:\n{self.diagnostics()}")
+        def ready_pods() -> list[str]:
+            return [p for p in self.watch.live() if "ready" in self.watch.times(p)]
+
+        return wait_for(f"{replicas} Ready pods and no other", ready_pods, timeout, 0.5,
+                        until=lambda ready: len(ready) == replicas == len(self.watch.live()),
+                        explain=self.diagnostics)
 
     def publish(self, task: str, args: tuple, count: int = 1) -> None:
         import warnings

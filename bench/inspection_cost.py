@@ -31,6 +31,7 @@ import redis
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
 
 from e2e.lib.services import fresh_vhost, leased_redis_db
+from e2e.lib.waiting import wait_for
 
 from taskherd.queues import inspect_queues
 from taskherd.queues.rabbitmq import vhost_of
@@ -114,17 +115,14 @@ class RabbitQueue:
                 # A round trip on the same channel: the broker has taken everything published before
                 # it, so the publisher never runs far ahead of the broker's flow control.
                 self.channel.queue_declare(QUEUE, passive=True)
-        deadline = time.monotonic() + 600
-        while self.channel.queue_declare(QUEUE, passive=True).message_count < depth:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"RabbitMQ holds fewer than {depth} messages after 600 s")
-            time.sleep(0.5)
+        wait_for(f"RabbitMQ to hold {depth} messages",
+                 lambda: self.channel.queue_declare(QUEUE, passive=True).message_count, 600, 0.5,
+                 until=lambda count: count >= depth)
         # The management API's figures lag the queue by its statistics interval (5 s).
         url = f"{self.api_base}/api/queues/{quote(vhost_of(self.amqp_url), safe='')}/{QUEUE}"
-        while httpx.get(url, auth=self.api_auth, timeout=30).json().get("messages_ready", 0) < depth:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the management API does not report {depth} messages after 600 s")
-            time.sleep(1)
+        wait_for(f"the management API to report {depth} ready messages",
+                 lambda: httpx.get(url, auth=self.api_auth, timeout=30).json().get("messages_ready", 0), 600, 1,
+                 until=lambda ready: ready >= depth)
 
     def figures(self, calls: int) -> dict[str, tuple[float, float]]:
         url = f"{self.api_base}/api/queues/{quote(vhost_of(self.amqp_url), safe='')}/{QUEUE}"

@@ -37,6 +37,7 @@ import redis
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
 
 from e2e.lib.services import fresh_vhost, leased_redis_db
+from e2e.lib.waiting import wait_for
 
 from cluster_bench import Release
 
@@ -75,22 +76,12 @@ def starts(ledger: redis.Redis, token: str) -> list[dict]:
     return [json.loads(raw) for raw in ledger.lrange(f"starts:{token}", 0, -1)]
 
 
-def wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def one_round(release: Release, ledger: redis.Redis, kind: str, pause: float) -> float:
     release.settle(2)
     time.sleep(pause)
     token = uuid.uuid4().hex
     release.publish("cluster.hold", (token, HOLD_SECONDS))
-    first = wait(lambda: starts(ledger, token), 60, "the task to start")[0]
+    first = wait_for("the task to start", lambda: starts(ledger, token), 60, 0.05)[0]
     time.sleep(KILL_AFTER)
     processes = container_processes(container_id(release, first["pod"]))
     if kind == "pod":
@@ -99,8 +90,8 @@ def one_round(release: Release, ledger: redis.Redis, kind: str, pause: float) ->
         victim = next(host for host, inside in processes.items() if inside == first["pid"])
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
-    again = wait(lambda: [s for s in starts(ledger, token) if s["at"] >= killed_at], 120,
-                 "the task to start again")[0]
+    again = wait_for("the task to start again",
+                     lambda: [s for s in starts(ledger, token) if s["at"] >= killed_at], 120, 0.05)[0]
     early = [s for s in starts(ledger, token)[1:] if s["at"] < killed_at]
     if early:
         # A second run began before the kill: a lease lapsed under a live worker (module doc).

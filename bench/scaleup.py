@@ -45,6 +45,7 @@ import redis
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
 
 from e2e.lib.services import leased_redis_db
+from e2e.lib.waiting import wait_for
 
 from autoscaling import measured_starts_path
 from cluster_bench import Release
@@ -75,16 +76,14 @@ def scale_round(release: Release, to: int, backlog: int) -> list[dict[str, float
     release.publish("cluster.work", (1.0,), count=backlog)
     scale_call = time.time()
     release.scale(to)
-    deadline = time.monotonic() + 300
-    while True:
+
+    def new_pods_working() -> list[str]:
         new = [p for p in release.watch.live() if p not in before]
-        boots = {p: ledger.hgetall(f"boot:{p}") for p in new}
-        if len(new) == to - 1 and all("ready" in release.watch.times(p) and b"first_task" in boots[p] for p in new):
-            break
-        if time.monotonic() > deadline:
-            raise SystemExit(f"scale to {to}: not every new pod was Ready and working after 300 s:\n"
-                             f"{release.diagnostics()}")
-        time.sleep(0.25)
+        return [p for p in new if "ready" in release.watch.times(p) and ledger.hexists(f"boot:{p}", "first_task")]
+
+    new = wait_for(f"the {to - 1} new pods Ready and working", new_pods_working, 300, 0.25,
+                   until=lambda working: len(working) == to - 1, explain=release.diagnostics)
+    boots = {p: ledger.hgetall(f"boot:{p}") for p in new}
     pods = []
     for name in new:
         record = {k.decode(): float(v) for k, v in boots[name].items()}

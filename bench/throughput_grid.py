@@ -30,6 +30,7 @@ from pathlib import Path
 from repo_paths import ROOT  # first: the shared helpers below live in the repository
 
 from e2e.lib import services
+from e2e.lib.waiting import wait_for
 
 from throughput import cpu_seconds, depth_reader, producer
 
@@ -45,10 +46,8 @@ def grid_run(variant: str, broker_url: str, redis_url: str, *, tasks: int, worke
         for _ in range(tasks):
             app.send_task("bench.noop", queue=queue, producer=prod)
     depth = depth_reader(broker_url, queue)
-    deadline = time.monotonic() + 60
-    while depth() != tasks:  # AMQP publishes are asynchronous
-        assert time.monotonic() < deadline, f"published {tasks}, queue holds {depth()}"
-        time.sleep(0.05)
+    # AMQP publishes are asynchronous: wait until the broker holds them all.
+    wait_for(f"the {tasks} published messages in {queue}", depth, 60, 0.05, equals=tasks)
     env = {**os.environ, "BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
            "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
@@ -62,17 +61,17 @@ def grid_run(variant: str, broker_url: str, redis_url: str, *, tasks: int, worke
                  "--without-mingle", "--without-gossip", "--without-heartbeat", "--queues", queue],
                 env=env, cwd=ROOT / "bench", stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             log.close()
-        deadline = time.monotonic() + 180
-        while (remaining := depth()) >= tasks:
-            assert all(p.poll() is None for p in processes) and time.monotonic() < deadline, \
-                f"workers did not start: see {log_dir}"
-            time.sleep(0.005)
-        started, at_start = time.monotonic(), remaining
+
+        def depth_while_alive() -> int:
+            dead = [p.pid for p in processes if p.poll() is not None]
+            assert not dead, f"worker(s) {dead} exited: see {log_dir}"
+            return depth()
+
+        at_start = wait_for("the workers to take their first message (messages left)", depth_while_alive, 180,
+                            0.005, until=lambda left: left < tasks)
+        started = time.monotonic()
         cpu_at_start = sum(cpu_seconds(p.pid) for p in processes)
-        while depth() > 0:
-            assert all(p.poll() is None for p in processes) and time.monotonic() < deadline + 900, \
-                f"a worker died: see {log_dir}"
-            time.sleep(0.005)
+        wait_for("the queue drained (messages left)", depth_while_alive, 900, 0.005, equals=0)
         elapsed = time.monotonic() - started
         cpu = sum(cpu_seconds(p.pid) for p in processes) - cpu_at_start
     finally:
