@@ -25,7 +25,7 @@ messages per pod, at most 40 pods). Scalers:
 Reported per trace and scaler, medians over --runs runs (random poll phases and pod start draws):
 p50 and p99 queue wait (arrival -> start), replica-seconds (scale call -> pod gone), the share of
 tasks that waited longer than the pool's age limit (the SLO, 30 s) and the peak replicas.
-Target (issue 16): on the burst trace, taskherd's p99 wait <= 1/5 of KEDA-default's at no more
+Target: on the burst trace, taskherd's p99 wait <= 1/5 of KEDA-default's at no more
 replica-seconds.
 
     .venv/bin/python bench/autoscaling.py [--runs 10] [--starts FILE] [--traces burst,diurnal,spiky]

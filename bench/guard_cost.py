@@ -10,7 +10,7 @@ database), and counts:
 - CPU of this process (µs per task) and wall time.
 
 Each guarded scenario is printed beside the same effect without a guard, so the difference is what
-the guard costs. Target (issue 16): one round trip per side (claim; complete), and the PostgreSQL
+the guard costs. Target: one round trip per side (claim; complete), and the PostgreSQL
 store adding nothing but its statements to the user's transaction.
 
     source scripts/services.sh env && .venv/bin/python bench/guard_cost.py [--keys 500]

@@ -15,7 +15,7 @@ and measures from the kill to the task's next start, on either pod (start to sta
 p95 over `--rounds`. A run that starts again *before* the kill is reported apart: a lease that
 lapsed under a live, CPU-starved worker (its task then runs twice; the idempotency guard's case). Baselines in the same run: RabbitMQ (a closed connection requeues at once) and,
 for Redis, the visibility timeout kombu would otherwise wait (3600 s by default, the chart's value).
-Targets (issue 16): Redis <= 5 s median (<= 8 s p95), RabbitMQ <= 2 s.
+Target: Redis <= 5 s median (<= 8 s p95), RabbitMQ <= 2 s.
 
     source scripts/services.sh env && .venv/bin/python bench/pod_kill.py [--rounds 5] [--brokers redis,rabbitmq]
 """

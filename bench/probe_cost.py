@@ -14,7 +14,7 @@ alternating, and reports medians:
   fork: a few tens of microseconds not measured here).
 
 Each HTTP probe opens a new connection, as the kubelet's prober does (it disables keep-alives).
-Target (issue 16): the HTTP probe at least 100x cheaper in CPU than `celery inspect ping`.
+Target: the HTTP probe at least 100x cheaper in CPU than `celery inspect ping`.
 
     .venv/bin/python bench/probe_cost.py [--runs 9] [--burst 200]
 """

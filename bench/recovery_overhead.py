@@ -9,7 +9,7 @@ the lease traffic of idle workers (CPU and Redis commands per worker per second)
 2. `--idle-workers` idle workers on a private redis-server (nothing else talks to it), with and
    without recovery, for `--idle-seconds`: the CPU of their main processes and the commands Redis
    processed, per worker and second. The difference is the lease traffic (a refresh and a restorer
-   pass every second by default). Target (issue 16): <= 1 % of a core per worker.
+   pass every second by default). Target: <= 1 % of a core per worker.
 
     source scripts/services.sh env && .venv/bin/python bench/recovery_overhead.py [--tasks 2000] [--runs 3]
 """
