@@ -62,6 +62,15 @@ def test_steady_state_names_what_does_not_hold():
                            queue_depth=0, outbox_pending=0, min_replicas=2) == []
 
 
+def test_a_scale_down_is_over_only_at_the_minimum():
+    three = Snapshot(workers=[pod("w1"), pod("w2"), pod("w3")], pool_status={"desiredReplicas": 3})
+    assert steady_problems(["workers-ready", "pool-at-minimum"], three, queue_depth=0, outbox_pending=0,
+                           min_replicas=2) == [
+        "pool-at-minimum: 3 worker pod(s), the WorkerPool wants 3, not yet minReplicas 2"]
+    two = Snapshot(workers=[pod("w1"), pod("w2")], pool_status={"desiredReplicas": 2})
+    assert steady_problems(["pool-at-minimum"], two, queue_depth=0, outbox_pending=0, min_replicas=2) == []
+
+
 def test_the_busiest_ready_worker_is_the_target():
     snap = Snapshot(workers=[pod("w1"), pod("w2"), pod("w3", ready=False)], in_flight={"w1": 1, "w2": 2, "w3": 5})
     assert snap.busiest_worker() == "w2"
