@@ -290,17 +290,21 @@ class Request(CeleryRequest):
         super().on_timeout(soft, timeout)
 
     def put_back(self) -> None:
-        """Return the message to its queue without acknowledging it away (module docstring)."""
+        """Return the message to its queue without acknowledging it away (module docstring).
+
+        It is published again (same body and headers, so the same delivery count) and then
+        acknowledged: a return to the queue would count as a delivery that killed its worker
+        (taskherd.worker.deliveries; a quorum queue's x-delivery-limit too), and a task waiting
+        for its DLQ to become writable would end up dead-lettered as `killed-worker`."""
         profile = get_profile(self.task.app)
-        if profile.broker_is_amqp and profile.queue_type == "quorum":
-            try:
-                self._publish_again(profile)
-            except Exception:
-                logger.exception("taskherd: could not publish %s[%s] again; rejecting it back to its quorum "
-                                 "queue (this counts against x-delivery-limit)", self.name, self.id)
-            else:
-                self.acknowledge()
-                return
+        try:
+            self._publish_again(profile)
+        except Exception:
+            logger.exception("taskherd: could not publish %s[%s] again; rejecting it back to its queue (this "
+                             "return counts as a delivery without an outcome)", self.name, self.id)
+        else:
+            self.acknowledge()
+            return
         self.reject(requeue=True)
 
     def _publish_again(self, profile: Profile) -> None:
