@@ -23,9 +23,10 @@ A hard time limit kills the child before it can do anything: :class:`Request` (t
 process's side of a task) publishes that envelope instead, before Celery acknowledges.
 
 A message whose retry or envelope could not be published goes back to its queue
-(:meth:`Request.put_back`): rejected with requeue, or — on a quorum queue, where every return
-counts against ``x-delivery-limit`` and ends in RabbitMQ's native, at-most-once dead-lettering —
-published again (confirmed) and then acknowledged.
+(:meth:`Request.put_back`): published again (confirmed) and then acknowledged, on every broker —
+a return to the queue would count as a delivery that killed its worker (taskherd.worker.deliveries,
+and on a quorum queue ``x-delivery-limit``, ending in RabbitMQ's native, at-most-once
+dead-lettering). If that publish fails too, it is rejected with requeue.
 
 On Redis, ETA/countdown messages do not wait in the worker (taskherd.worker.delayed).
 """
