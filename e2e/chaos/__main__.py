@@ -1,6 +1,8 @@
 """`python -m e2e.chaos run|soak|list|down` — the chaos suite's command line (docs/chaos.md).
 
     run   [--broker redis|rabbitmq|all] [--fault NAME]... [--subset] [--update-docs] [--seed N]
+    matrix RUN_DIR... [--update-docs]   one matrix from the summaries of several runs (the latest
+          of each fault on each broker wins), with what this cluster cannot host marked excluded
     soak  [--broker redis|rabbitmq] [--tasks N] [--faults N] [--rate PER_SECOND] [--seed N]
     list  the fault files, and which of them this cluster can host
     down  remove the chaos services and any namespace a chaos run left
@@ -81,6 +83,35 @@ def cmd_soak(args, log) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_matrix(args, log) -> int:
+    import json
+
+    folders = [Path(d) for d in args.run_dirs]
+    summaries = [json.loads(path.read_text()) for folder in folders for path in sorted(folder.glob("*/summary.json"),
+                                                                                     key=lambda p: p.stat().st_mtime)]
+    if not summaries:
+        print(f"chaos: no */summary.json in {', '.join(map(str, folders))}", file=sys.stderr)
+        return 2
+    outcomes = report.outcomes_from_summaries(summaries)
+    cluster = _cluster(log)
+    caps = capabilities(cluster)
+    ran = {(o.fault, o.broker) for o in outcomes}
+    for s in specs.load_all():
+        why = missing(s, caps)
+        outcomes += [report.Outcome(s.name, s.fault_class, b, "excluded" if why else "not run", reason=why or "")
+                     for b in s.brokers if (s.name, b) not in ran]
+    minutes = sum(o.scenario_seconds or 0 for o in outcomes) / 60
+    title = (f"{', '.join(sorted({f.name.split('-')[-1][:8] for f in folders}))} on the {cluster.source} cluster "
+             f"({len(cluster.node_names())} node(s)): {', '.join(f.name for f in folders)}; "
+             f"{minutes:.0f} min of scenarios")
+    markdown = report.matrix_markdown(outcomes, title=title)
+    print(markdown)
+    if args.update_docs:
+        report.update_docs(markdown)
+        print(f"docs/chaos.md: matrix updated ({title})")
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
 def cmd_list(args, log) -> int:
     cluster = clusters.resolve()
     try:
@@ -126,12 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--faults", type=int, default=50)
     soak.add_argument("--rate", type=float, default=6.0, help="tasks per second")
     soak.add_argument("--seed", type=int, default=None)
+    matrix = sub.add_parser("matrix", help="one matrix from the summaries of several runs")
+    matrix.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs/chaos-<time> folders, oldest first")
+    matrix.add_argument("--update-docs", action="store_true", help="write the matrix into docs/chaos.md")
     sub.add_parser("list", help="the fault files and what this cluster can host")
     sub.add_parser("down", help="remove the chaos services and leftover chaos namespaces")
     args = parser.parse_args(argv)
     log = _logger(time.monotonic())
     try:
-        return {"run": cmd_run, "soak": cmd_soak, "list": cmd_list, "down": cmd_down}[args.command](args, log)
+        return {"run": cmd_run, "soak": cmd_soak, "matrix": cmd_matrix, "list": cmd_list,
+                "down": cmd_down}[args.command](args, log)
     except specs.SpecError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2

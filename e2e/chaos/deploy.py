@@ -82,8 +82,7 @@ def values_for(tenancy: Tenancy, images: dict[str, Image] | None = None) -> dict
     values = copy.deepcopy(yaml.safe_load(BASE_VALUES.read_text()))
     for component, key in (("worker", "workerPoolDefaults"), ("operator", "operator")):
         if images and component in images:
-            values.setdefault(key, {})["image"] = {"repository": images[component].repository,
-                                                   "tag": images[component].tag, "pullPolicy": "IfNotPresent"}
+            values.setdefault(key, {})["image"] = images[component].chart_values()
     rabbit_namespace = QUORUM_NAMESPACE if tenancy.quorum else SERVICES_NAMESPACE
     broker = values["broker"]
     broker["type"] = tenancy.broker

@@ -37,6 +37,19 @@ class Image:
     def ref(self) -> str:
         return f"{self.repository}:{self.tag}"
 
+    def chart_values(self) -> dict[str, str]:
+        """The chart's `image` block for this image (registry apart from the repository, as it wants)."""
+        return chart_image(self.repository, self.tag)
+
+
+def chart_image(repository: str, tag: str) -> dict[str, str]:
+    """`registry`, `repository`, `tag` for the chart from a repository that may name its registry
+    (`taskherd.local/worker`): the chart refuses a registry host inside `repository`."""
+    host, _, rest = repository.partition("/")
+    if rest and ("." in host or ":" in host or host == "localhost"):
+        return {"registry": host, "repository": rest, "tag": tag, "pullPolicy": "IfNotPresent"}
+    return {"registry": "", "repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"}
+
 
 def _config_digest(tarball: Path) -> str:
     with tarfile.open(tarball) as archive:

@@ -26,7 +26,7 @@ class Outcome:
     fault: str
     fault_class: str
     broker: str
-    status: str  #: "passed", "failed" or "excluded"
+    status: str  #: "passed", "failed", "excluded" or "not run" (a matrix put together from runs of parts)
     reason: str = ""  #: why excluded, or the first failure
     failures: list[str] = field(default_factory=list)
     lost: int | None = None
@@ -42,7 +42,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.status != "failed"
+        return self.status in ("passed", "excluded")
 
 
 def _figure(value: Any, fmt: str = "{}") -> str:
@@ -52,6 +52,8 @@ def _figure(value: Any, fmt: str = "{}") -> str:
 def cell(o: Outcome) -> str:
     if o.status == "excluded":
         return f"excluded: {o.reason}"
+    if o.status == "not run":
+        return "not run"
     verdict = "**FAIL**" if o.status == "failed" else "pass"
     if o.lost is None:
         return f"{verdict}: {o.reason}"
@@ -75,15 +77,28 @@ def matrix_markdown(outcomes: Sequence[Outcome], *, title: str) -> str:
     for fault, cls, by_broker in matrix_rows(outcomes):
         cells = [cell(by_broker[b]) if b in by_broker else "not in this file's brokers" for b in BROKERS]
         lines.append(f"| {fault} | {cls} | " + " | ".join(cells) + " |")
-    ran = [o for o in outcomes if o.status != "excluded"]
+    ran = [o for o in outcomes if o.status in ("passed", "failed")]
     failed = [o for o in outcomes if o.status == "failed"]
     lines += ["", f"{len(ran)} scenario(s) ran, {len(failed)} failed, "
-                  f"{sum(1 for o in outcomes if o.status == 'excluded')} excluded on this cluster. "
+                  f"{sum(1 for o in outcomes if o.status == 'excluded')} excluded on this cluster"
+                  + (f", {not_run} not run" if (not_run := sum(o.status == 'not run' for o in outcomes)) else "")
+                  + ". "
                   "Cells: lost · duplicated · recovered/sent · attempts p50/max · seconds from the fault's end "
                   "to full recovery (queue drained, every worker Ready)."]
     for o in failed:
         lines.append(f"- **{o.fault} on {o.broker}**: " + "; ".join(o.failures or [o.reason]))
     return "\n".join(lines) + "\n"
+
+
+def outcomes_from_summaries(summaries: Iterable[dict]) -> list[Outcome]:
+    """The Outcomes recorded in scenarios' summary.json (as read, in run order): a later summary of
+    the same fault on the same broker replaces an earlier one, so runs of parts make one matrix."""
+    latest: dict[tuple[str, str], Outcome] = {}
+    for summary in summaries:
+        outcome = Outcome(**summary["outcome"])
+        latest.pop((outcome.fault, outcome.broker), None)
+        latest[(outcome.fault, outcome.broker)] = outcome
+    return list(latest.values())
 
 
 def matrix_text(outcomes: Sequence[Outcome]) -> str:

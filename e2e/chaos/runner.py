@@ -133,11 +133,12 @@ class Scenario:
         self.release = ctx.release  # an upgrade replaces it
         result = self._check(producer)
         self.failures += result.failures
+        attempts = ledger.attempts(self.release, self.prefix)
         self.failures += expectation_problems(spec.expect, injection=injection, result=result, observer=observer,
-                                              attempts=ledger.attempts(self.release, self.prefix),
-                                              min_replicas=self.release.min_replicas)
+                                              attempts=attempts,
+                                              release=self.release)
         outcome = self._outcome("failed" if self.failures else "passed", self.failures, result, recovery, started)
-        self._write(outcome, result, injection, observer, producer)
+        self._write(outcome, result, injection, observer, producer, attempts)
         self.log(f"   {'PASSED' if outcome.ok else 'FAILED'}: {spec.name} on {self.broker}"
                  + (f" — {'; '.join(self.failures)}" if self.failures else "")
                  + f" ({outcome.scenario_seconds:.0f}s)")
@@ -242,7 +243,7 @@ class Scenario:
             folder=str(self.folder))
 
     def _write(self, outcome: Outcome, result: checker.Result, injection: Injection | None, observer: Observer,
-               producer: Producer) -> None:
+               producer: Producer, attempts: list[checker.Attempt]) -> None:
         spec = self.spec
         summary = {
             "fault": {"name": spec.name, "class": spec.fault_class, "summary": spec.summary,
@@ -259,6 +260,8 @@ class Scenario:
             "checker": result.as_dict(),
             "samples": [asdict(s) for s in observer.samples],
             "pods": [asdict(p) for p in observer.pod_lives()],
+            # every attempt (pod, start, end, outcome): the ledger's database goes with the installation
+            "attempts": [asdict(a) for a in attempts],
             "observer_errors": observer.errors[-50:], "producer_errors": producer.errors[-50:],
         }
         write_summary(self.folder, summary)
@@ -285,10 +288,10 @@ def _triggered(kind: str, value: float, observer: Observer, t0: float) -> bool:
 
 
 def expectation_problems(expect: Iterable[str], *, injection: Injection | None, result: checker.Result,
-                         observer: Observer, attempts: list[checker.Attempt], min_replicas: int) -> list[str]:
+                         observer: Observer, attempts: list[checker.Attempt], release: deploy.Release) -> list[str]:
     """The fault's own evidence (spec.EXPECTATIONS), after the ledger's invariants."""
     evidence = injection.evidence if injection else {}
-    samples = observer.samples
+    samples, min_replicas = observer.samples, release.min_replicas
     problems = []
     for name in expect:
         if name == "attempts-interrupted" and result.interrupted_attempts == 0:
@@ -314,7 +317,9 @@ def expectation_problems(expect: Iterable[str], *, injection: Injection | None, 
             demo_attempts = [demo_verdict.Attempt(task_id=a.task_id, key=a.key, task_name="ledger.apply", worker=a.pod,
                                                   started_at=a.started_at, finished_at=a.finished_at,
                                                   outcome=a.outcome) for a in attempts]
-            busy = demo_verdict.busy_removals(lives, demo_attempts)
+            # the operator annotates from busyness it polled up to one interval before the removal
+            lag = release.pool["autoscaling"].get("pollIntervalSeconds", 0)
+            busy = demo_verdict.busy_removals(lives, demo_attempts, decision_lag=lag)
             removed = {p.pod for p in lives if p.cause == "scale-down"}
             cut = [a.key for a in attempts if a.finished_at is None and a.pod in removed]
             if busy:

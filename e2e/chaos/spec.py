@@ -44,7 +44,7 @@ TARGETS = ("busiest-worker", "half-workers", "all-workers", "operator-leader", "
 REQUIREMENTS = ("node-access", "nodes>1", "kind", "rabbitmq-cluster")
 #: when the fault is injected, once the load runs
 TRIGGERS = ("inFlight", "afterSeconds", "scalingUp", "scalingDown")
-STEADY_STATES = ("workers-ready", "queue-empty", "operator-leading", "outbox-empty")
+STEADY_STATES = ("workers-ready", "queue-empty", "operator-leading", "outbox-empty", "pool-at-minimum")
 #: fault-specific evidence the runner checks after the ledger invariants
 EXPECTATIONS = ("attempts-interrupted", "ran-elsewhere", "container-restarted", "pod-replaced", "scaled-up",
                 "scaled-down", "idle-first", "rolled-out", "leader-changed", "poison-dead-lettered", "pods-moved")

@@ -30,6 +30,12 @@ def steady_problems(names: Iterable[str], snap: Snapshot, *, queue_depth: int | 
             if snap.leader_pod() is None:
                 problems.append(f"operator-leading: the Lease holder {snap.lease_holder!r} is not a running "
                                 f"operator pod")
+        elif name == "pool-at-minimum":
+            # a scale-down is over only when the operator has come all the way down with the load gone
+            live, desired = len(snap.live_workers()), snap.pool_status.get("desiredReplicas")
+            if live != min_replicas or desired != min_replicas:
+                problems.append(f"pool-at-minimum: {live} worker pod(s), the WorkerPool wants {desired}, "
+                                f"not yet minReplicas {min_replicas}")
         elif name == "outbox-empty":
             if outbox_pending != 0:
                 problems.append(f"outbox-empty: {outbox_pending} outbox row(s) not yet relayed")

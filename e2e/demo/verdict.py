@@ -132,20 +132,33 @@ def running_at(worker: str, t: float, ends: Mapping[Attempt, float]) -> bool:
     return any(a.worker == worker and a.started_at < t - m and end > t + m for a, end in ends.items())
 
 
-def busy_removals(pods: Iterable[PodLife], attempts: Iterable[Attempt]) -> list[str]:
+def busy_removals(pods: Iterable[PodLife], attempts: Iterable[Attempt], *, decision_lag: float = 0.0) -> list[str]:
     """Pods a scale-down removed while busy although a pod that stayed was idle at that moment.
 
     That is the promise of pod-deletion-cost: a busy worker goes only when every remaining one is busy.
+    `decision_lag`: how old the busyness the scaler acted on may be (an operator polling every 2 s
+    annotates from a look up to 2 s before the removal): a removal counts against it only if the pod
+    was busy, and a pod that stayed idle, all through that window — what it could have known.
     """
     pods, ends = list(pods), attempt_ends(attempts)
+    m = BUSY_MARGIN_SECONDS
+
+    def busy_throughout(worker: str, start: float, end: float) -> bool:
+        return any(a.worker == worker and a.started_at < start - m and stop > end + m for a, stop in ends.items())
+
+    def ran_within(worker: str, start: float, end: float) -> bool:
+        return any(a.worker == worker and a.started_at < end - m and stop > start + m for a, stop in ends.items())
+
     found = []
     for p in pods:
-        if p.cause != "scale-down" or p.removed_at is None or not running_at(p.pod, p.removed_at, ends):
+        if p.cause != "scale-down" or p.removed_at is None:
             continue
         t = p.removed_at
-        stayed = [q for q in pods if q.pod != p.pod and q.created_at <= t
+        if not busy_throughout(p.pod, t - decision_lag, t):
+            continue
+        stayed = [q for q in pods if q.pod != p.pod and q.created_at <= t - decision_lag
                   and (q.removed_at is None or q.removed_at > t + SAME_STEP_SECONDS)]
-        if any(not running_at(q.pod, t, ends) for q in stayed):
+        if any(not ran_within(q.pod, t - decision_lag, t) for q in stayed):
             found.append(p.pod)
     return found
 

@@ -1,6 +1,7 @@
 """The chaos suite's pure parts: the workload plan, steady state and settling, the matrix and the
 docs update, the timeline — without a cluster."""
 import random
+from dataclasses import asdict
 
 import pytest
 
@@ -61,6 +62,15 @@ def test_steady_state_names_what_does_not_hold():
                            queue_depth=0, outbox_pending=0, min_replicas=2) == []
 
 
+def test_a_scale_down_is_over_only_at_the_minimum():
+    three = Snapshot(workers=[pod("w1"), pod("w2"), pod("w3")], pool_status={"desiredReplicas": 3})
+    assert steady_problems(["workers-ready", "pool-at-minimum"], three, queue_depth=0, outbox_pending=0,
+                           min_replicas=2) == [
+        "pool-at-minimum: 3 worker pod(s), the WorkerPool wants 3, not yet minReplicas 2"]
+    two = Snapshot(workers=[pod("w1"), pod("w2")], pool_status={"desiredReplicas": 2})
+    assert steady_problems(["pool-at-minimum"], two, queue_depth=0, outbox_pending=0, min_replicas=2) == []
+
+
 def test_the_busiest_ready_worker_is_the_target():
     snap = Snapshot(workers=[pod("w1"), pod("w2"), pod("w3", ready=False)], in_flight={"w1": 1, "w2": 2, "w3": 5})
     assert snap.busiest_worker() == "w2"
@@ -116,3 +126,16 @@ def test_the_timeline_is_drawn_with_the_fault_window(tmp_path):
                                                     Mark(20, "recovered", "recovered")], [(5, 15, "kill")],
                                 title="unit")
     assert path.stat().st_size > 10_000
+
+
+def test_a_matrix_from_several_runs_keeps_the_latest_of_each_scenario_and_shows_what_did_not_run():
+    first, retried = asdict(OUTCOMES[1]), {**asdict(OUTCOMES[1]), "status": "passed", "lost": 0, "failures": []}
+    outcomes = report.outcomes_from_summaries([{"outcome": asdict(OUTCOMES[0])}, {"outcome": first},
+                                               {"outcome": retried}])
+    assert [(o.fault, o.broker, o.status) for o in outcomes] == [("worker-sigkill", "redis", "passed"),
+                                                                 ("worker-sigkill", "rabbitmq", "passed")]
+    not_run = Outcome("rabbitmq-quorum-node-kill", "broker", "rabbitmq", "not run")
+    text = report.matrix_markdown([*outcomes, not_run], title="t")
+    assert "| rabbitmq-quorum-node-kill | broker | not in this file's brokers | not run |" in text
+    assert "2 scenario(s) ran, 0 failed, 0 excluded on this cluster, 1 not run." in text
+    assert not not_run.ok

@@ -94,3 +94,15 @@ def test_killed_attempt_counts_as_running_until_its_redelivery_only():
                 attempt("c1", worker="w2", start=4, end=5, task_id="t1")]
     pods = [PodLife("w1", 0, 10, "scale-down"), PodLife("w3", 0)]
     assert busy_removals(pods, attempts) == []
+
+
+def test_a_removal_is_judged_on_what_the_scaler_could_have_seen():
+    # "late" started its task 1.5 s before the removal; the operator's look (2 s old) saw it idle,
+    # while "stays" was busy until just before: it picked the idle-looking pod, as promised
+    attempts = [attempt("c1", worker="late", start=8.5, end=30), attempt("c2", worker="stays", start=0, end=9)]
+    pods = [PodLife("late", 0, 10, "scale-down"), PodLife("stays", 0)]
+    assert busy_removals(pods, attempts) == ["late"]
+    assert busy_removals(pods, attempts, decision_lag=2) == []
+    # busy all through the window while the other stayed idle all through it: caught
+    attempts = [attempt("c1", worker="late", start=0, end=30), attempt("c2", worker="stays", start=0, end=5)]
+    assert busy_removals(pods, attempts, decision_lag=2) == ["late"]

@@ -66,3 +66,20 @@ def test_on_a_quorum_queue_waiting_for_the_dlq_does_not_spend_the_delivery_limit
     (letter,) = wait_for("the envelope after the repair", lambda: dead_letters(broker_url, q), timeout=60)
     assert letter.kind == "envelope" and letter.envelope.reason == "permanent-error" and letter.task_id == task.id
     producer.close()
+
+
+def test_waiting_for_the_dlq_is_not_counted_as_killing_the_worker(broker_url, record_url, recorded, producer,
+                                                                  unique_name, worker_factory):
+    """max_deliveries=2: were each put-back a return to the queue, the delivery count would reach
+    the budget and the task be dead-lettered `killed-worker` — a worker it never killed."""
+    q = unique_name
+    repair = make_dlq_unwritable(broker_url, f"{q}.dlq")
+    env = core_env(broker_url, q, record_url, max_deliveries=2)
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+    task = producer.send_task("core.validation", args=("blocked", 1), queue=q)
+
+    wait_for("five runs, past the delivery budget (runs)", lambda: len(recorded("blocked")),
+             until=lambda runs: runs >= 5, timeout=60)
+    repair()
+    (letter,) = wait_for("the envelope after the repair", lambda: dead_letters(broker_url, q), timeout=60)
+    assert letter.envelope.reason == "permanent-error" and letter.task_id == task.id

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from e2e.lib.waiting import wait_for
 
 from ..deploy import upgrade, worker_deployment
-from ..images import tag_on_every_node
+from ..images import chart_image, tag_on_every_node
 from . import Action, ActionError, Context, Injection, one_of, seconds, wait_workers_ready
 
 #: the tag the upgrade moves to: the same image under a new name, as a CI pipeline pushes one
@@ -36,7 +36,7 @@ class HelmUpgrade(Action):
         if params.get("image", True):
             repository = image.rsplit(":", 1)[0]
             tag_on_every_node(ctx.cluster, image, f"{repository}:{UPGRADE_TAG}")
-            pool["image"] = {"repository": repository, "tag": UPGRADE_TAG, "pullPolicy": "IfNotPresent"}
+            pool["image"] = chart_image(repository, UPGRADE_TAG)
             changes.append(f"image {image} -> {repository}:{UPGRADE_TAG}")
         stamp = str(int(time.time()))
         pool["env"] = [e for e in pool["env"] if e["name"] != "LEDGER_RELEASE"] + [{"name": "LEDGER_RELEASE",

@@ -23,9 +23,10 @@ A hard time limit kills the child before it can do anything: :class:`Request` (t
 process's side of a task) publishes that envelope instead, before Celery acknowledges.
 
 A message whose retry or envelope could not be published goes back to its queue
-(:meth:`Request.put_back`): rejected with requeue, or — on a quorum queue, where every return
-counts against ``x-delivery-limit`` and ends in RabbitMQ's native, at-most-once dead-lettering —
-published again (confirmed) and then acknowledged.
+(:meth:`Request.put_back`): published again (confirmed) and then acknowledged, on every broker —
+a return to the queue would count as a delivery that killed its worker (taskherd.worker.deliveries,
+and on a quorum queue ``x-delivery-limit``, ending in RabbitMQ's native, at-most-once
+dead-lettering). If that publish fails too, it is rejected with requeue.
 
 On Redis, ETA/countdown messages do not wait in the worker (taskherd.worker.delayed).
 """
@@ -292,17 +293,21 @@ class Request(CeleryRequest):
         super().on_timeout(soft, timeout)
 
     def put_back(self) -> None:
-        """Return the message to its queue without acknowledging it away (module docstring)."""
+        """Return the message to its queue without acknowledging it away (module docstring).
+
+        It is published again (same body and headers, so the same delivery count) and then
+        acknowledged: a return to the queue would count as a delivery that killed its worker
+        (taskherd.worker.deliveries; a quorum queue's x-delivery-limit too), and a task waiting
+        for its DLQ to become writable would end up dead-lettered as `killed-worker`."""
         profile = get_profile(self.task.app)
-        if profile.broker_is_amqp and profile.queue_type == "quorum":
-            try:
-                self._publish_again(profile)
-            except Exception:
-                logger.exception("taskherd: could not publish %s[%s] again; rejecting it back to its quorum "
-                                 "queue (this counts against x-delivery-limit)", self.name, self.id)
-            else:
-                self.acknowledge()
-                return
+        try:
+            self._publish_again(profile)
+        except Exception:
+            logger.exception("taskherd: could not publish %s[%s] again; rejecting it back to its queue (this "
+                             "return counts as a delivery without an outcome)", self.name, self.id)
+        else:
+            self.acknowledge()
+            return
         self.reject(requeue=True)
 
     def _publish_again(self, profile: Profile) -> None:
