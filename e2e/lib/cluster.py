@@ -220,7 +220,8 @@ class Cluster:
             return {node: _crictl_image_names(command) for node in self.node_names()}
         if self.source == "kind":
             # kind's node containers are named after their nodes and ship crictl
-            return {node: _crictl_image_names(["docker", "exec", node, "crictl"]) for node in self.node_names()}
+            return {node: _crictl_image_names(["docker", "exec", node, "crictl"], env=kindlib.docker_env())
+                    for node in self.node_names()}
         raise ClusterUnavailable(f"the runtime of the {self.source} cluster cannot be asked from here")
 
     def require_images(self, images: Sequence[str], timeout: float = 120) -> None:
@@ -247,8 +248,8 @@ class Cluster:
                 for n in self.kubectl_json("get", "nodes")["items"]}
 
 
-def _crictl_image_names(command: list[str]) -> set[str]:
-    r = subprocess.run([*command, "images", "-o", "json"], capture_output=True, text=True, timeout=60)
+def _crictl_image_names(command: list[str], env: dict[str, str] | None = None) -> set[str]:
+    r = subprocess.run([*command, "images", "-o", "json"], capture_output=True, text=True, timeout=60, env=env)
     if r.returncode != 0:
         raise ClusterUnavailable(f"`{' '.join(command)} images` exited {r.returncode}: "
                                  f"{(r.stderr or r.stdout).strip()}")
