@@ -278,7 +278,14 @@ def _make_cluster_hint(c: Cluster) -> str:
 
 def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None = None, check: bool,
          timeout: float) -> subprocess.CompletedProcess:
-    r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # No answer is a failed call (an API server restarting under load, say), which waits that
+        # ignore CommandFailed count as "not yet"; timeout(1)'s exit status.
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        raise CommandFailed(f"`{' '.join(cmd)}` gave no answer in {timeout:g} s",
+                            subprocess.CompletedProcess(list(cmd), 124, out, f"no answer in {timeout:g} s")) from None
     if check and r.returncode != 0:
         shown = " ".join(cmd)
         raise CommandFailed(f"`{shown}` exited {r.returncode}: {(r.stderr or r.stdout).strip()}", r)
