@@ -120,7 +120,7 @@ def test_drain_honours_the_pod_disruption_budget(cluster, namespace, test_image,
     watcher = threading.Thread(target=watch_ready, daemon=True)
     watcher.start()
     try:
-        output = kindlib.drain(cluster, drained, timeout=240)
+        output = kindlib.drain(cluster, drained, f"app={APP}", timeout=240)
     finally:
         stop.set()
         watcher.join(timeout=10)
