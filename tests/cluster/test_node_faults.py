@@ -83,7 +83,8 @@ def test_lost_node_work_moves_to_the_surviving_worker(cluster, namespace, test_i
     t0 = time.monotonic()
     kindlib.lose_node(lost)
     try:
-        clusterlib.wait_for(f"node {lost} NotReady", lambda: not kindlib.node_ready(cluster, lost), timeout=120, interval=2)
+        clusterlib.wait_for(f"node {lost} NotReady", lambda: not kindlib.node_ready(cluster, lost),
+                            timeout=120, interval=2)
         noticed = time.monotonic() - t0
         clusterlib.wait_for(f"both replicas ready on {survivor}, none on {lost}",
                             lambda: all_ready_on(cluster, namespace, survivor, 2), timeout=120, interval=2)
