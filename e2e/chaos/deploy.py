@@ -82,7 +82,9 @@ def values_for(tenancy: Tenancy, images: dict[str, Image] | None = None) -> dict
     values = copy.deepcopy(yaml.safe_load(BASE_VALUES.read_text()))
     for component, key in (("worker", "workerPoolDefaults"), ("operator", "operator")):
         if images and component in images:
-            values.setdefault(key, {})["image"] = {"repository": images[component].repository,
+            # the chart takes the registry host apart from the repository
+            registry, _, repository = images[component].repository.rpartition("/")
+            values.setdefault(key, {})["image"] = {"registry": registry, "repository": repository,
                                                    "tag": images[component].tag, "pullPolicy": "IfNotPresent"}
     rabbit_namespace = QUORUM_NAMESPACE if tenancy.quorum else SERVICES_NAMESPACE
     broker = values["broker"]
