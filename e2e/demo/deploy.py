@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -81,18 +80,6 @@ def _local_has_images() -> bool:
     return r.returncode == 0 and {v["WORKER_IMAGE"], v["OPERATOR_IMAGE"]} <= {n.removeprefix("docker.io/") for n in names}
 
 
-def _image_build_running() -> bool:
-    """Another `make images` on this machine (they share one private dockerd: never run two at once)."""
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and int(proc.name) != os.getpid():
-            try:
-                if b"images/build.sh" in (proc / "cmdline").read_bytes():
-                    return True
-            except OSError:
-                continue
-    return False
-
-
 def ensure_images(cluster: clusters.Cluster, log: Log) -> None:
     """`make images` when the sources changed since the last build (or the cluster lacks them)."""
     stamp = state_dir() / "images.key"
@@ -101,17 +88,8 @@ def ensure_images(cluster: clusters.Cluster, log: Log) -> None:
     if stamp.exists() and stamp.read_text() == key and present:
         log(f"images: up to date (sources unchanged since the last build, key {key})")
     else:
-        for attempt in (1, 2):
-            if _image_build_running():
-                log("images: another `make images` is running; waiting for it to finish")
-                clusters.wait_for("the other image build to finish", lambda: not _image_build_running(), 900, 2)
-            try:
-                run_make("images", log)
-                break
-            except DeployError:
-                if attempt == 2 or not _image_build_running():
-                    raise
-                log("images: the build collided with another `make images`; once more when it is done")
+        # images/build.sh waits for any other checkout's build itself (its lock on the shared builder)
+        run_make("images", log)
         stamp.write_text(key)
     if cluster.source == "kind":
         # Resolving kind again runs e2e/kind/up.sh: on a healthy cluster it only loads the image

@@ -59,7 +59,9 @@ load_images() {
     local archives=() a stamp
     [ -f "$APP_IMAGES_LIST" ] && mapfile -t archives <"$APP_IMAGES_LIST"
     [ ${#archives[@]} -gt 0 ] || log "no $APP_IMAGES_LIST yet: run \`make images\` to get the worker and operator images"
-    for a in "$IMAGES_CACHE"/debian-base-"$BASE_SUITE"-*.tar; do [ -f "$a" ] && archives+=("$a"); done
+    # this checkout's base (another checkout's may sit beside it under the same tag: loading both
+    # would leave the tag on whichever came last)
+    archives+=("$(bash "$REPO_ROOT/images/base/build.sh" | tail -1)")
     touch "$LOADED"
     for a in "${archives[@]}"; do
         [ -f "$a" ] || { log "WARNING: $a (listed in $APP_IMAGES_LIST) does not exist"; continue; }

@@ -220,7 +220,8 @@ class Cluster:
             return {node: _crictl_image_names(command) for node in self.node_names()}
         if self.source == "kind":
             # kind's node containers are named after their nodes and ship crictl
-            return {node: _crictl_image_names(["docker", "exec", node, "crictl"]) for node in self.node_names()}
+            return {node: _crictl_image_names(["docker", "exec", node, "crictl"], env=kindlib.docker_env())
+                    for node in self.node_names()}
         raise ClusterUnavailable(f"the runtime of the {self.source} cluster cannot be asked from here")
 
     def require_images(self, images: Sequence[str], timeout: float = 120) -> None:
@@ -247,8 +248,8 @@ class Cluster:
                 for n in self.kubectl_json("get", "nodes")["items"]}
 
 
-def _crictl_image_names(command: list[str]) -> set[str]:
-    r = subprocess.run([*command, "images", "-o", "json"], capture_output=True, text=True, timeout=60)
+def _crictl_image_names(command: list[str], env: dict[str, str] | None = None) -> set[str]:
+    r = subprocess.run([*command, "images", "-o", "json"], capture_output=True, text=True, timeout=60, env=env)
     if r.returncode != 0:
         raise ClusterUnavailable(f"`{' '.join(command)} images` exited {r.returncode}: "
                                  f"{(r.stderr or r.stdout).strip()}")
@@ -277,7 +278,14 @@ def _make_cluster_hint(c: Cluster) -> str:
 
 def _run(cmd: Sequence[str], *, env: dict[str, str], input: str | None = None, check: bool,
          timeout: float) -> subprocess.CompletedProcess:
-    r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        r = subprocess.run(list(cmd), input=input, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # No answer is a failed call (an API server restarting under load, say), which waits that
+        # ignore CommandFailed count as "not yet"; timeout(1)'s exit status.
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        raise CommandFailed(f"`{' '.join(cmd)}` gave no answer in {timeout:g} s",
+                            subprocess.CompletedProcess(list(cmd), 124, out, f"no answer in {timeout:g} s")) from None
     if check and r.returncode != 0:
         shown = " ".join(cmd)
         raise CommandFailed(f"`{shown}` exited {r.returncode}: {(r.stderr or r.stdout).strip()}", r)

@@ -149,12 +149,14 @@ def node_ready(cluster: Cluster, name: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
 
 
-def drain(cluster: Cluster, name: str, timeout: float = 300) -> str:
-    """`kubectl drain`: cordon the node, then evict its pods through the eviction API, which refuses
-    an eviction that would break a PodDisruptionBudget (kubectl retries it every 5 s until allowed).
+def drain(cluster: Cluster, name: str, pod_selector: str, timeout: float = 300) -> str:
+    """`kubectl drain` of the pods matching `pod_selector`: cordon the node, then evict them through
+    the eviction API, which refuses an eviction that would break a PodDisruptionBudget (kubectl
+    retries it every 5 s until allowed). The selector keeps a test from evicting what it did not
+    create (other tests' pods, the in-cluster services, whose volumes are bound to their node).
     Returns kubectl's output, which names each eviction a budget held back."""
-    r = cluster.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data",
-                        f"--timeout={int(timeout)}s", timeout=timeout + 30)
+    r = cluster.kubectl("drain", name, f"--pod-selector={pod_selector}", "--ignore-daemonsets",
+                        "--delete-emptydir-data", f"--timeout={int(timeout)}s", timeout=timeout + 30)
     return r.stdout + r.stderr
 
 

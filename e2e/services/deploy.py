@@ -150,8 +150,10 @@ def wait_ready(cluster: clusters.Cluster, components: tuple[str, ...], *, namesp
         return all(s.done for s in states)
 
     try:
+        # a failing kubectl (the API server restarting, on a loaded machine) is "not yet"; the
+        # timeout reports it if it was the last answer
         clusters.wait_for(f"the services in {namespace} to be ready", all_ready, timeout=timeout, interval=1,
-                          ignoring=(clusters.CommandFailed,))
+                          ignoring=(clusters.CommandFailed, ServicesError))
     except clusters.WaitTimeout as exc:
         raise ServicesError(f"{exc}\n{_unready_pod_logs(cluster, namespace)}") from exc
 

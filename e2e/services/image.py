@@ -2,7 +2,7 @@
 are unchanged) and put where the cluster's nodes find it without a registry.
 
 - local cluster: imported into its containerd (namespace k8s.io) when the CRI does not list it;
-- kind: `kind load image-archive` (kind skips nodes that already have it);
+- kind: `kind load image-archive` when a node's CRI does not list it;
 - any other cluster: set TASKHERD_SERVICES_IMAGE to the image pushed to a registry its nodes pull from.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from e2e.lib import cluster as clusters
+from e2e.lib import kind as kindlib
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "images" / "services" / "build.sh"
@@ -69,10 +70,13 @@ def ensure(cluster: clusters.Cluster, log: Callable[[str], None]) -> tuple[str, 
             if r.returncode != 0:
                 raise ImageError(f"importing {tarball} into the local cluster failed: {r.stderr.strip()}")
             log(f"services image {tag} imported into the local cluster's containerd")
-    else:
+    elif clusters.missing_images([tag], cluster.runtime_images()):
+        # the docker daemon kind's nodes run in (the project's own on the built-here path)
         r = subprocess.run([clusters.kind_path() or "kind", "load", "image-archive", str(tarball),
-                            "--name", clusters.KIND_CLUSTER_NAME], capture_output=True, text=True, timeout=900)
+                            "--name", clusters.KIND_CLUSTER_NAME], capture_output=True, text=True, timeout=900,
+                           env=kindlib.docker_env())
         if r.returncode != 0:
             raise ImageError(f"`kind load image-archive {tarball}` failed: {(r.stderr or r.stdout).strip()}")
+        log(f"services image {tag} loaded into the kind nodes")
     # The tag is the content key of the image's inputs: never re-pulled, never stale.
     return tag, "Never" if cluster.source == "local" else "IfNotPresent"

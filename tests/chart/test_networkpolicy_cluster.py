@@ -25,6 +25,7 @@ from chart_support import REPO, render
 
 sys.path.insert(0, str(REPO))
 from e2e.lib import cluster as clusterlib  # noqa: E402
+from e2e.lib.pytest_plugin import create_test_namespace  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.networkpolicy, pytest.mark.timeout(900)]
 
@@ -96,39 +97,31 @@ def container_port(pod_template: dict, name: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def probes():
-    k8s = clusterlib.resolve()
-    try:
-        k8s.check_reachable()
-    except clusterlib.ClusterUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-    namespace = k8s.create_test_namespace("np", "networkpolicy", {"taskherd.io/test": "networkpolicy"})
-    try:
-        objects = render(values=VALUES, release=RELEASE, namespace=namespace)
-        policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-        templates = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]
-                     for o in objects if o["kind"] == "Deployment"}
-        p = Probes(k8s, namespace, k8s.test_image(),
-                   worker_metrics=container_port(templates["worker"], "metrics"),
-                   operator_metrics=container_port(templates["operator"], "metrics"),
-                   policy_names=sorted(o["metadata"]["name"] for o in policies))
-        p.pod("broker", {"app": "np-broker"}, [AMQP, MANAGEMENT, OTHER_PORT])
-        p.pod("other", {"app": "np-other"}, [AMQP, MANAGEMENT, OTHER_PORT])
-        p.pod("worker", templates["worker"]["metadata"]["labels"], [p.worker_metrics, OTHER_PORT])
-        p.pod("operator", templates["operator"]["metadata"]["labels"], [p.operator_metrics, OTHER_PORT])
-        p.pod("scraper", {"role": "scraper"}, [OTHER_PORT])
-        p.pod("stranger", {"app": "np-stranger"}, [OTHER_PORT])
-        p.service("np-broker", {"app": "np-broker"}, [AMQP, MANAGEMENT, OTHER_PORT])
-        p.service("np-other", {"app": "np-other"}, [AMQP, MANAGEMENT, OTHER_PORT])
-        k8s.kubectl("-n", namespace, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s", timeout=200)
-        # Before the policies exist every pod reaches every other: a refusal later is theirs.
-        for source, host in (("worker", "np-other"), ("stranger", p.ip("worker"))):
-            clusterlib.wait_for(f"{source} -> {host}:{OTHER_PORT} before any policy",
-                                lambda: p.connects(source, host, OTHER_PORT), timeout=60, interval=1)
-        k8s.apply(yaml.safe_dump_all(policies), namespace=namespace)
-        yield p
-    finally:
-        k8s.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
+def probes(cluster, request):
+    namespace = create_test_namespace(cluster, request)
+    objects = render(values=VALUES, release=RELEASE, namespace=namespace)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    templates = {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]
+                 for o in objects if o["kind"] == "Deployment"}
+    p = Probes(cluster, namespace, cluster.test_image(),
+               worker_metrics=container_port(templates["worker"], "metrics"),
+               operator_metrics=container_port(templates["operator"], "metrics"),
+               policy_names=sorted(o["metadata"]["name"] for o in policies))
+    p.pod("broker", {"app": "np-broker"}, [AMQP, MANAGEMENT, OTHER_PORT])
+    p.pod("other", {"app": "np-other"}, [AMQP, MANAGEMENT, OTHER_PORT])
+    p.pod("worker", templates["worker"]["metadata"]["labels"], [p.worker_metrics, OTHER_PORT])
+    p.pod("operator", templates["operator"]["metadata"]["labels"], [p.operator_metrics, OTHER_PORT])
+    p.pod("scraper", {"role": "scraper"}, [OTHER_PORT])
+    p.pod("stranger", {"app": "np-stranger"}, [OTHER_PORT])
+    p.service("np-broker", {"app": "np-broker"}, [AMQP, MANAGEMENT, OTHER_PORT])
+    p.service("np-other", {"app": "np-other"}, [AMQP, MANAGEMENT, OTHER_PORT])
+    cluster.kubectl("-n", namespace, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s", timeout=200)
+    # Before the policies exist every pod reaches every other: a refusal later is theirs.
+    for source, host in (("worker", "np-other"), ("stranger", p.ip("worker"))):
+        clusterlib.wait_for(f"{source} -> {host}:{OTHER_PORT} before any policy",
+                            lambda: p.connects(source, host, OTHER_PORT), timeout=60, interval=1)
+    cluster.apply(yaml.safe_dump_all(policies), namespace=namespace)
+    yield p
 
 
 def test_chart_networkpolicies_are_enforced(probes):

@@ -25,9 +25,9 @@ EVICTION_SECONDS = 5
 
 
 @pytest.fixture(scope="module")
-def workers(k8s) -> list[str]:
-    if k8s.source != "kind":
-        pytest.fail(f"node faults need the multi-node kind cluster, this is the {k8s.source} cluster: run "
+def workers(cluster) -> list[str]:
+    if cluster.source != "kind":
+        pytest.fail(f"node faults need the multi-node kind cluster, this is the {cluster.source} cluster: run "
                     "with E2E_CLUSTER=kind (make kind-cluster), or deselect with -m 'not kind'", pytrace=False)
     names = kindlib.nodes("worker")
     if len(names) < 2:
@@ -35,10 +35,10 @@ def workers(k8s) -> list[str]:
     return names
 
 
-def deploy(k8s, namespace: str, image: tuple[str, str], replicas: int) -> None:
+def deploy(cluster, namespace: str, image: tuple[str, str], replicas: int) -> None:
     tolerations = [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": EVICTION_SECONDS}
                    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
-    k8s.apply(json.dumps({
+    cluster.apply(json.dumps({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": APP},
         "spec": {
             "replicas": replicas,
@@ -57,56 +57,57 @@ def deploy(k8s, namespace: str, image: tuple[str, str], replicas: int) -> None:
             },
         },
     }), namespace=namespace)
-    k8s.kubectl("-n", namespace, "rollout", "status", f"deployment/{APP}", "--timeout=120s", timeout=150)
+    cluster.kubectl("-n", namespace, "rollout", "status", f"deployment/{APP}", "--timeout=120s", timeout=150)
 
 
-def placement(k8s, namespace: str) -> dict[str, list[str]]:
+def placement(cluster, namespace: str) -> dict[str, list[str]]:
     """Ready, not terminating pods of the app by node."""
     out: dict[str, list[str]] = {}
-    for pod in k8s.kubectl_json("-n", namespace, "get", "pods", "-l", f"app={APP}")["items"]:
+    for pod in cluster.kubectl_json("-n", namespace, "get", "pods", "-l", f"app={APP}")["items"]:
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
         if ready and not pod["metadata"].get("deletionTimestamp"):
             out.setdefault(pod["spec"]["nodeName"], []).append(pod["metadata"]["name"])
     return out
 
 
-def all_ready_on(k8s, namespace: str, node: str, count: int) -> bool:
-    now = placement(k8s, namespace)
+def all_ready_on(cluster, namespace: str, node: str, count: int) -> bool:
+    now = placement(cluster, namespace)
     return list(now) == [node] and len(now[node]) == count
 
 
-def test_lost_node_work_moves_to_the_surviving_worker(k8s, namespace, test_image, workers):
-    deploy(k8s, namespace, test_image, replicas=2)
-    before = placement(k8s, namespace)
+def test_lost_node_work_moves_to_the_surviving_worker(cluster, namespace, test_image, workers):
+    deploy(cluster, namespace, test_image, replicas=2)
+    before = placement(cluster, namespace)
     lost = next(n for n in workers if n in before)
     survivor = next(n for n in workers if n != lost)
     t0 = time.monotonic()
     kindlib.lose_node(lost)
     try:
-        clusterlib.wait_for(f"node {lost} NotReady", lambda: not kindlib.node_ready(k8s, lost), timeout=120, interval=2)
+        clusterlib.wait_for(f"node {lost} NotReady", lambda: not kindlib.node_ready(cluster, lost),
+                            timeout=120, interval=2)
         noticed = time.monotonic() - t0
         clusterlib.wait_for(f"both replicas ready on {survivor}, none on {lost}",
-                            lambda: all_ready_on(k8s, namespace, survivor, 2), timeout=120, interval=2)
+                            lambda: all_ready_on(cluster, namespace, survivor, 2), timeout=120, interval=2)
         print(f"node {lost} lost: NotReady after {noticed:.0f} s, both replicas ready on {survivor} "
               f"after {time.monotonic() - t0:.0f} s")
     finally:
-        kindlib.restore_node(k8s, lost)
+        kindlib.restore_node(cluster, lost)
 
 
-def test_drain_honours_the_pod_disruption_budget(k8s, namespace, test_image, workers):
+def test_drain_honours_the_pod_disruption_budget(cluster, namespace, test_image, workers):
     drained, other = workers[0], workers[1]
     # Both replicas on the node to drain: with the other worker cordoned they have nowhere else.
-    k8s.kubectl("cordon", other)
+    cluster.kubectl("cordon", other)
     try:
-        deploy(k8s, namespace, test_image, replicas=2)
+        deploy(cluster, namespace, test_image, replicas=2)
     finally:
-        kindlib.uncordon(k8s, other)
-    assert list(placement(k8s, namespace)) == [drained]
-    k8s.apply(json.dumps({
+        kindlib.uncordon(cluster, other)
+    assert list(placement(cluster, namespace)) == [drained]
+    cluster.apply(json.dumps({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": APP},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": APP}}},
     }), namespace=namespace)
-    clusterlib.wait_for("the PDB to allow one disruption", lambda: k8s.kubectl_json(
+    clusterlib.wait_for("the PDB to allow one disruption", lambda: cluster.kubectl_json(
         "-n", namespace, "get", "pdb", APP).get("status", {}).get("disruptionsAllowed") == 1, timeout=30, interval=1)
 
     ready_counts = []
@@ -114,18 +115,18 @@ def test_drain_honours_the_pod_disruption_budget(k8s, namespace, test_image, wor
 
     def watch_ready() -> None:
         while not stop.is_set():
-            ready_counts.append(sum(len(v) for v in placement(k8s, namespace).values()))
+            ready_counts.append(sum(len(v) for v in placement(cluster, namespace).values()))
             time.sleep(0.3)
 
     watcher = threading.Thread(target=watch_ready, daemon=True)
     watcher.start()
     try:
-        output = kindlib.drain(k8s, drained, timeout=240)
+        output = kindlib.drain(cluster, drained, f"app={APP}", timeout=240)
     finally:
         stop.set()
         watcher.join(timeout=10)
-        kindlib.uncordon(k8s, drained)
+        kindlib.uncordon(cluster, drained)
     assert "disruption budget" in output, f"no eviction was held back by the PDB; drain said:\n{output}"
     assert min(ready_counts) >= 1, f"ready replicas fell to {min(ready_counts)} during the drain"
-    clusterlib.wait_for(f"both replicas ready on {other}", lambda: all_ready_on(k8s, namespace, other, 2),
+    clusterlib.wait_for(f"both replicas ready on {other}", lambda: all_ready_on(cluster, namespace, other, 2),
                         timeout=60, interval=1)

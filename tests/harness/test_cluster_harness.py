@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from e2e.lib import cluster as clusterlib
+from e2e.lib import kind as kindlib
 from e2e.lib.pytest_plugin import OWNER_ANNOTATION, TEST_LABEL, remove_leftovers, this_owner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -90,10 +91,11 @@ def test_an_image_is_present_the_moment_containerd_has_it(cluster):
     try:
         for node in nodes:
             subprocess.run([*containerd_command(cluster, node), "images", "tag", base, fresh],
-                           check=True, capture_output=True, timeout=60)
+                           check=True, capture_output=True, timeout=60, env=kindlib.docker_env())
         cluster.require_images([base, fresh])  # no wait: the tag was made a moment ago
         lagging = clusterlib.missing_images([fresh], cluster.node_status_images())
         logging.getLogger(__name__).info("right after the tag, the nodes' status.images lacked it: %s", lagging)
     finally:
         for node in nodes:
-            subprocess.run([*containerd_command(cluster, node), "images", "rm", fresh], capture_output=True, timeout=60)
+            subprocess.run([*containerd_command(cluster, node), "images", "rm", fresh], capture_output=True, timeout=60,
+                           env=kindlib.docker_env())
