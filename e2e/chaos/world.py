@@ -142,10 +142,11 @@ def claim(services: Services, *, owner: str, broker: str, quorum: bool = False) 
 def durable_commits(postgres_url: str, database: str) -> None:
     """Every session on the app's database commits durably, whatever the server's default.
 
-    The e2e PostgreSQL runs with synchronous_commit=off (speed for the tests), and then a commit
+    With synchronous_commit=off on a server (a tuning some production databases carry), a commit
     returns while its WAL record is still in the server's shared memory: a crash of the server —
     the postgres-restart fault — loses it. The effect row and its idempotency key vanish together
-    while the task's message was acknowledged: a lost task. Production runs with the default, on."""
+    while the task's message was acknowledged: a lost task. The ledger must not depend on the
+    server's setting."""
     import psycopg
 
     with psycopg.connect(f"{postgres_url}/postgres", autocommit=True) as admin:

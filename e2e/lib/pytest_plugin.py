@@ -17,6 +17,7 @@ It owns, once for the whole suite:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -208,9 +209,13 @@ def _report_long_tests(config: pytest.Config, stop: threading.Event) -> None:
         now = time.monotonic()
         if reporter is None or nodeid is None or now - last_line < quiet_limit:
             continue
-        reporter.ensure_newline()
-        reporter.write_line(still_running_line(nodeid, started, now))
-        reporter.flush()  # output piped to a file or `tee` is block-buffered
+        # Output capture would swallow the line into the test's own report: step past it, as
+        # pytest's live logging does.
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.ensure_newline()
+            reporter.write_line(still_running_line(nodeid, started, now))
+            reporter.flush()  # output piped to a file or `tee` is block-buffered
         state["last_line"] = now
 
 
