@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +27,7 @@ import yaml
 from chart_support import CHART, CI_VALUES, excluded_from_dry_run, render
 from e2e.lib import cluster as clusterlib
 from e2e.lib import services
+from e2e.lib.forwarder import Forwarder, pod_gateway_address
 from e2e.lib.pytest_plugin import create_test_namespace
 from e2e.lib.waiting import wait_for
 
@@ -41,56 +39,6 @@ APP = Path(__file__).parent / "apps" / "chart_app.py"
 QUEUE = "chart"
 POOL = "work"
 SOFT, HARD, DRAIN_MARGIN, SHUTDOWN = 100, 120, 10, 5
-
-
-class Forwarder:
-    """TCP forwarder listen_host:<free port> -> target, one thread pair per connection."""
-
-    def __init__(self, *, listen_host: str, target: tuple[str, int]) -> None:
-        self.target = target
-        self.server = socket.create_server((listen_host, 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.target)
-            self.sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.server.close()
-        for s in self.sockets:
-            s.close()
-
-
-def pod_gateway_address() -> str:
-    """The host's address on the local cluster's pod bridge (pods reach the host there)."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "taskherd0"], capture_output=True, text=True).stdout
-    match = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
-    if not match:
-        pytest.fail("no taskherd0 bridge: the chart's cluster tests need the local cluster (`make cluster`)")
-    return match.group(1)
 
 
 class Release:
