@@ -8,7 +8,6 @@ crash: the errors are kept and go to summary.json.
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -16,6 +15,7 @@ from typing import Any, Mapping
 import psycopg
 
 from e2e.demo.verdict import PodLife
+from e2e.lib.sampling import Sampler
 from taskherd.queues import inspect_queues
 
 from .deploy import Release, WORKER_SELECTOR
@@ -84,36 +84,16 @@ class Snapshot:
         return next((n for n in names if self.lease_holder.rsplit("-", 1)[0] == n), None)
 
 
-class Observer:
+class Observer(Sampler):
+    name = "chaos-observer"
+
     def __init__(self, *, release: Release, t0: float, interval: float = 2.0):
-        self.release, self.t0, self.interval = release, t0, interval
+        super().__init__(t0=t0, interval=interval)
+        self.release = release
         self.samples: list[Sample] = []
         self.latest = Snapshot()
         self.lives: dict[str, PodLife] = {}
         self.killed: set[str] = set()
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="chaos-observer", daemon=True)
-        self._conn: psycopg.Connection | None = None
-
-    def start(self) -> "Observer":
-        self.tick()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self._conn is not None:
-            self._conn.close()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - one bad tick must not end the watch
-                self.errors.append(f"{time.time() - self.t0:.0f}s: {type(exc).__name__}: {exc}"[:300])
 
     def mark_killed(self, pod: str) -> None:
         with self._lock:

@@ -4,7 +4,6 @@ pod lifetimes and the latest picture the scenario acts on (which pod is busy, wh
 from __future__ import annotations
 
 import datetime as dt
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -12,6 +11,7 @@ from typing import Any, Mapping
 import psycopg
 
 from e2e.lib import cluster as clusters
+from e2e.lib.sampling import Sampler
 
 from .config import NAMESPACE
 from .timeline import Sample
@@ -49,44 +49,20 @@ class Snapshot:
     sample: Sample | None = None
 
 
-class Observer:
+class Observer(Sampler):
     """Samples the pool every `interval` seconds in a thread until `stop()`."""
+    name = "demo-observer"
 
     def __init__(self, *, cluster: clusters.Cluster, database_url: str, t0: float, interval: float = 2.0):
+        super().__init__(t0=t0, interval=interval, error_chars=100_000)
         self.cluster = cluster
         self.database_url = database_url
-        self.t0 = t0
-        self.interval = interval
         self.watch_started = time.time()
         self.samples: list[Sample] = []
         self.latest = Snapshot()
         self.lives: dict[str, PodLife] = {}
         self.killed: dict[str, float] = {}
         self.oom_killed_containers: set[tuple[str, int]] = set()
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="demo-observer", daemon=True)
-        self._conn: psycopg.Connection | None = None
-
-    # ---- lifecycle
-    def start(self) -> "Observer":
-        self.tick()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        if self._conn is not None:
-            self._conn.close()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - one bad tick must not end the watch; reported at the end
-                self.errors.append(f"{time.time() - self.t0:.0f}s: {type(exc).__name__}: {exc}")
 
     # ---- the scenario tells us what it did
     def mark_killed(self, pod: str, at: float) -> None:
