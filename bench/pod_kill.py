@@ -30,12 +30,12 @@ import signal
 import statistics
 import time
 import uuid
-from pathlib import Path
 
 import redis
 
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
 
+from e2e.lib.containers import container_processes
 from e2e.lib.services import fresh_vhost, leased_redis_db
 from e2e.lib.waiting import wait_for
 
@@ -46,22 +46,6 @@ from taskherd.worker.components.recovery import DEFAULT_HEARTBEAT_INTERVAL
 QUEUE = "podkill"
 HOLD_SECONDS = 12.0
 KILL_AFTER = 1.0
-
-
-def container_processes(container_id: str) -> dict[int, int]:
-    """{host pid: pid inside the container} of every process of a container, found through /proc."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if container_id not in (entry / "cgroup").read_text():
-                continue
-            nspid = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        found[int(entry.name)] = int(nspid.split()[-1])
-    return found
 
 
 def container_id(release: Release, pod: str) -> str:

@@ -27,6 +27,7 @@ import yaml
 from chart_support import CHART, CI_VALUES, excluded_from_dry_run, render
 from e2e.lib import cluster as clusterlib
 from e2e.lib import services
+from e2e.lib.containers import container_main_pid
 from e2e.lib.forwarder import Forwarder, pod_gateway_address
 from e2e.lib.pytest_plugin import create_test_namespace
 from e2e.lib.waiting import wait_for
@@ -78,23 +79,6 @@ class Release:
 
 def restart_count(pod: dict) -> int:
     return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses", []))
-
-
-def container_host_pid(container_id: str) -> int:
-    """The host PID of the container's main process (PID 1 in its namespace), found through
-    /proc: its cgroup names the container and its NSpid ends in 1."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if container_id not in (entry / "cgroup").read_text():
-                continue
-            nspid = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        if nspid.split()[-1] == "1":
-            return int(entry.name)
-    raise AssertionError(f"no process of container {container_id} found in /proc")
 
 
 def image_values(reference: str) -> dict[str, str]:
@@ -222,7 +206,7 @@ def test_a_wedged_worker_fails_liveness_and_is_restarted(release):
     pod = release.ready_workers()[0]
     name, restarts = pod["metadata"]["name"], restart_count(pod)
     container = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "taskherd-worker")
-    pid = container_host_pid(container["containerID"].split("://", 1)[1])
+    pid = container_main_pid(container["containerID"].split("://", 1)[1])
     os.kill(pid, 19)  # SIGSTOP: the main loop (and its heartbeat) stops; the pool children live on
     started = time.monotonic()
 
