@@ -172,14 +172,17 @@ class Scenario:
         except WaitTimeout as exc:
             self.failures.append(f"the trigger never held, the fault was not injected: {exc}")
             return None, time.time()
-        start = time.time()
+        began = time.time()
         action = ACTIONS[spec.fault.action]
         try:
             injection = action.inject(ctx, spec.fault.target, spec.fault.params)
         except (ActionError, NodeAccessError, clusters.CommandFailed, WaitTimeout) as exc:
             self.failures.append(f"the fault could not be injected: {exc}")
-            self.mark("fault", f"{spec.name}: not injected", at=start)
+            self.mark("fault", f"{spec.name}: not injected", at=began)
             return None, time.time()
+        # The fault holds its duration from when it took effect, at the end of inject(): finding its
+        # target takes API calls, which on a busy cluster can take longer than the duration itself.
+        start = time.time()
         self.mark("fault", spec.name, at=start)
         self.log(f"   FAULT at {start - self.t0:.1f}s: {injection.what}")
         hold = start + spec.duration - time.time()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,17 +137,27 @@ def lose_node(name: str) -> None:
 
 
 def restore_node(cluster: Cluster, name: str, timeout: float = 180) -> None:
-    """Start a lost node's container again and wait until its kubelet reports Ready. docker may give
-    it another address (kind's entrypoint rewrites the node's own files for that): up.sh then
-    routes the node's pod range from this host to the new one."""
+    """Start a lost node's container again and wait until its kubelet reports Ready *since the
+    restart*: the Ready condition the API server still holds for a node lost less than its
+    node-monitor-grace-period ago is the dead kubelet's, and a node taken for back on it has no
+    container runtime yet (loading an image into it fails). docker may give the node another address
+    (kind's entrypoint rewrites the node's own files for that): up.sh then routes the node's pod
+    range from this host to the new one."""
+    restarted = datetime.now(timezone.utc).replace(microsecond=0)
     _docker("start", name)
-    cluster.wait(f"node {name} Ready again", lambda: node_ready(cluster, name), timeout, 2)
+    cluster.wait(f"node {name} Ready again (a heartbeat since {restarted:%H:%M:%S})",
+                 lambda: node_ready(cluster, name, since=restarted), timeout, 2)
     ensure_cluster()
 
 
-def node_ready(cluster: Cluster, name: str) -> bool:
+def node_ready(cluster: Cluster, name: str, since: datetime | None = None) -> bool:
+    """The node's Ready condition is True (and, with `since`, was last reported at or after it)."""
     node = cluster.kubectl_json("get", "node", name)
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+    for condition in node["status"].get("conditions", []):
+        if condition["type"] == "Ready" and condition["status"] == "True":
+            heartbeat = datetime.fromisoformat(condition["lastHeartbeatTime"].replace("Z", "+00:00"))
+            return since is None or heartbeat >= since
+    return False
 
 
 def drain(cluster: Cluster, name: str, pod_selector: str, timeout: float = 300) -> str:
