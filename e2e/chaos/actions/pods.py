@@ -6,6 +6,7 @@ import time
 from typing import Any, Mapping
 
 from e2e.lib.waiting import wait_for
+from taskherd.operator.pause import PAUSED_REPLICAS
 
 from ..observe import restarts
 from . import Action, ActionError, Context, Injection, busiest_worker, count, one_of, seconds, wait_workers_ready
@@ -32,6 +33,12 @@ class KillProcess(Action):
     def inject(self, ctx: Context, target: str, params: Mapping[str, Any]) -> Injection:
         signum = signal.Signals[f"SIG{params.get('signal', 'KILL')}"]
         hits: list[dict] = []
+        # A frozen worker stops reporting, and the operator's scale-down may remove its pod before
+        # the liveness probe restarts it (a fine end for the pool, but not what this fault tests):
+        # the pool is held at its size until the frozen workers are back.
+        hold = signum is signal.SIGSTOP and target == "busiest-worker"
+        if hold:
+            _hold_pool(ctx, len(ctx.observer.latest.live_workers()))
         for i in range(params.get("count", 1)):
             if i:
                 time.sleep(params.get("every", 8))
@@ -45,6 +52,13 @@ class KillProcess(Action):
         evidence: dict[str, Any] = {"signal": signum.name, "hits": hits}
 
         def recover() -> None:
+            try:
+                restarted()
+            finally:
+                if hold:
+                    _hold_pool(ctx, None)
+
+        def restarted() -> None:
             timeout = STOPPED_WORKER_RESTART_SECONDS if signum is signal.SIGSTOP else 90
             for hit in hits:
                 pod = hit["pod"]
@@ -70,6 +84,12 @@ class KillProcess(Action):
         if pod is None:
             raise ActionError(f"no operator holds the Lease in {ctx.namespace}")
         return pod
+
+
+def _hold_pool(ctx: Context, replicas: int | None) -> None:
+    """Pause the WorkerPool at `replicas` (the operator's taskherd.io/paused-replicas), or resume it."""
+    annotation = PAUSED_REPLICAS + (f"={replicas}" if replicas is not None else "-")
+    ctx.cluster.kubectl("-n", ctx.namespace, "annotate", "workerpools", "--all", annotation, "--overwrite")
 
 
 class DeletePod(Action):
