@@ -284,8 +284,12 @@ def _triggered(kind: str, value: float, observer: Observer, t0: float) -> bool:
     desired = snap.pool_status.get("desiredReplicas")
     if desired is None:
         return False
-    if kind == "scalingUp":  # the operator asked for more workers than are Ready yet
-        return desired > len(snap.ready_workers())
+    if kind == "scalingUp":
+        # The operator decided on more workers than the pool had when the load began. (Not "more
+        # than are Ready": on an idle machine new workers are Ready within a sample or two, and
+        # that window can pass unseen.)
+        first = observer.samples[0].replicas if observer.samples else None
+        return first is not None and desired > first
     # the operator asked for fewer workers than the pool had at its peak: removals under way
     return desired < max((s.replicas for s in observer.samples), default=0)
 
