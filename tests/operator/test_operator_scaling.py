@@ -5,7 +5,7 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 
 from taskherd.operator.policy import ScalingPolicy
 from taskherd.operator.scaling import (AGE_SETTLE_SECONDS, Observation, Recommendation, Throughput, WorkSample,
@@ -118,6 +118,11 @@ def test_scale_down_only_after_the_window_and_to_its_highest_recommendation(poli
 
 @settings(deadline=None)  # a shared 2-core machine: no per-example deadline
 @given(policies(), observations, throughputs, st.integers(0, 40), st.integers(0, 40), histories)
+# a scale-down held because the oldest message's age is unknown still records what the arrivals need
+@example(ScalingPolicy(min_replicas=0, max_replicas=2, target_depth_per_worker=1, max_oldest_message_age_seconds=1.0,
+                       scale_down_stabilization_seconds=0.0),
+         Observation(ready=1, unacked=0), Throughput(arrival_rate=0.0, service_seconds=0.0, slots_per_worker=1),
+         2, 0, [])
 def test_never_below_the_workers_the_arrivals_keep_busy(policy, observation, throughput, current, busy, history):
     observation = Observation(ready=observation.ready, unacked=observation.unacked,
                               oldest_message_age_seconds=observation.oldest_message_age_seconds, throughput=throughput)

@@ -26,6 +26,7 @@ Rules (each one a property test in tests/operator/test_operator_scaling.py):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -242,7 +243,10 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
         return Decision(target, why, recommendation)
     doubt = _age_in_doubt(policy, observation)
     if doubt is not None:
-        return Decision(current, f"{why}; holding {current}: {doubt}", Recommendation(now, current))
+        # Recorded as held at `current`, with what the arrivals alone need: that figure is observed,
+        # not in doubt, and the window must not hold a backlog's workers on its account.
+        return Decision(current, f"{why}; holding {current}: {doubt}",
+                        dataclasses.replace(recommendation, replicas=current))
     # Scale-down: the highest recommendation of the window wins, and only a history that covers
     # the whole window may lower anything (a restarted operator first watches for one window).
     window = policy.scale_down_stabilization_seconds
