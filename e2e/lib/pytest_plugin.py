@@ -213,7 +213,8 @@ def _report_long_tests(config: pytest.Config, stop: threading.Event) -> None:
         # pytest's live logging does.
         capture = config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-            reporter.ensure_newline()
+            if reporter._tw.width_of_current_line:  # after a run of dots: a line of its own
+                reporter.write("\n")
             reporter.write_line(still_running_line(nodeid, started, now))
             reporter.flush()  # output piped to a file or `tee` is block-buffered
         state["last_line"] = now
