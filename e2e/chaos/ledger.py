@@ -52,6 +52,44 @@ def dead_letters(release: Release, prefix: str | None = None) -> list[DeadLetter
     return out
 
 
+def whereabouts(release: Release, task_ids: dict[str, str]) -> dict[str, str]:
+    """Where each lost task (key -> task id) still is, for the report: the Redis broker keys whose
+    value holds its id (a queue list, kombu's ``unacked`` hash, taskherd's delayed set, …) and its
+    outbox row. A task found nowhere was dropped between a pop and its bookkeeping; one found in
+    ``unacked`` with no live owner waits for a sweep. RabbitMQ's queues cannot be searched from
+    outside without taking the messages: only the outbox is read there."""
+    found: dict[str, list[str]] = {key: [] for key in task_ids}
+    urls = release.tenancy.host
+    if urls.broker.startswith("redis"):
+        with redis.Redis.from_url(urls.broker, socket_timeout=10) as client:
+            for name in client.scan_iter(count=500):
+                values = _redis_values(client, name)
+                for key, task_id in task_ids.items():
+                    hits = [where for where, value in values if task_id.encode() in value]
+                    found[key] += [f"redis {name.decode(errors='replace')}{hit}" for hit in hits]
+    with psycopg.connect(urls.database, autocommit=True, connect_timeout=10) as conn:
+        for key, task_id in task_ids.items():
+            for sent_at, relayed_by in conn.execute(
+                    "SELECT sent_at, relayed_by FROM taskherd_outbox WHERE id::text = %s", (task_id,)):
+                found[key].append(f"outbox row (sent_at {sent_at}, relayed by {relayed_by})")
+    return {key: "; ".join(places) or "nowhere in the broker or the outbox" for key, places in found.items()}
+
+
+def _redis_values(client: redis.Redis, name: bytes) -> list[tuple[str, bytes]]:
+    kind = client.type(name)
+    if kind == b"list":
+        return [(f"[{i}]", v) for i, v in enumerate(client.lrange(name, 0, -1))]
+    if kind == b"hash":
+        return [(f"[{k.decode(errors='replace')}]", v) for k, v in client.hgetall(name).items()]
+    if kind == b"zset":
+        return [(f" (score {score})", v) for v, score in client.zrange(name, 0, -1, withscores=True)]
+    if kind == b"set":
+        return [("", v) for v in client.smembers(name)]
+    if kind == b"string":
+        return [("", client.get(name) or b"")]
+    return []
+
+
 def pending_outbox_rows(release: Release) -> int:
     with psycopg.connect(release.tenancy.host.database, autocommit=True, connect_timeout=10) as conn:
         return conn.execute("SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL").fetchone()[0]

@@ -133,6 +133,9 @@ class Scenario:
         self.release = ctx.release  # an upgrade replaces it
         result = self._check(producer)
         self.failures += result.failures
+        if result.lost:
+            self.failures.append("where the lost tasks are: " + "; ".join(
+                f"{key}: {where}" for key, where in self._whereabouts(producer, result.lost).items()))
         attempts = ledger.attempts(self.release, self.prefix)
         self.failures += expectation_problems(spec.expect, injection=injection, result=result, observer=observer,
                                               attempts=attempts,
@@ -230,6 +233,13 @@ class Scenario:
         pg, duplicates, redis_effects = ledger.effects(self.release, self.prefix)
         return checker.check(producer.records(), checker.effect_counts(pg, duplicates, redis_effects),
                              ledger.attempts(self.release, self.prefix), ledger.dead_letters(self.release, self.prefix))
+
+    def _whereabouts(self, producer: Producer, lost: list[str]) -> dict[str, str]:
+        ids = {r.key: r.task_id for r in producer.records() if r.key in set(lost[:20])}
+        try:
+            return ledger.whereabouts(self.release, ids)
+        except ledger.UNAVAILABLE as exc:
+            return {key: f"not searched ({exc!r})" for key in ids}
 
     # --- the record ----------------------------------------------------------------------------------
 

@@ -33,12 +33,17 @@ class KillProcess(Action):
     def inject(self, ctx: Context, target: str, params: Mapping[str, Any]) -> Injection:
         signum = signal.Signals[f"SIG{params.get('signal', 'KILL')}"]
         hits: list[dict] = []
-        # A frozen worker stops reporting, and the operator's scale-down may remove its pod before
-        # the liveness probe restarts it (a fine end for the pool, but not what this fault tests):
-        # the pool is held at its size until the frozen workers are back.
-        hold = signum is signal.SIGSTOP and target == "busiest-worker"
+        # A killed worker is not Ready while its container restarts (a second kill in a row meets
+        # the kubelet's restart back-off), a frozen one stops reporting: either way the operator's
+        # scale-down may remove the pod before it is back (a fine end for the pool, but not what
+        # this fault tests, and CI once saw exactly that). The pool is held at its size until the
+        # hit workers are back.
+        hold = target == "busiest-worker"
         if hold:
-            _hold_pool(ctx, len(ctx.observer.latest.live_workers()))
+            # Never below the pods that exist: a smaller Deployment would pick the unready (killed)
+            # pod first for removal; never below what the pool asks for: a scale-up in flight ends.
+            latest = ctx.observer.latest
+            _hold_pool(ctx, max(latest.replicas, latest.desired_replicas or 0))
         for i in range(params.get("count", 1)):
             if i:
                 time.sleep(params.get("every", 8))
