@@ -28,7 +28,7 @@ class RestartService(Action):
     def inject(self, ctx: Context, target: str, params: Mapping[str, Any]) -> Injection:
         component, index, namespace = self._where(ctx, target)
         seconds = service_faults.crash_container(ctx.cluster, component, pod_index=index, namespace=namespace,
-                                                 timeout=300, log=ctx.log)
+                                                 log=ctx.log)
         return Injection(f"{namespace}/{component}-{index} crashed (SIGKILL) and restarted: Ready again after "
                          f"{seconds:.1f}s", None, {"pod": f"{namespace}/{component}-{index}", "down_seconds": seconds})
 
