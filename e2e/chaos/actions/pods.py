@@ -43,7 +43,7 @@ class KillProcess(Action):
             # Never below the pods that exist: a smaller Deployment would pick the unready (killed)
             # pod first for removal; never below what the pool asks for: a scale-up in flight ends.
             latest = ctx.observer.latest
-            _hold_pool(ctx, max(latest.replicas, latest.desired_replicas or 0))
+            _hold_pool(ctx, max(len(latest.live_workers()), latest.pool_status.get("desiredReplicas") or 0))
         for i in range(params.get("count", 1)):
             if i:
                 time.sleep(params.get("every", 8))
