@@ -7,14 +7,14 @@ crash: the errors are kept and go to summary.json.
 """
 from __future__ import annotations
 
-import datetime as dt
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import psycopg
 
-from e2e.demo.verdict import PodLife
+from e2e.lib import pod_lives
+from e2e.lib.pod_lives import PodLife, is_ready
 from e2e.lib.sampling import Sampler
 from taskherd.queues import inspect_queues
 
@@ -22,18 +22,6 @@ from .deploy import Release, WORKER_SELECTOR
 
 #: an attempt unfinished after this long is dead (hard limit 30 s + margin), not in flight
 IN_FLIGHT_HORIZON_SECONDS = 40
-
-
-def parse_time(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or []) \
-        and not pod["metadata"].get("deletionTimestamp")
 
 
 def restarts(pod: Mapping[str, Any]) -> int:
@@ -93,11 +81,11 @@ class Observer(Sampler):
         self.samples: list[Sample] = []
         self.latest = Snapshot()
         self.lives: dict[str, PodLife] = {}
-        self.killed: set[str] = set()
+        self.killed: dict[str, float] = {}  #: pods the fault removed -> when
 
     def mark_killed(self, pod: str) -> None:
         with self._lock:
-            self.killed.add(pod)
+            self.killed[pod] = time.time()
 
     def tick(self) -> Snapshot:
         now = time.time()
@@ -125,7 +113,7 @@ class Observer(Sampler):
                              in_flight=None if in_flight is None else sum(in_flight.values()),
                              restarts=sum(restarts(p) for p in workers))
         with self._lock:
-            self._track_lives(workers, now)
+            pod_lives.track(self.lives, workers, now, killed=self.killed)
             self.samples.append(snap.sample)
             self.latest = snap
         return snap
@@ -152,23 +140,6 @@ class Observer(Sampler):
         except psycopg.Error as exc:
             self.errors.append(f"{time.time() - self.t0:.0f}s: ledger: {exc}"[:300])
             return None
-
-    def _track_lives(self, pods: list[dict], now: float) -> None:
-        seen = set()
-        for p in pods:
-            name = p["metadata"]["name"]
-            seen.add(name)
-            created = parse_time(p["metadata"].get("creationTimestamp")) or now
-            deleted = parse_time(p["metadata"].get("deletionTimestamp"))
-            life = self.lives.get(name) or PodLife(name, created)
-            if deleted is not None and life.removed_at is None:
-                # deletionTimestamp is when the grace period ENDS: the removal was asked that long before
-                grace = p["metadata"].get("deletionGracePeriodSeconds") or 0
-                life = PodLife(name, created, deleted - grace, "killed" if name in self.killed else "scale-down")
-            self.lives[name] = life
-        for name, life in list(self.lives.items()):
-            if name not in seen and life.removed_at is None:  # vanished at once: a force delete
-                self.lives[name] = PodLife(name, life.created_at, now, "killed" if name in self.killed else "scale-down")
 
     def pod_lives(self) -> tuple[PodLife, ...]:
         with self._lock:

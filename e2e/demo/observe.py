@@ -3,38 +3,27 @@ pod lifetimes and the latest picture the scenario acts on (which pod is busy, wh
 """
 from __future__ import annotations
 
-import datetime as dt
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import psycopg
 
 from e2e.lib import cluster as clusters
+from e2e.lib import pod_lives
+from e2e.lib.pod_lives import PodLife, is_ready
 from e2e.lib.sampling import Sampler
 
 from .config import NAMESPACE
 from .timeline import Sample
-from .verdict import PodLife
 
 #: an attempt not finished after this long is a dead one (hard limit 30 s + margin), not in flight
 IN_FLIGHT_HORIZON_SECONDS = 40
 
 
-def parse_time(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def _matches(labels: Mapping[str, str] | None, selector: Mapping[str, str]) -> bool:
     labels = labels or {}
     return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
 
 
 @dataclass
@@ -89,12 +78,12 @@ class Observer(Sampler):
             depth=status.get("observedDepth"),
             oldest_age_seconds=status.get("oldestMessageAgeSeconds"),
             replicas=len(live),
-            ready_replicas=sum(1 for p in live if _ready(p)),
+            ready_replicas=sum(1 for p in live if is_ready(p)),
             desired_replicas=status.get("desiredReplicas"),
             dlq_depth=status.get("deadLetterDepth"),
         )
         with self._lock:
-            self._track_lives(pods, now)
+            pod_lives.track(self.lives, pods, now, killed=self.killed, watch_started=self.watch_started)
             self._track_oom(pods)
             self.samples.append(sample)
             self.latest = Snapshot(at=now, pool_status=status, pool_spec=spec, pods=pods, in_flight=in_flight,
@@ -111,28 +100,6 @@ class Observer(Sampler):
             "AND NOT EXISTS (SELECT 1 FROM shop_attempts b WHERE b.task_id = a.task_id AND b.id > a.id) "
             "GROUP BY a.worker", (IN_FLIGHT_HORIZON_SECONDS,)).fetchall()
         return {w: n for w, n in rows if w in pod_names}
-
-    def _track_lives(self, pods: list[dict], now: float) -> None:
-        seen = set()
-        for p in pods:
-            name = p["metadata"]["name"]
-            seen.add(name)
-            created = parse_time(p["metadata"].get("creationTimestamp")) or now
-            deleted = parse_time(p["metadata"].get("deletionTimestamp"))
-            if name not in self.lives and deleted is not None and deleted - (p["metadata"].get(
-                    "deletionGracePeriodSeconds") or 0) < self.watch_started:
-                continue  # already leaving before we watched (a previous release's pod): not this run's
-            life = self.lives.get(name) or PodLife(name, created)
-            if deleted is not None and life.removed_at is None:
-                # deletionTimestamp is when the grace period ENDS: the removal was asked that long before
-                grace = p["metadata"].get("deletionGracePeriodSeconds") or 0
-                life = PodLife(name, created, deleted - grace,
-                               "killed" if name in self.killed else "scale-down")
-            self.lives[name] = life
-        for name, life in list(self.lives.items()):
-            if name not in seen and life.removed_at is None:  # vanished at once: a force delete
-                at = self.killed.get(name, now)
-                self.lives[name] = PodLife(name, life.created_at, at, "killed" if name in self.killed else "scale-down")
 
     def _track_oom(self, pods: list[dict]) -> None:
         for p in pods:

@@ -10,6 +10,8 @@ import collections
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
+from e2e.lib.pod_lives import PodLife  # noqa: F401 - part of the verdict's vocabulary
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -40,16 +42,6 @@ class DeadLetter:
     reason: str
     attempts: int | None = None
     exception_type: str | None = None
-
-
-@dataclass(frozen=True)
-class PodLife:
-    """A worker pod seen during the run: when it appeared, when it was told to go, and why."""
-
-    pod: str
-    created_at: float
-    removed_at: float | None = None  #: deletionTimestamp; None while it lives
-    cause: str | None = None  #: "killed" (the demo's fault) or "scale-down" (the operator)
 
 
 @dataclass(frozen=True)
