@@ -235,11 +235,13 @@ class Scenario:
                              ledger.attempts(self.release, self.prefix), ledger.dead_letters(self.release, self.prefix))
 
     def _whereabouts(self, producer: Producer, lost: list[str]) -> dict[str, str]:
-        ids = {r.key: r.task_id for r in producer.records() if r.key in set(lost[:20])}
+        records = {r.key: r for r in producer.records() if r.key in set(lost[:20])}
+        sent = {key: f"sent {r.path} at {r.at - self.t0:.1f}s as {r.task_id}" for key, r in records.items()}
         try:
-            return ledger.whereabouts(self.release, ids)
+            found = ledger.whereabouts(self.release, {key: r.task_id for key, r in records.items()})
         except ledger.UNAVAILABLE as exc:
-            return {key: f"not searched ({exc!r})" for key in ids}
+            found = {key: f"not searched ({exc!r})" for key in records}
+        return {key: f"{sent[key]}; now {found[key]}" for key in records}
 
     # --- the record ----------------------------------------------------------------------------------
 
