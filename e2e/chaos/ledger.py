@@ -67,12 +67,18 @@ def whereabouts(release: Release, task_ids: dict[str, str]) -> dict[str, str]:
                 for key, task_id in task_ids.items():
                     hits = [where for where, value in values if task_id.encode() in value]
                     found[key] += [f"redis {name.decode(errors='replace')}{hit}" for hit in hits]
-    with psycopg.connect(urls.database, autocommit=True, connect_timeout=10) as conn:
-        for key, task_id in task_ids.items():
-            for sent_at, relayed_by in conn.execute(
-                    "SELECT sent_at, relayed_by FROM taskherd_outbox WHERE id::text = %s", (task_id,)):
-                found[key].append(f"outbox row (sent_at {sent_at}, relayed by {relayed_by})")
-    return {key: "; ".join(places) or "nowhere in the broker or the outbox" for key, places in found.items()}
+    try:
+        with psycopg.connect(urls.database, autocommit=True, connect_timeout=10) as conn:
+            for key, task_id in task_ids.items():
+                for sent_at, relayed_by in conn.execute(
+                        "SELECT sent_at, relayed_by FROM taskherd_outbox WHERE id::text = %s", (task_id,)):
+                    found[key].append(f"outbox row (sent_at {sent_at}, relayed by {relayed_by})")
+    except psycopg.Error as exc:
+        for places in found.values():
+            places.append(f"outbox not read ({type(exc).__name__})")
+    searched = "in no Redis key" if urls.broker.startswith("redis") else "RabbitMQ's queues not searched"
+    return {key: "; ".join(places if any(p.startswith("redis ") for p in places) else [searched, *places])
+            or searched for key, places in found.items()}
 
 
 def _redis_values(client: redis.Redis, name: bytes) -> list[tuple[str, bytes]]:
