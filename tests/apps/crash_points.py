@@ -19,6 +19,8 @@ import time
 import redis
 
 STEPS = {
+    "popped": "main process (Redis): the message is off its queue list, read from the socket, not yet "
+              "handed to kombu (kombu's BRPOP left it nowhere else)",
     "received": "main process: the message is in the worker, nothing has run",
     "delivery counted": "a redelivery's count is known, the task has not started (pool child: read from the "
                         "message or the broker; RabbitMQ classic queues, main process: the copy carrying it "
@@ -85,9 +87,23 @@ def install() -> None:
     from celery.backends.base import Backend
     from kombu.message import Message
 
-    from taskherd.worker import deliveries, delayed, outbox
+    from taskherd.worker import deliveries, delayed, outbox, redis_items
     from taskherd.worker import task as task_module
     from taskherd.worker.idempotency.redis_store import RedisStore
+
+    guarded = redis_items.guarded
+
+    def popped(item, queue, **kwargs):
+        # Every Redis item a worker pops passes here first (the bad-message guard), before kombu
+        # delivers it: installed before configure() builds the guard from this attribute.
+        try:
+            task_id = json.loads(item)["headers"]["id"]
+        except (TypeError, ValueError, KeyError):
+            task_id = None
+        crash_point("popped", task_id)
+        return guarded(item, queue, **kwargs)
+
+    redis_items.guarded = popped
 
     count, recount = deliveries.count, deliveries.recount
 

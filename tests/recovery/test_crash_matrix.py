@@ -62,6 +62,8 @@ class Row:
     options: tuple[tuple[str, object], ...] = ()
     via_outbox: bool = False
     brokers: tuple[str, ...] = ("redis", "rabbitmq")
+    #: why the step does not exist on the other broker
+    elsewhere: str = ""
 
     @property
     def dead_letters(self) -> bool:
@@ -69,6 +71,8 @@ class Row:
 
 
 ROWS = (
+    Row("popped off the queue list", ("popped",), brokers=("redis",),
+        elsewhere="n/a (RabbitMQ delivers and tracks in one step)"),
     Row("received", ("received",)),
     Row("delivery counted", ("received", "delivery counted")),  # only a redelivery is counted
     Row("key claimed", ("key claimed",)),
@@ -81,7 +85,8 @@ ROWS = (
     Row("envelope being published", ("envelope being published", "envelope published"), fail="permanent"),
     Row("hard-limit envelope published", ("hard-limit envelope published",), fail="hang",
         options=(("time_limit", 2), ("soft_time_limit", 1))),
-    Row("ETA message parked", ("parked",), options=(("countdown", 5),), brokers=("redis",)),
+    Row("ETA message parked", ("parked",), options=(("countdown", 5),), brokers=("redis",),
+        elsewhere="n/a (RabbitMQ holds ETA messages)"),
     Row("outbox row committed, not relayed", ("row committed, not relayed",), via_outbox=True),
     Row("relay published, row not marked", ("relayed, row not marked",), via_outbox=True),
 )
@@ -309,7 +314,7 @@ def matrix_lines(columns: list[Column]) -> list[str]:
         for column in columns:
             for store in STORES:
                 found = [c for c in column.cells if c.row == row and c.store == store]
-                cells.append(found[0].outcome if found else "n/a (RabbitMQ holds ETA messages)")
+                cells.append(found[0].outcome if found else row.elsewhere)
         rows.append([row.step, *cells])
     widths = [max(len(str(r[i])) for r in [["step", *headers], *rows]) for i in range(len(headers) + 1)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(["step", *headers], widths)) + " |",

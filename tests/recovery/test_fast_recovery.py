@@ -10,6 +10,7 @@ import redis
 from celery import Celery
 
 from e2e.lib.waiting import wait_for
+from support.private_redis import private_redis
 from taskherd.worker.components import recovery
 
 pytestmark = pytest.mark.slow
@@ -168,3 +169,26 @@ def test_warm_shutdown_finishes_the_task_once_and_leaves_no_lease(redis_url, uni
     assert_no_bookkeeping_left(client)
     assert client.scard(recovery.WORKERS_KEY) == 1  # only the watcher is registered
     assert watcher.is_running()
+
+
+def test_a_full_redis_keeps_the_message_on_its_list_and_the_worker_up(redis_url, unique_name, worker_factory,
+                                                                        tmp_path):
+    """Over maxmemory (noeviction) Redis refuses a worker's wait (BLMOVE may grow memory): the
+    worker asks again a second later instead of failing, and its pop (which only shrinks memory
+    before it records the delivery) still takes the message. kombu's BRPOP would take it and then
+    fail to record it in `unacked`."""
+    ledger = redis.Redis.from_url(redis_url)
+    with private_redis(tmp_path / "full", "--maxmemory-policy", "noeviction") as (broker_url, _):
+        broker = redis.Redis.from_url(broker_url)
+        worker = worker_factory("apps.recovery_app", queues=[unique_name], concurrency=1,
+                                env={**worker_env(broker_url, unique_name), "TEST_LEDGER_URL": redis_url})
+        token = uuid.uuid4().hex
+        send_hold(broker_url, "staging", token, 0.1)  # published while there is room, not yet on the queue
+        broker.config_set("maxmemory", 1)  # full from now on: every command that may grow memory is refused
+        wait_for("the worker's wait to be refused", lambda: "Redis refused to pop" in worker.log(), timeout=30)
+        broker.rename("staging", unique_name)  # a rename grows nothing: allowed when full
+
+        wait_for("the task to run", lambda: ends(ledger, token), timeout=30)
+        assert worker.is_running()
+        assert len(starts(ledger, token)) == 1
+        broker.config_set("maxmemory", 0)

@@ -180,3 +180,54 @@ def test_a_restorer_that_was_stalled_itself_does_not_trust_the_others_silence():
     assert not recovery.stalled(previous=None, now=100.0, interval=1.0)  # the first refresh
     assert not recovery.stalled(previous=98.5, now=100.0, interval=1.0)  # a little late
     assert recovery.stalled(previous=97.5, now=100.0, interval=1.0)      # more than two intervals
+
+
+def pop(client: redis.Redis, worker_id: str, lists: list[str], *, prefix: str = ""):
+    keys = recovery.Keys(prefix)
+    return client.eval(recovery.POP_SCRIPT, 4 + len(lists), keys(recovery.OWNER_KEY),
+                       keys(recovery.held_key(worker_id)), keys(recovery.UNACKED_KEY),
+                       keys(recovery.UNACKED_INDEX_KEY), *(keys(name) for name in lists), worker_id, repr(time.time()))
+
+
+@pytest.mark.parametrize("prefix", ["", "tenant-b:"])
+def test_a_pop_records_the_delivery_as_the_workers_in_the_same_step(redis_url, unique_name, prefix):
+    """What kombu's BRPOP leaves nowhere — a message popped, not yet in `unacked` — is already the
+    popping worker's: if it dies now, its lapsed lease gives the message back exactly as it was."""
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 1, prefix=prefix)
+    [raw] = client.lrange(prefix + unique_name, 0, -1)
+
+    popped_from, item = pop(client, "w-dead", [unique_name, unique_name + "\x06\x163"], prefix=prefix)
+
+    assert (popped_from, item) == ((prefix + unique_name).encode(), raw)
+    tag = json.loads(raw)["properties"]["delivery_tag"]
+    assert client.hget(prefix + recovery.OWNER_KEY, tag) == b"w-dead"
+    message, exchange, routing_key = json.loads(client.hget(prefix + recovery.UNACKED_KEY, tag))
+    assert message == json.loads(raw) and routing_key == unique_name
+    assert client.zscore(prefix + recovery.UNACKED_INDEX_KEY, tag) is not None
+    assert client.llen(prefix + unique_name) == 0
+
+    # the worker dies before kombu saw the message: no lease, so the next restorer pass gives it back
+    assert recovery.restore_worker(client, "w-dead", prefix=prefix) == 1
+    assert client.lrange(prefix + unique_name, 0, -1) == [raw], "restored exactly as it was popped"
+    assert client.hlen(prefix + recovery.UNACKED_KEY) == 0 and client.hlen(prefix + recovery.OWNER_KEY) == 0
+
+
+def test_a_pop_takes_kombus_order_and_returns_nothing_when_every_list_is_empty(redis_url, unique_name):
+    client = redis.Redis.from_url(redis_url)
+    low, high = unique_name + "\x06\x169", unique_name
+    client.lpush(low, json.dumps({"properties": {"delivery_tag": "t-low", "delivery_info": {}}}))
+    client.lpush(high, json.dumps({"properties": {"delivery_tag": "t-high", "delivery_info": {}}}))
+
+    assert pop(client, "w", [high, low])[0] == high.encode()
+    assert pop(client, "w", [high, low])[0] == low.encode()
+    assert pop(client, "w", [high, low]) is None
+
+
+def test_an_item_that_is_not_a_kombu_message_is_popped_untracked(redis_url, unique_name):
+    """The bad-message guard dead-letters it as soon as the worker reads it; nothing to own."""
+    client = redis.Redis.from_url(redis_url)
+    for raw in (b"not json", b"[1, 2]", json.dumps({"properties": {"delivery_tag": 7}}).encode()):
+        client.lpush(unique_name, raw)
+        assert pop(client, "w", [unique_name]) == [unique_name.encode(), raw]
+    assert client.hlen(recovery.OWNER_KEY) == 0 and client.hlen(recovery.UNACKED_KEY) == 0

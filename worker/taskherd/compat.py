@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import time
 from importlib import metadata
 from typing import Any, Callable
 
@@ -124,6 +125,17 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("kombu", "kombu.transport.redis:Channel._brpop_read", "callable",
              why="check each item a Redis channel pops before kombu parses it (it reads BRPOP "
                  "through its client's parse_response)"),
+    # Redis fast recovery: a message is popped and recorded as this worker's in one script, in
+    # place of BRPOP (taskherd.worker.components.recovery: POP_SCRIPT, _pop_start, _pop_read).
+    Internal("kombu", "kombu.transport.redis:Channel._brpop_start", "callable", parameters=("timeout",),
+             why="pop a Redis message and record which worker holds it in one step"),
+    Internal("kombu", "kombu.transport.redis:Channel", "instance attributes",
+             parameters=("_queue_cycle", "_in_poll", "_brpop_sent_at", "active_queues", "brpop_timeout"),
+             why="pop a Redis message and record which worker holds it in one step"),
+    Internal("kombu", "kombu.transport.redis:Channel.priority_steps", "attribute",
+             why="pop from a Redis queue's priority lists in kombu's order"),
+    Internal("kombu", "kombu.transport.virtual:Transport._deliver", "callable", parameters=("message", "queue"),
+             why="deliver a popped Redis message to its consumer as kombu's BRPOP reader does"),
     Internal("kombu", "kombu.transport.redis:Channel.sep", "attribute",
              why="name the queue of a priority list an unreadable item was popped from"),
     Internal("kombu", "kombu.transport.virtual:Channel.codecs", "attribute",
@@ -274,6 +286,74 @@ def guard_redis_items(guard: Callable[[Any, str], Any]) -> None:
 
     _get_client.taskherd_original = original
     channel._get_client = _get_client
+
+
+def wrap_redis_brpop(start: Callable[..., Any], read: Callable[..., Any]) -> None:
+    """Makes every kombu Redis channel of this process call ``start(channel, kombus_start, timeout)``
+    where it would send BRPOP to wait for its next message, and ``read(channel, kombus_read,
+    **options)`` where it would read BRPOP's reply (kombu's own functions are passed in, for the
+    cases the wrapper leaves to them). Wrapping again replaces the previous wrappers."""
+    from kombu.transport import redis as kombu_redis
+
+    channel = kombu_redis.Channel
+    original_start = getattr(channel._brpop_start, "taskherd_original", channel._brpop_start)
+    original_read = getattr(channel._brpop_read, "taskherd_original", channel._brpop_read)
+
+    def _brpop_start(self, timeout=None):
+        return start(self, original_start, timeout)
+
+    def _brpop_read(self, **options):
+        return read(self, original_read, **options)
+
+    _brpop_start.taskherd_original, _brpop_read.taskherd_original = original_start, original_read
+    channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
+
+
+def redis_consumed_lists(channel: Any) -> list[str]:
+    """The lists a consuming Redis channel's BRPOP would wait on, in kombu's order (each queue's
+    priority lists, highest first), without the global_keyprefix."""
+    queues = channel._queue_cycle.consume(len(channel.active_queues))
+    return [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+
+
+def redis_brpop_timeout(channel: Any, timeout: float | None) -> float:
+    return channel.brpop_timeout if timeout is None else timeout
+
+
+def redis_send_poll(channel: Any, *command: Any) -> None:
+    """Sends `command` on the channel's consuming connection the way kombu sends BRPOP (no key
+    prefixing: the caller's keys are complete), so that kombu's poller waits for its reply."""
+    channel._in_poll = channel.client.connection
+    channel._brpop_sent_at = time.monotonic()
+    channel.client.connection.send_command(*command)
+
+
+def redis_read_poll(channel: Any, command_name: str, **options: Any) -> Any:
+    """Reads the reply to :func:`redis_send_poll` the way kombu reads BRPOP's."""
+    try:
+        try:
+            return channel.client.parse_response(channel.client.connection, command_name, **options)
+        except channel.connection_errors:
+            channel.client.connection.disconnect()  # the next poll reconnects
+            raise
+    finally:
+        channel._in_poll = None
+        flush = getattr(channel, "_flush_brpop_reauth", None)
+        if flush is not None:
+            flush()
+
+
+def redis_deliver_popped(channel: Any, reply: Any) -> bool:
+    """Delivers a BRPOP-shaped reply (list key, item) to the channel's consumer exactly as kombu's
+    ``_brpop_read`` does after reading one."""
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    list_key, item = reply
+    queue = bytes_to_str(list_key).rsplit(channel.sep, 1)[0]
+    channel._queue_cycle.rotate(queue)
+    channel.connection._deliver(loads(bytes_to_str(item)), queue)
+    return True
 
 
 def redis_item_loads(item: Any) -> Any:

@@ -83,7 +83,10 @@ def _body_problem(body: Any, encoding: Any, body_codecs: Mapping[str, Any]) -> s
 
 
 def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
-    """A kombu message carrying ``item`` whole, to be dead-lettered from ``queue``."""
+    """A kombu message carrying ``item`` whole, to be dead-lettered from ``queue``. It keeps the
+    item's delivery tag when it has one: taskherd's pop already recorded the item as this worker's
+    delivery under that tag (recovery.POP_SCRIPT), and the replacement's acknowledgement must
+    clear that record, not leave it to be restored."""
     return json.dumps({
         "body": base64.b64encode(item).decode("ascii"),
         "content-type": UNREADABLE_CONTENT_TYPE,
@@ -91,12 +94,20 @@ def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
         "headers": {UNREADABLE_HEADER: problem},
         "properties": {
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": _delivery_tag(item) or str(uuid.uuid4()),
             "delivery_info": {"exchange": "", "routing_key": queue},
             "delivery_mode": 2,
             "priority": 0,
         },
     }).encode("utf-8")
+
+
+def _delivery_tag(item: bytes) -> str | None:
+    try:
+        tag = json.loads(item)["properties"]["delivery_tag"]
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return None
+    return tag if isinstance(tag, str) else None
 
 
 def guarded(item: Any, queue: str, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> Any:

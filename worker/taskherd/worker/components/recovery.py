@@ -4,6 +4,17 @@ On Redis, kombu emulates acknowledgements: a delivered message sits in the hash 
 acked, and only ``visibility_timeout`` (3600 s by default) after its delivery does some worker's
 periodic sweep put it back. Nothing records WHICH worker holds it. This module adds that:
 
+- **The pop.** kombu waits for a message with BRPOP: from the moment Redis pops it until the
+  worker has written kombu's ``unacked`` entry (the next round trip), the message is only in a
+  socket buffer and the worker's memory, and a worker killed then loses it for good. So a worker
+  pops with ``POP_SCRIPT`` instead: one script pops the next message (kombu's list order) and
+  records it as this worker's (``owner``, ``held.<worker>``, kombu's ``unacked`` entries) in the same
+  step. Its reply reads like BRPOP's, so kombu and the bad-message guard handle it unchanged. A
+  script cannot block: when every list is empty the worker waits with ``BLMOVE first first RIGHT
+  RIGHT`` on its first list, which returns when a message arrives without moving it, and pops
+  again (on a worker consuming several queues, the others' lists are looked at every
+  ``SEVERAL_QUEUES_WAIT_SECONDS`` when idle). Needs Redis >= 6.2 (BLMOVE); older servers keep
+  kombu's BRPOP and its window, with a warning.
 - **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. In the same
   MULTI/EXEC that writes kombu's ``unacked``/``unacked_index`` entries it writes
   ``owner[tag] = worker`` and ``held.<worker>[tag] = {destination lists, message}``, where the
@@ -198,6 +209,35 @@ redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[6], ARGV[1])
 redis.call('ZREM', KEYS[7], ARGV[1])
 return restored
+"""
+
+# KEYS: owner, held.<w>, unacked, unacked_index, then the queue lists in kombu's BRPOP order.
+# ARGV: w, now (seconds). Returns BRPOP's reply ({list, item}, or nil when every list is empty)
+# with the delivery already recorded as w's: kombu's unacked entry and index (what kombu's append
+# writes), and the held record restoring pushes back — the item as it was popped, to the list it
+# came from (it never reached a task: not a redelivery). An item without a delivery tag (not a
+# kombu message) is returned untracked: the bad-message guard dead-letters it at once.
+POP_SCRIPT = """
+local function text(v) if type(v) == 'string' then return v end return '' end
+for i = 5, #KEYS do
+  local item = redis.call('RPOP', KEYS[i])
+  if item then
+    local ok, message = pcall(cjson.decode, item)
+    local properties = ok and type(message) == 'table' and message['properties']
+    local tag = type(properties) == 'table' and properties['delivery_tag']
+    if type(tag) == 'string' then
+      local info = properties['delivery_info']
+      if type(info) ~= 'table' then info = {} end
+      redis.call('HSET', KEYS[1], tag, ARGV[1])
+      redis.call('HSET', KEYS[2], tag, cjson.encode({lists = {KEYS[i]}, message = item}))
+      redis.call('HSET', KEYS[3], tag, '[' .. item .. ',' .. cjson.encode(text(info['exchange'])) .. ',' ..
+                 cjson.encode(text(info['routing_key'])) .. ']')
+      redis.call('ZADD', KEYS[4], ARGV[2], tag)
+    end
+    return {KEYS[i], item}
+  end
+end
+return false
 """
 
 # KEYS: alive.<w>, workers, expiry. ARGV: record, timeout ms, w. Returns the previous record (nil
@@ -406,6 +446,86 @@ class Lease(threading.Thread):
                            self.worker_id, exc, self.settings.timeout)
 
 
+#: An idle worker consuming several queues waits on the first one's list and looks at all of them
+#: again this often (a script cannot block, BLMOVE waits on one list): the most a message on
+#: another queue waits for an idle worker. One queue: kombu's own BRPOP timeout.
+SEVERAL_QUEUES_WAIT_SECONDS = 0.1
+
+#: seconds before a worker whose pop Redis refused asks again
+POP_REFUSED_RETRY_SECONDS = 1.0
+
+#: BLMOVE, which waits without taking the message, came with Redis 6.2
+ATOMIC_POPS_SINCE = (6, 2)
+
+
+def _pop_start(channel: Any, kombus_start: Callable[..., Any], timeout: float | None = None) -> None:
+    """In place of kombu's BRPOP: POP_SCRIPT, or after an empty pop the wait for the first list."""
+    tracker = _installed_tracker
+    if tracker is None:
+        channel._taskherd_sent = None
+        return kombus_start(channel, timeout)
+    lists = compat.redis_consumed_lists(channel)
+    if not lists:
+        return None
+    if time.monotonic() < getattr(channel, "_taskherd_refused_until", 0.0):
+        return None  # Redis refused the last pop: kombu asks again on a later tick
+    keys = tracker.keys
+    if getattr(channel, "_taskherd_sent", None) == "pop-empty":
+        first = keys(lists[0])
+        several = len(channel.active_queues) > 1
+        wait = SEVERAL_QUEUES_WAIT_SECONDS if several else compat.redis_brpop_timeout(channel, timeout)
+        channel._taskherd_sent = "wait"
+        return compat.redis_send_poll(channel, "BLMOVE", first, first, "RIGHT", "RIGHT", wait)
+    channel._taskherd_sent = "pop"
+    return compat.redis_send_poll(
+        channel, "EVAL", POP_SCRIPT, 4 + len(lists), keys(OWNER_KEY), keys(held_key(tracker.worker_id)),
+        keys(UNACKED_KEY), keys(UNACKED_INDEX_KEY), *(keys(name) for name in lists), tracker.worker_id,
+        repr(time.time()))
+
+
+def _pop_read(channel: Any, kombus_read: Callable[..., Any], **options: Any) -> Any:
+    """Reads what _pop_start sent. A pop's reply reads exactly like BRPOP's and is delivered as
+    kombu delivers one; a wait's reply only means "pop again"."""
+    from queue import Empty
+
+    sent = getattr(channel, "_taskherd_sent", None)
+    if sent not in ("wait", "pop"):
+        return kombus_read(channel, **options)
+    try:
+        reply = compat.redis_read_poll(channel, "BLMOVE" if sent == "wait" else "BRPOP", **options)
+    except channel.connection_errors:
+        if sent == "pop":
+            # The reply may have carried a message, now recorded as ours and read by nobody: this
+            # identity's deliveries go back through the lease (kombu gives back those it knows of
+            # when the channel closes; this one it never saw).
+            abandon_identity()
+        raise
+    except redis.ResponseError as exc:
+        # The pop or the wait was refused (a full noeviction Redis refuses a wait, which may grow
+        # memory; scripting disabled): the message stays on its list, where it is safe, and the
+        # worker asks again in a second.
+        channel._taskherd_sent = "waited"
+        channel._taskherd_refused_until = time.monotonic() + POP_REFUSED_RETRY_SECONDS
+        logger.warning("taskherd recovery: Redis refused to pop (%s); trying again in %.0f s", exc,
+                       POP_REFUSED_RETRY_SECONDS)
+        raise Empty() from exc
+    if sent == "wait":
+        channel._taskherd_sent = "waited"
+        raise Empty()
+    if not reply:
+        channel._taskherd_sent = "pop-empty"
+        raise Empty()
+    return compat.redis_deliver_popped(channel, reply)
+
+
+def server_pops_atomically(client: redis.Redis) -> bool:
+    version = str(client.info("server").get("redis_version", "0"))
+    try:
+        return tuple(int(part) for part in version.split(".")[:2]) >= ATOMIC_POPS_SINCE
+    except ValueError:
+        return False
+
+
 class Destinations:
     """The Redis lists kombu's own restore would push a delivered message back to (binding lookup,
     priority sub-list, key prefix), cached briefly: bindings rarely change, and the cache saves one
@@ -481,12 +601,21 @@ def _tracking_qos_class():
             delivery = message.delivery_info
             record = tracker.held_record(self.channel, message)
             with self.pipe_or_acquire() as pipe:  # one MULTI/EXEC: kombu's entries and ours
-                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                    .hset(self.unacked_key, delivery_tag,
-                          dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
-                    .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
-                    .hset(held_key(tracker.worker_id), delivery_tag, record) \
-                    .execute()
+                try:
+                    pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                        .hset(self.unacked_key, delivery_tag,
+                              dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                        .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
+                        .hset(held_key(tracker.worker_id), delivery_tag, record) \
+                        .execute()
+                except redis.ResponseError as exc:
+                    if getattr(self.channel, "_taskherd_sent", None) != "pop":
+                        raise
+                    # The pop already recorded this delivery (only the record a restore pushes
+                    # back stays the message as popped, its delivery count not yet raised): a full
+                    # noeviction Redis refusing this update must not strand it.
+                    logger.warning("taskherd recovery: Redis refused to update the record of delivery %s (%s); "
+                                   "its pop recorded it", delivery_tag, exc)
                 virtual.QoS.append(self, message, delivery_tag)
 
         def _fenced_remove(self, delivery_tag) -> None:
@@ -579,6 +708,12 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     qos_class = _tracking_qos_class()
     qos_class.tracker = _installed_tracker = Tracker(worker_id=worker_id, prefix=prefix)
     compat.set_redis_qos_class(qos_class)
+    if server_pops_atomically(client):
+        compat.wrap_redis_brpop(_pop_start, _pop_read)
+    else:
+        logger.warning("taskherd recovery: Redis %s has no BLMOVE (6.2+): messages are popped with kombu's "
+                       "BRPOP, and a worker killed between a pop and its bookkeeping loses that message",
+                       client.info("server").get("redis_version"))
     lease.start()
     atexit.register(lease.release)
     _installed_lease = lease
