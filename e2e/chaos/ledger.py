@@ -9,6 +9,7 @@ import redis
 
 from e2e.demo.ledger import read_envelopes
 from e2e.lib.cluster import CommandFailed
+from taskherd.contract import broker_kind
 from taskherd.queues import BrokerUnreachable
 
 from .checker import Attempt, DeadLetter
@@ -60,7 +61,8 @@ def whereabouts(release: Release, task_ids: dict[str, str]) -> dict[str, str]:
     outside without taking the messages: only the outbox is read there."""
     found: dict[str, list[str]] = {key: [] for key in task_ids}
     urls = release.tenancy.host
-    if urls.broker.startswith("redis"):
+    on_redis = broker_kind(urls.broker) == "redis"
+    if on_redis:
         with redis.Redis.from_url(urls.broker, socket_timeout=10) as client:
             for name in client.scan_iter(count=500):
                 values = _redis_values(client, name)
@@ -76,7 +78,7 @@ def whereabouts(release: Release, task_ids: dict[str, str]) -> dict[str, str]:
     except psycopg.Error as exc:
         for places in found.values():
             places.append(f"outbox not read ({type(exc).__name__})")
-    searched = "in no Redis key" if urls.broker.startswith("redis") else "RabbitMQ's queues not searched"
+    searched = "in no Redis key" if on_redis else "RabbitMQ's queues not searched"
     return {key: "; ".join(places if any(p.startswith("redis ") for p in places) else [searched, *places])
             or searched for key, places in found.items()}
 

@@ -518,10 +518,10 @@ def _pop_read(channel: Any, kombus_read: Callable[..., Any], **options: Any) -> 
     return compat.redis_deliver_popped(channel, reply)
 
 
-def server_pops_atomically(client: redis.Redis) -> bool:
-    version = str(client.info("server").get("redis_version", "0"))
+def pops_atomically(redis_version: str) -> bool:
+    """Whether a Redis server of this version has what POP_SCRIPT's wait needs (BLMOVE)."""
     try:
-        return tuple(int(part) for part in version.split(".")[:2]) >= ATOMIC_POPS_SINCE
+        return tuple(int(part) for part in redis_version.split(".")[:2]) >= ATOMIC_POPS_SINCE
     except ValueError:
         return False
 
@@ -708,12 +708,13 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     qos_class = _tracking_qos_class()
     qos_class.tracker = _installed_tracker = Tracker(worker_id=worker_id, prefix=prefix)
     compat.set_redis_qos_class(qos_class)
-    if server_pops_atomically(client):
+    redis_version = str(client.info("server").get("redis_version", "0"))
+    if pops_atomically(redis_version):
         compat.wrap_redis_brpop(_pop_start, _pop_read)
     else:
         logger.warning("taskherd recovery: Redis %s has no BLMOVE (6.2+): messages are popped with kombu's "
                        "BRPOP, and a worker killed between a pop and its bookkeeping loses that message",
-                       client.info("server").get("redis_version"))
+                       redis_version)
     lease.start()
     atexit.register(lease.release)
     _installed_lease = lease
