@@ -24,6 +24,8 @@ CONFIG_DIR = "/etc/taskherd-services"
 #: governing Service) and RabbitMQ's node count; when it differs, the deployer recreates it
 SHAPE_ANNOTATION = "taskherd.io/shape"
 CONFIG_HASH_ANNOTATION = "taskherd.io/config-hash"
+#: the label (and taint) of a control-plane node, kubeadm's and kind's
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 
 #: per component: requests (small: the e2e suite shares a small machine) and readiness
 RESOURCES = {
@@ -184,6 +186,13 @@ def statefulset(component: str, settings: Settings, *, namespace: str, image: st
         pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
                                                "labelSelector": {"matchLabels": selector(component)}}}]}}
+    else:
+        # A single server goes to a control-plane node where one takes pods (kind's does, tolerated):
+        # the node faults (node loss, drain) aim at worker nodes, and a broker or database on the
+        # node they hit would turn the fault into a service outage too.
+        pod_spec["tolerations"] = [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+        pod_spec["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "preference": {"matchExpressions": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists"}]}}]}}
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": component, "namespace": namespace, "labels": labels(component),

@@ -134,8 +134,10 @@ def workers(ctx: Context, target: str) -> list[str]:
     return by_load
 
 
-def worker_node(ctx: Context) -> str:
-    """The node running the most ledger workers — on kind a worker node, never the control plane."""
+def worker_node(ctx: Context, *, avoid: Mapping[str, str] | None = None) -> str:
+    """The node running the most ledger workers — on kind a worker node, never the control plane.
+    Nodes in `avoid` (node -> why) are passed over; if every node running workers is one of them,
+    the fault cannot be aimed and says why."""
     snap = ctx.observer.wait_tick()
     counts: dict[str, int] = {}
     for pod in snap.live_workers():
@@ -144,7 +146,12 @@ def worker_node(ctx: Context) -> str:
             counts[node] = counts.get(node, 0) + 1
     if not counts:
         raise ActionError(f"no ledger worker is scheduled on a node in {ctx.namespace}")
-    return max(sorted(counts), key=lambda n: counts[n])
+    avoid = avoid or {}
+    allowed = [n for n in sorted(counts) if n not in avoid]
+    if not allowed:
+        raise ActionError("every node running ledger workers is ruled out: " +
+                          "; ".join(f"{n}: {avoid[n]}" for n in sorted(counts)))
+    return max(allowed, key=lambda n: counts[n])
 
 
 def wait_workers_ready(ctx: Context, what: str, timeout: float) -> Snapshot:

@@ -29,6 +29,20 @@ def _pods_on(ctx: Context, node: str) -> list[str]:
     return [p["metadata"]["name"] for p in ctx.observer.wait_tick().live_workers() if p["spec"].get("nodeName") == node]
 
 
+def _fixture_nodes(ctx: Context) -> dict[str, str]:
+    """node -> the suite's service pods on it (brokers, PostgreSQL, the store)."""
+    services = ctx.services
+    namespaces = [services.main.namespace, services.store.namespace] + (
+        [services.quorum.namespace] if services.quorum else [])
+    found: dict[str, list[str]] = {}
+    for namespace in namespaces:
+        for pod in ctx.cluster.kubectl_json("get", "pods", "-n", namespace)["items"]:
+            node = pod["spec"].get("nodeName")
+            if node:
+                found.setdefault(node, []).append(f"{namespace}/{pod['metadata']['name']}")
+    return {node: "runs the suite's services " + ", ".join(pods) for node, pods in found.items()}
+
+
 def _need_two_nodes(ctx: Context, node: str) -> None:
     others = [n for n in ctx.cluster.ready_nodes() if n != node]
     schedulable = [n for n in others if not ctx.cluster.kubectl_json("get", "node", n)["spec"].get("unschedulable")]
@@ -86,7 +100,9 @@ class LoseNode(Action):
         if ctx.cluster.source != "kind":
             raise ActionError(f"lose-node needs kind (a node is a container to kill), this is the "
                               f"{ctx.cluster.source} cluster")
-        node = worker_node(ctx)
+        # A node that also runs the suite's brokers or database would make this a broker outage as
+        # well (and a task blocked on its database meets its hard time limit): not the fault named.
+        node = worker_node(ctx, avoid=_fixture_nodes(ctx))
         _need_two_nodes(ctx, node)
         on_node = _pods_on(ctx, node)
         kind.lose_node(node)
