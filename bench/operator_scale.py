@@ -2,7 +2,8 @@
 
 Runs the operator's real poll loop (`taskherd.operator.poll.poll_once`: Secret -> REAL queue
 inspection on the host Redis -> decision -> deletion costs -> paging -> status) for 200 pools, 16 at
-a time as the scheduler does. The Kubernetes API is an in-memory stand-in (the API server's own
+a time as the scheduler does; the pools polled together share their broker's inspection, as in the
+operator (inspection_batch.py). The Kubernetes API is an in-memory stand-in (the API server's own
 cost is not the operator's); Redis is real (a leased database, 200 queues + 200 DLQs with 0-50
 messages each). Prints, side by side:
 - CPU per poll (process time, includes the inspection threads) and wall latency per poll;

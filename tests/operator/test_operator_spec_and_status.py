@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from taskherd.operator.leader import Observed, may_acquire
-from taskherd.operator.policy import InvalidSpec, parse_spec
+from taskherd.operator.policy import InvalidSpec, parse_spec, parse_spec_cached
+from taskherd.operator.status import redact
 from taskherd.operator.terminations import recent_terminations
 
 GOOD = {"scaleTargetRef": {"name": "workers"}, "broker": {"type": "redis", "secretRef": {"name": "b"},
@@ -33,6 +34,33 @@ def test_invalid_specs_name_the_key_the_value_and_the_range(change, message):
     with pytest.raises(InvalidSpec) as info:
         parse_spec({**GOOD, **change})
     assert message in str(info.value)
+
+
+def test_a_cached_parse_follows_every_edit_of_the_spec():
+    assert parse_spec_cached(GOOD) == parse_spec(GOOD)
+    assert parse_spec_cached({**GOOD, "maxReplicas": 9}).scaling.max_replicas == 9
+    assert parse_spec_cached(GOOD).scaling.max_replicas == 4
+    assert parse_spec_cached({**GOOD, "pollIntervalSeconds": 2}).poll_interval_seconds == 2
+
+
+def test_an_invalid_spec_raises_on_every_parse_not_only_the_first():
+    for value in (0, 0, 0.0):
+        with pytest.raises(InvalidSpec, match="spec.maxReplicas="):
+            parse_spec_cached({**GOOD, "maxReplicas": value})
+    # 1.5 and 1 print differently: the whole number is valid, the fraction is not
+    assert parse_spec_cached({**GOOD, "maxReplicas": 1}).scaling.max_replicas == 1
+    with pytest.raises(InvalidSpec, match="a whole number"):
+        parse_spec_cached({**GOOD, "maxReplicas": 1.5})
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("Redis at redis://:hunter2@redis:6379/0: refused", "Redis at redis://***@redis:6379/0: refused"),
+    ("amqp://user:pw@rabbit// and https://a:b@hook/x", "amqp://***@rabbit// and https://***@hook/x"),
+    ("no URL here, but mail@example.org", "no URL here, but mail@example.org"),
+    ("inspected 2 queues", "inspected 2 queues"),
+])
+def test_redact_hides_the_credentials_of_every_url(text, shown):
+    assert redact(text) == shown
 
 
 def _pod(name, restarts, last=None, current=None):

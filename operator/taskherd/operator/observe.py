@@ -16,7 +16,7 @@ from .deletion_cost import ANNOTATION
 from .kube import NotFound, Scale, Unsupported
 from .pause import pause_from
 from .plan import PoolMemory, Problem, Snapshot, needs_busyness
-from .policy import InvalidSpec, parse_spec
+from .policy import InvalidSpec, parse_spec_cached
 from .status import redact
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
     meta = body["metadata"]
     namespace = meta["namespace"]
     try:
-        spec = parse_spec(body.get("spec") or {})
+        spec = parse_spec_cached(body.get("spec") or {})
     except InvalidSpec as exc:
         return Snapshot(body=body, now=now, spec_problem=Problem("InvalidSpec", str(exc)), errors=("spec",))
     errors: list[str] = []

@@ -13,11 +13,15 @@ from .alerts import rfc3339
 
 #: Kubernetes caps a condition message at 32768 characters; ours stay readable in `describe`.
 MESSAGE_LIMIT = 1000
+#: the user-info part of a URL (`scheme://user:password@`).
+URL_CREDENTIALS = re.compile(r"://[^/@\s]*@")
 
 
 def redact(text: str) -> str:
     """Texts end up in the status, Events and logs: never show the password of a URL."""
-    return re.sub(r"://[^/@\s]*@", "://***@", text)
+    if "@" not in text:  # most texts, on every poll: the regex would find nothing
+        return text
+    return URL_CREDENTIALS.sub("://***@", text)
 
 
 class Conditions:
