@@ -113,3 +113,29 @@ def test_dlq_depth_is_the_ready_count_of_the_dlq(redis_url, unique_name):
 def test_unreachable_redis_raises_broker_unreachable():
     with pytest.raises(BrokerUnreachable, match="127.0.0.1:1"):
         inspect_queues("redis://127.0.0.1:1/3", ["q"])
+
+
+def test_a_redis_that_refuses_scripts_is_inspected_one_command_at_a_time(redis_url, unique_name, stamped):
+    """The lists are read by one script; a user whose ACL forbids scripting (common on managed
+    Redis) gets the same figures from the plain commands."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    app = producer(redis_url, "")
+    app.send_task("t.a", queue=unique_name)
+    app.send_task("t.b", queue=unique_name, priority=9)
+    app.close()
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"noscripts-{unique_name}"[:60], uuid.uuid4().hex
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-@scripting"])
+    try:
+        parts = urlsplit(redis_url)
+        limited = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            redis.Redis.from_url(limited).eval("return 1", 0)
+        refused, allowed = inspect_queues(limited, [unique_name])[unique_name], inspect_queues(redis_url, [unique_name])[unique_name]
+        assert refused.ready == allowed.ready == 2
+        assert refused.oldest_age_seconds is not None and allowed.oldest_age_seconds is not None
+    finally:
+        admin.acl_deluser(user)
+        admin.close()

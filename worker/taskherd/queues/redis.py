@@ -34,6 +34,18 @@ SCAN_CHUNK = 100
 #: The first read of each list's oldest end is this short: the oldest message is nearly always not
 #: delayed (ETA messages wait in taskherd's delay set, not in the list), and every poll reads it.
 FIRST_CHUNK = 4
+#: Every list of a call read by one command: per key (KEYS), 0 for an empty list, else {length,
+#: its oldest ARGV[1] messages}. redis-py packs and parses each command in Python (~20 µs each,
+#: bench/operator_scale.py), a queue has four priority lists and three are nearly always empty:
+#: one command instead of two per list. It only reads.
+READ_LISTS_SCRIPT = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local length = redis.call('LLEN', key)
+  if length == 0 then out[i] = 0 else out[i] = {length, redis.call('LRANGE', key, -tonumber(ARGV[1]), -1)} end
+end
+return out
+"""
 
 
 def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
@@ -137,25 +149,34 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
 def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
     """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue)."""
     keys = {queue: priority_list_keys(queue, steps=steps, prefix=prefix) for queue in queues}
-    with client.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            for key in keys[queue]:
+    listed = list(dict.fromkeys(key for queue in queues for key in keys[queue]))
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.eval(READ_LISTS_SCRIPT, len(listed), *listed, FIRST_CHUNK)
+            _ask_unacked(pipe, prefix)
+            replies, index, (cursor, first_page) = pipe.execute()
+        lists = {key: (reply, []) if isinstance(reply, int) else (reply[0], reply[1])
+                 for key, reply in zip(listed, replies)}
+    except redis_client.ResponseError:
+        # Scripting refused (an ACL without @scripting, a managed Redis) or a key of the wrong
+        # type: the same reads one command each, which raise the error that was not the script's.
+        with client.pipeline(transaction=False) as pipe:
+            for key in listed:
                 pipe.llen(key)
                 pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
-        pipe.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)
-        pipe.hscan(prefix + UNACKED_KEY, 0, count=500)
-        replies = iter(pipe.execute())
+            _ask_unacked(pipe, prefix)
+            *replies, index, (cursor, first_page) = pipe.execute()
+        lists = {key: (replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(listed)}
     ready, oldest = {}, {}
     for queue in queues:
-        lengths, stamps = [], []
-        for key in keys[queue]:
-            lengths.append(next(replies))
-            stamp = _oldest_stamp(client, key, next(replies))
-            if stamp is not None:
-                stamps.append(stamp)
-        ready[queue], oldest[queue] = sum(lengths), min(stamps) if stamps else None
-    index, (cursor, first_page) = next(replies), next(replies)
+        stamps = [stamp for key in keys[queue] if (stamp := _oldest_stamp(client, key, lists[key][1])) is not None]
+        ready[queue], oldest[queue] = sum(lists[key][0] for key in keys[queue]), min(stamps) if stamps else None
     return ready, oldest, _unacked_by_queue(client, index, first_page, cursor, prefix=prefix)
+
+
+def _ask_unacked(pipe, prefix: str) -> None:
+    pipe.zrange(prefix + UNACKED_INDEX_KEY, 0, -1, withscores=True)
+    pipe.hscan(prefix + UNACKED_KEY, 0, count=500)
 
 
 def _oldest_stamp(client, key: str, first_chunk: list) -> float | None:
