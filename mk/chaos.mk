@@ -1,6 +1,6 @@
 # The chaos suite: see docs/chaos.md.
 #   make chaos               every fault of e2e/chaos/faults on Redis and RabbitMQ, on the cluster the e2e
-#                            entry point resolves (E2E_CLUSTER=kind for the node faults); about 55 min here
+#                            entry point resolves (E2E_CLUSTER=kind for the node faults); about 35 min here (kind: about 50)
 #   make chaos CHAOS_FAULTS="broker-restart oom-kill" CHAOS_BROKER=redis    a part of it
 #   make chaos CHAOS_UPDATE_DOCS=1   also write the matrix into docs/chaos.md (do it for a full run)
 #   make chaos-soak          random faults against a continuous load: >= 10,000 tasks, >= 50 faults
