@@ -135,23 +135,26 @@ def workers(ctx: Context, target: str) -> list[str]:
 
 
 def worker_node(ctx: Context, *, avoid: Mapping[str, str] | None = None) -> str:
-    """The node running the most ledger workers — on kind a worker node, never the control plane.
-    Nodes in `avoid` (node -> why) are passed over; if every node running workers is one of them,
-    the fault cannot be aimed and says why."""
+    """The node whose ledger workers run the most tasks right now, then the one with the most
+    workers — on kind a worker node, never the control plane. (By workers alone, a node of new,
+    still idle workers was lost while the tasks ran on the other: nothing to take away.) Nodes in
+    `avoid` (node -> why) are passed over; if every node running workers is one of them, the fault
+    cannot be aimed and says why."""
     snap = ctx.observer.wait_tick()
-    counts: dict[str, int] = {}
+    weight: dict[str, tuple[int, int]] = {}
     for pod in snap.live_workers():
         node = pod["spec"].get("nodeName")
         if node:
-            counts[node] = counts.get(node, 0) + 1
-    if not counts:
+            tasks, workers = weight.get(node, (0, 0))
+            weight[node] = (tasks + snap.in_flight.get(pod["metadata"]["name"], 0), workers + 1)
+    if not weight:
         raise ActionError(f"no ledger worker is scheduled on a node in {ctx.namespace}")
     avoid = avoid or {}
-    allowed = [n for n in sorted(counts) if n not in avoid]
+    allowed = [n for n in sorted(weight) if n not in avoid]
     if not allowed:
         raise ActionError("every node running ledger workers is ruled out: " +
-                          "; ".join(f"{n}: {avoid[n]}" for n in sorted(counts)))
-    return max(allowed, key=lambda n: counts[n])
+                          "; ".join(f"{n}: {avoid[n]}" for n in sorted(weight)))
+    return max(allowed, key=lambda n: weight[n])
 
 
 def wait_workers_ready(ctx: Context, what: str, timeout: float) -> Snapshot:

@@ -10,7 +10,7 @@ from . import Action, ActionError, Context, Injection, seconds, wait_workers_rea
 
 
 class RestartKubelet(Action):
-    """The kubelet of the node running the most workers stops (SIGTERM) and starts again. Running
+    """The kubelet of the node whose workers run the most tasks stops (SIGTERM) and starts again. Running
     containers are not the kubelet's children: they must keep running, and the node must come back
     Ready with its pods. On the local cluster this restarts the shared node's kubelet — the one fault
     allowed to — and restores it exactly as `make cluster` started it."""
@@ -50,7 +50,7 @@ def _need_two_nodes(ctx: Context, node: str) -> None:
 
 
 class DrainNode(Action):
-    """`kubectl drain` of the node running the most workers, limited to this app's pods
+    """`kubectl drain` of the node whose workers run the most tasks, limited to this app's pods
     (`--pod-selector`: the suite never evicts what it did not create). Evictions go through the
     eviction API, so the pool's PodDisruptionBudget (maxUnavailable 1) holds them back one at a
     time; each evicted worker drains its tasks (preStop) within its grace period."""
@@ -85,7 +85,7 @@ class DrainNode(Action):
 
 
 class LoseNode(Action):
-    """The node running the most workers is lost: its kind container is SIGKILLed (e2e.lib.kind:
+    """The node whose workers run the most tasks is lost: its kind container is SIGKILLed (e2e.lib.kind:
     no drain, no grace, nothing on it gets a signal it can handle). After the fault's duration the
     node is started again and must rejoin Ready."""
 
