@@ -53,6 +53,8 @@ class DeadLetter:
     key: str
     reason: str
     attempts: int | None = None
+    #: who dead-lettered it, when and why, for a surprise's report line ("" when unknown)
+    context: str = ""
 
 
 @dataclass
@@ -126,8 +128,11 @@ def check(sent: Iterable[SentTask], effects: Mapping[str, int], attempts: Iterab
 
     surprises = []
     reasons: dict[str, set[str]] = collections.defaultdict(set)
+    contexts: dict[str, list[str]] = collections.defaultdict(list)
     for d in dead_letters:
         reasons[d.key].add(d.reason)
+        if d.context:
+            contexts[d.key].append(d.context)
     for key, kind in sorted(poison.items()):
         want = POISON_REASONS[kind]
         if key not in reasons:
@@ -136,8 +141,9 @@ def check(sent: Iterable[SentTask], effects: Mapping[str, int], attempts: Iterab
         elif reasons[key] != {want}:
             surprises.append(f"{key} ({kind}) is in the DLQ as {sorted(reasons[key])}, want {want}")
     for key in sorted(set(reasons) - set(poison)):
-        surprises.append(f"{key} is in the DLQ as {sorted(reasons[key])} but should have succeeded"
-                         if key in sent else f"{key} is in the DLQ but was never sent")
+        context = f" ({'; '.join(contexts[key])})" if contexts[key] else ""
+        surprises.append(f"{key} is in the DLQ as {sorted(reasons[key])} but should have succeeded{context}"
+                         if key in sent else f"{key} is in the DLQ but was never sent{context}")
 
     result = Result(
         sent=len(sent), confirmed=len(confirmed), indeterminate=len(sent) - len(confirmed), poison_sent=len(poison),

@@ -3,6 +3,8 @@ Redis-guarded effects from the store's Redis, and the dead-letter queue — ever
 that start with the scenario's prefix, as checker types. The shell around checker.py."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import httpx
 import psycopg
 import redis
@@ -49,8 +51,20 @@ def dead_letters(release: Release, prefix: str | None = None) -> list[DeadLetter
     for envelope in read_envelopes(urls.broker, app.DEAD_LETTER_QUEUE, management_url=urls.management):
         key = str((envelope.get("kwargs") or {}).get("key", envelope.get("task_id")))
         if prefix is None or key.startswith(prefix + "-"):
-            out.append(DeadLetter(key=key, reason=envelope.get("reason") or "?", attempts=envelope.get("attempts")))
+            out.append(DeadLetter(key=key, reason=envelope.get("reason") or "?", attempts=envelope.get("attempts"),
+                                  context=_envelope_context(envelope)))
     return out
+
+
+def _envelope_context(envelope: dict) -> str:
+    """'by <pod> at <UTC time>, first failure <time>: <detail>' from a dead-letter envelope."""
+    def at(stamp) -> str:
+        try:
+            return datetime.fromtimestamp(float(stamp), timezone.utc).strftime("%H:%M:%S")
+        except (TypeError, ValueError, OverflowError):
+            return "?"
+    return (f"by {envelope.get('hostname') or '?'} at {at(envelope.get('dead_lettered_at'))}, first failure "
+            f"{at(envelope.get('first_failure_at'))}: {envelope.get('detail') or '?'}")
 
 
 def whereabouts(release: Release, task_ids: dict[str, str]) -> dict[str, str]:

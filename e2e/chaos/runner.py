@@ -381,6 +381,10 @@ def new_namespace(cluster: clusters.Cluster, broker: str, *, quorum: bool) -> st
                                     {OWNER_ANNOTATION: this_owner()})
 
 
+#: log lines per container kept from a failed scenario's namespace
+NAMESPACE_LOG_LINES = 2000
+
+
 class Installation:
     """The ledger of one broker (and queue type) for a run: installed on first use, reinstalled in a
     fresh namespace when a scenario leaves it unsteady, removed at the end."""
@@ -401,6 +405,18 @@ class Installation:
             self.tenancy = claim(self.services, owner=namespace, broker=self.broker, quorum=self.quorum)
             self.release = deploy.install(self.cluster, namespace, self.tenancy, self.run_dir, self.log, self.images)
         return self.release
+
+    def save_namespace(self, folder: Path) -> None:
+        """After a failure: its pods, events and every container's log (`namespace.txt` in
+        `folder`), read before the namespace goes — why a task hung, say, is in the workers' logs,
+        not in the verdict."""
+        if self.release is None:
+            return
+        try:
+            text = self.cluster.describe_namespace(self.release.namespace, log_lines=NAMESPACE_LOG_LINES)
+        except Exception as exc:  # noqa: BLE001 - best effort: the cluster may be what failed
+            text = f"not read: {type(exc).__name__}: {exc}"
+        (folder / "namespace.txt").write_text(text + "\n")
 
     def replace(self) -> None:
         """The next get() installs afresh, in a new namespace."""

@@ -113,6 +113,8 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, broker: str, tasks
                 "producer_errors": producer.errors[-50:],
             }
             write_summary(run_dir, summary)
+            if failures:
+                installation.save_namespace(run_dir)
             draw_timeline(run_dir, observer.samples, marks, windows, title=f"soak on {broker}: "
                           f"{result.sent} tasks, {len(injected)} faults")
             return summary

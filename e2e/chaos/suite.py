@@ -20,9 +20,6 @@ from .runner import Installation, Scenario, capabilities, missing
 from .spec import FaultSpec
 from .world import services
 
-#: log lines per container kept from a failed scenario's namespace
-NAMESPACE_LOG_LINES = 2000
-
 Log = Callable[[str], None]
 
 
@@ -80,23 +77,11 @@ def run(cluster: clusters.Cluster, specs: list[FaultSpec], *, brokers: tuple[str
                                       failures=[reason[:2000]], scenario_seconds=round(time.monotonic() - started, 1))
                 outcomes.append(outcome)
                 if not outcome.ok:
-                    _save_namespace(cluster, current, outcome)
+                    if outcome.folder:
+                        current.save_namespace(Path(outcome.folder))
                     if not keep:
                         current.replace()
         finally:
             if current is not None and not keep:
                 current.remove()
     return outcomes
-
-
-def _save_namespace(cluster: clusters.Cluster, installation: Installation, outcome: Outcome) -> None:
-    """A failed scenario's pods, events and container logs (`namespace.txt` beside its summary),
-    read before its namespace is replaced: what the verdict cannot say — why a task hung, say —
-    the workers' own logs can."""
-    if installation.release is None or not outcome.folder:
-        return
-    try:
-        text = cluster.describe_namespace(installation.release.namespace, log_lines=NAMESPACE_LOG_LINES)
-        (Path(outcome.folder) / "namespace.txt").write_text(text + "\n")
-    except Exception as exc:  # noqa: BLE001 - best effort: the cluster may be what failed
-        (Path(outcome.folder) / "namespace.txt").write_text(f"not read: {type(exc).__name__}: {exc}\n")

@@ -35,6 +35,15 @@ def test_a_task_in_the_dlq_is_not_lost_but_is_a_surprise():
     result = check([sent("k-1")], {}, [], [DeadLetter("k-1", "retries-exhausted", 25)])
     assert result.lost == []
     assert result.dlq_surprises == ["k-1 is in the DLQ as ['retries-exhausted'] but should have succeeded"]
+
+
+def test_a_surprise_says_who_dead_lettered_the_task_and_when():
+    """The envelope's pod and times are what lead to the worker's log of the attempt."""
+    letter = DeadLetter("k-1", "hard-time-limit", 1, context="by ledger-abc at 01:02:03, first failure 01:02:03: "
+                        "exceeded its hard time limit (30s)")
+    result = check([sent("k-1")], {}, [], [letter])
+    assert result.dlq_surprises == ["k-1 is in the DLQ as ['hard-time-limit'] but should have succeeded (by ledger-abc "
+                                    "at 01:02:03, first failure 01:02:03: exceeded its hard time limit (30s))"]
     assert not result.ok
 
 
