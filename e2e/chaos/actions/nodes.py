@@ -10,10 +10,10 @@ from . import Action, ActionError, Context, Injection, seconds, wait_workers_rea
 
 
 class RestartKubelet(Action):
-    """The kubelet of the node whose workers run the most tasks stops (SIGTERM) and starts again. Running
-    containers are not the kubelet's children: they must keep running, and the node must come back
-    Ready with its pods. On the local cluster this restarts the shared node's kubelet — the one fault
-    allowed to — and restores it exactly as `make cluster` started it."""
+    """The kubelet of the node whose workers run the most tasks stops (SIGTERM) and starts again.
+    Running containers are not the kubelet's children: they must keep running, and the node must
+    come back Ready with its pods. On the local cluster this restarts the shared node's kubelet —
+    the one fault allowed to — and restores it exactly as `make cluster` started it."""
 
     name = "restart-kubelet"
     targets = ("worker-node",)
@@ -85,8 +85,8 @@ class DrainNode(Action):
 
 
 class LoseNode(Action):
-    """The node whose workers run the most tasks is lost: its kind container is SIGKILLed (e2e.lib.kind:
-    no drain, no grace, nothing on it gets a signal it can handle). After the fault's duration the
+    """The node whose workers run the most tasks is lost: its kind container is SIGKILLed
+    (e2e.lib.kind: no drain, no grace, nothing on it gets a signal it can handle). After the fault's duration the
     node is started again and must rejoin Ready."""
 
     name = "lose-node"
