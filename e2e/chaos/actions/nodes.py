@@ -86,8 +86,8 @@ class DrainNode(Action):
 
 class LoseNode(Action):
     """The node whose workers run the most tasks is lost: its kind container is SIGKILLed
-    (e2e.lib.kind: no drain, no grace, nothing on it gets a signal it can handle). After the fault's duration the
-    node is started again and must rejoin Ready."""
+    (e2e.lib.kind: no drain, no grace, nothing on it gets a signal it can handle). After the
+    fault's duration the node is started again and must rejoin Ready."""
 
     name = "lose-node"
     targets = ("worker-node",)
