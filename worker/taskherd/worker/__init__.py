@@ -15,6 +15,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# A pool child forked while one of the worker's threads was importing a module inherits that
+# module's import lock held (CPython keeps per-module import locks across fork) and deadlocks on
+# its own first import of it. getaddrinfo() imports the IDNA codec on its first use with a host
+# name, in whichever thread resolves first (the lease renewer, a store client); the child's first
+# task that resolves a name then hung until its hard time limit and was dead-lettered (chaos suite:
+# "a new worker's first task"). Imported here, in the parent, before any thread starts.
+importlib.import_module("encodings.idna")
+
 #: public name -> module defining it
 _EXPORTS: dict[str, str] = {
     # reliability core (profile, retries, dead-letter queue)
