@@ -239,10 +239,12 @@ def test_helm_upgrade_under_load_loses_no_task(release):
     old_pods = {p["metadata"]["name"] for p in release.worker_pods()}
     # Any change of the pod template rolls every worker (each old one drains in preStop first) and
     # the beat (Recreate: the old one exits before the new one starts).
+    # --set-string: a hex id that happens to be all digits would otherwise reach the chart as a
+    # number, which its validation rightly refuses for an annotation (about 1 run in 17 failed on it).
     rollout = uuid.uuid4().hex[:6]
     release.k8s.helm("upgrade", release.name, str(CHART), "-n", release.namespace, "-f", str(release.values_file),
-                     "--set", f"workerPools[0].podAnnotations.rollout={rollout}",
-                     "--set", f"beat.podAnnotations.rollout={rollout}",
+                     "--set-string", f"workerPools[0].podAnnotations.rollout={rollout}",
+                     "--set-string", f"beat.podAnnotations.rollout={rollout}",
                      "--wait", "--timeout", "6m", timeout=420)
     wait_for("load tasks done", lambda: len(set(keys) & release.done()), timeout=300, interval=2, equals=len(keys))
     new_pods = {p["metadata"]["name"] for p in release.worker_pods()}
