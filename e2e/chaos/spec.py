@@ -224,6 +224,11 @@ def parse(raw: Any, *, path: Path | None = None) -> FaultSpec:
     )
     if not spec.brokers:
         problems.append("brokers: at least one of " + ", ".join(BROKERS))
+    if spec.trigger[0] == "scalingUp" and "pool-at-minimum" not in spec.before:
+        # A pool still scaled up by the scenario before (or at maxReplicas) has no scale-up left to
+        # make, and the trigger would wait in vain.
+        problems.append("steadyState.before: a scalingUp trigger needs pool-at-minimum, so the pool has room "
+                        "to scale up when the load begins")
     if problems:
         raise SpecError(f"{where}" + "; ".join(problems))
     return spec

@@ -69,3 +69,14 @@ def test_the_name_must_match_the_file(tmp_path):
 def test_select_names_the_unknown_fault():
     with pytest.raises(spec.SpecError, match=r"unknown fault\(s\) \['no-such'\]"):
         spec.select(spec.load_all(), ["no-such"])
+
+
+def test_a_scale_up_trigger_needs_the_pool_at_its_minimum_first():
+    # CI once ran this scenario right after one that left the pool at maxReplicas: there was no
+    # scale-up left to make and the trigger waited 150 s in vain.
+    raw = {"name": "up", "class": "c", "summary": "s", "trigger": {"scalingUp": True},
+           "fault": {"action": "kill-process", "target": "operator-leader", "signal": "KILL"}}
+    with pytest.raises(spec.SpecError, match="a scalingUp trigger needs pool-at-minimum"):
+        spec.parse(raw)
+    raw["steadyState"] = {"before": ["workers-ready", "pool-at-minimum"]}
+    assert spec.parse(raw).before == ("workers-ready", "pool-at-minimum")
