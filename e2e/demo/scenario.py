@@ -88,18 +88,6 @@ def alerts_since(alertmanager_url: str, since: float) -> list[dict]:
     return found
 
 
-def oom_kills_in(cluster: clusters.Cluster, pod: str) -> int | None:
-    """The kernel's OOM-kill counter of the pod's memory cgroup (v1 memory.oom_control, v2 memory.events)."""
-    r = cluster.kubectl("exec", "-n", NAMESPACE, pod, "--", "sh", "-c",
-                        "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control",
-                        check=False, timeout=30)
-    for line in r.stdout.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "oom_kill":
-            return int(value)
-    return None
-
-
 class Scenario:
     def __init__(self, *, plan: Plan, cluster: clusters.Cluster, world: World, narrator: Narrator):
         self.plan, self.cluster, self.world, self.say = plan, cluster, world, narrator
@@ -313,7 +301,7 @@ class Scenario:
         rows = self._hog_attempts()
         if len(rows) < 2 and not any(d.key in self.hogs for d in self._dead_letters()):
             return
-        counters = {w: oom_kills_in(self.cluster, w) for w in dict.fromkeys(r[0] for r in rows)}
+        counters = {w: self.cluster.oom_kills(NAMESPACE, w) for w in dict.fromkeys(r[0] for r in rows)}
         statuses = sorted({pod for pod, _ in self.observer.oom_killed_containers})
         self.outcome.oom_kills = max(sum(c or 0 for c in counters.values()), len(statuses))
         self.outcome.oom_detail = ("memory cgroup oom_kill counters: "

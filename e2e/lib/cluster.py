@@ -178,6 +178,19 @@ class Cluster:
                     parts.append(f"{label}\n{(logs.stdout or logs.stderr).rstrip()}")
         return "\n\n".join(parts)
 
+    def oom_kills(self, namespace: str, pod: str) -> int | None:
+        """The kernel's OOM-kill counter of the pod's memory cgroup (v2 memory.events, v1
+        memory.oom_control); None when neither answers. With prefork on cgroup v1 only the pool
+        child dies and Kubernetes records no OOMKilled, so this counter is the evidence."""
+        r = self.kubectl("exec", "-n", namespace, pod, "--", "sh", "-c",
+                         "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control",
+                         check=False, timeout=30)
+        for line in r.stdout.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+        return None
+
     def node_names(self) -> list[str]:
         return [n["metadata"]["name"] for n in self.kubectl_json("get", "nodes")["items"]]
 

@@ -14,20 +14,6 @@ from . import Action, Context, Injection, count, one_of
 DEAD_LETTERED_WITHIN_SECONDS = 150
 
 
-def oom_kills(ctx: Context, pod: str) -> int | None:
-    """The kernel's OOM-kill counter of the pod's memory cgroup (v1 memory.oom_control, v2
-    memory.events): on cgroup v1 with prefork only the pool child dies, and Kubernetes records
-    no OOMKilled, so the counter is the evidence."""
-    r = ctx.cluster.kubectl("exec", "-n", ctx.namespace, pod, "--", "sh", "-c",
-                            "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control",
-                            check=False, timeout=30)
-    for line in r.stdout.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "oom_kill":
-            return int(value)
-    return None
-
-
 class SendPoison(Action):
     name = "send-poison"
     targets = ("pool",)
@@ -36,7 +22,7 @@ class SendPoison(Action):
     def inject(self, ctx: Context, target: str, params: Mapping[str, Any]) -> Injection:
         kind, n = params.get("kind", "permanent"), params.get("count", 1)
         pods = ctx.observer.latest.ready_workers()
-        before = {pod: oom_kills(ctx, pod) for pod in pods} if kind == "oom" else {}
+        before = {pod: ctx.cluster.oom_kills(ctx.namespace, pod) for pod in pods} if kind == "oom" else {}
         tasks = ctx.poison(kind, n)
         for task in tasks:
             ctx.producer.publish(task)
@@ -48,7 +34,7 @@ class SendPoison(Action):
                      lambda: keys <= {d.key for d in dead_letters(ctx.release)}, DEAD_LETTERED_WITHIN_SECONDS, 2,
                      ignoring=UNAVAILABLE)
             if kind == "oom":
-                after = {pod: oom_kills(ctx, pod) for pod in before}
+                after = {pod: ctx.cluster.oom_kills(ctx.namespace, pod) for pod in before}
                 evidence["oom_kills"] = {pod: (before[pod], after[pod]) for pod in before}
                 terminated = [f"{p['metadata']['name']}/{c['name']}" for p in ctx.observer.latest.workers
                               for c in (p.get("status") or {}).get("containerStatuses") or []
