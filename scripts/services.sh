@@ -96,12 +96,27 @@ rabbitmq_env() {
   export RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log
   export RABBITMQ_PID_FILE=$dir/pid RABBITMQ_ENABLED_PLUGINS_FILE=$dir/enabled_plugins
   export RABBITMQ_DIST_PORT ERL_EPMD_ADDRESS=127.0.0.1
+  # a node that fails to start writes its crash dump here, not into the caller's working directory
+  export ERL_CRASH_DUMP=$dir/log/erl_crash.dump
 }
 rabbitmqctl_() { (rabbitmq_env; /usr/lib/rabbitmq/bin/rabbitmqctl "$@"); }
 rabbitmq_ready() { rabbitmqctl_ -q status >/dev/null 2>&1 && curl -sf -u "$SERVICE_USER:$SERVICE_PASSWORD" "http://127.0.0.1:$RABBITMQ_MGMT_PORT/api/overview" >/dev/null; }
+# A node answering under our node name with our private cookie is ours even without its PID file
+# (lost to a crash, or to two starts racing before the lock below existed): record its PID so that
+# `down` can stop it, instead of refusing its port as a stranger's.
+rabbitmq_adopt() {
+  local pid
+  pid=$(rabbitmqctl_ -q eval 'os:getpid().' 2>/dev/null | tr -dc 0-9)
+  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  echo "$pid" >"$1"
+  log "rabbitmq: adopted the running node taskherd@localhost (pid $pid), whose PID file was missing"
+}
 rabbitmq_up() {
   local dir=$TASKHERD_SERVICES_DIR/rabbitmq pid
   if pidfile_pid "$dir/pid" >/dev/null && rabbitmq_ready; then service_reused rabbitmq; return 0; fi
+  if [ -f "$dir/.erlang.cookie" ] && rabbitmq_ready && rabbitmq_adopt "$dir/pid"; then
+    service_reused rabbitmq; return 0
+  fi
   apt_install rabbitmq-server curl
   local t0=$SECONDS
   if pid=$(pidfile_pid "$dir/pid"); then  # alive but not answering: a half-started node from a killed run
@@ -229,10 +244,28 @@ status() {
   if alertmanager_ready; then echo "alertmanager: up :$ALERTMANAGER_PORT"; else echo "alertmanager: down"; fi
 }
 
+# One `up` or `down` at a time per services directory: two at once (two clones' make runs, say)
+# would each take the other's half-started RabbitMQ for a killed run's leftover and kill it.
+# flock -o: the lock is held by flock itself, so the daemons `up` starts do not inherit (and keep) it.
+locked() {
+  local lock=$TASKHERD_SERVICES_DIR/services.lock rc=0
+  mkdir -p "$TASKHERD_SERVICES_DIR"
+  flock -n -E 75 -o "$lock" bash "${BASH_SOURCE[0]}" "$1-unlocked" || rc=$?
+  if [ "$rc" = 75 ]; then
+    log "waiting for another 'services.sh up/down' to finish ($lock)"
+    rc=0
+    flock -w 900 -E 75 -o "$lock" bash "${BASH_SOURCE[0]}" "$1-unlocked" || rc=$?
+    [ "$rc" != 75 ] || die "another 'services.sh up/down' held $lock for 15 minutes"
+  fi
+  return "$rc"
+}
+
 export_env
 case "${1:-}" in
-  up) up ;;
-  down) down ;;
+  up) locked up ;;
+  down) locked down ;;
+  up-unlocked) up ;;
+  down-unlocked) down ;;
   status) status ;;
   env) env | grep '^TASKHERD_' ;;
   *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
