@@ -189,3 +189,37 @@ def test_relay_publishes_with_publisher_confirms_on_rabbitmq(amqp_url):
         # py-amqp waits for the broker's basic.ack on every publish of a confirm-mode channel.
         assert producer.channel.basic_publish.__name__ == "basic_publish_confirm"
     publisher.app.close()
+
+
+@pytest.mark.parametrize("broker", ["drops connections (full backlog)", "accepts and never answers"])
+def test_a_relay_publish_to_a_redis_that_never_answers_fails_in_seconds(broker):
+    # The chaos suite's broker restart on kind caught a relay waiting 140 s on one publish (kombu
+    # connects and reads with no timeout) while committed rows piled up. A publish that fails
+    # quickly is rolled back and relayed again on the next poll.
+    import socket
+
+    from celery import Celery
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    held = []
+    if broker.startswith("drops"):
+        # a full accept queue: the kernel drops every further SYN, as for a pod not there
+        held.append(socket.create_connection(server.getsockname()))
+    app = Celery(broker=f"redis://127.0.0.1:{server.getsockname()[1]}/0", set_as_current=False)
+    app.conf.task_publish_retry = False  # one attempt: Celery's retries only multiply the wait
+    publisher = outbox.CeleryPublisher(app=app)
+    row = outbox.OutboxRow(id="r-1", task_name="t.noop", args=[], kwargs={}, queue="q")
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception):  # redis-py's TimeoutError or kombu's OperationalError
+            publisher.publish([row])
+        waited = time.monotonic() - started
+        limit = max(outbox.REDIS_PUBLISH_TIMEOUTS.values())
+        assert waited < limit + 5, f"the publish failed only after {waited:.1f} s"
+    finally:
+        app.close()
+        for s in held + [server]:
+            s.close()
+

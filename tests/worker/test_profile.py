@@ -61,7 +61,11 @@ def test_quorum_queues_get_a_delivery_limit_backstop():
 def test_user_transport_options_are_kept():
     app = app_on(broker_transport_options={"global_keyprefix": "p:"})
     configure(app, visibility_timeout=1000)
-    assert app.conf.broker_transport_options == {"global_keyprefix": "p:", "visibility_timeout": 1000}
+    assert app.conf.broker_transport_options == {"global_keyprefix": "p:", "visibility_timeout": 1000,
+                                                 "socket_connect_timeout": 5.0}
+    own = app_on(broker_transport_options={"socket_connect_timeout": 30})
+    configure(own)
+    assert own.conf.broker_transport_options["socket_connect_timeout"] == 30
 
 
 def test_plain_app_task_gets_the_taskherd_task_class():

@@ -27,9 +27,13 @@ from typing import Any, Callable, Iterable, Sequence
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from taskherd.contract import broker_kind
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TABLE = "taskherd_outbox"
+#: kombu Redis transport options of the relay's publishes, seconds (CeleryPublisher says why)
+REDIS_PUBLISH_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -95,13 +99,21 @@ class CeleryPublisher:
 
     On RabbitMQ it turns on publisher confirms (`confirm_publish`), so each publish returns only once
     the broker has the message and raises if the broker refuses it. On Redis, LPUSH's reply is the
-    confirmation.
+    confirmation, awaited at most REDIS_PUBLISH_TIMEOUTS: kombu's own connections have no timeouts,
+    and a relay once waited 140 s on one to a Redis restarting behind its Service while the rows
+    piled up (the chaos suite's broker restart on kind). A relay only publishes, so unlike a
+    worker it can have a read timeout too. An app's own settings win.
     """
 
     def __init__(self, *, app):
-        if app.conf.broker_url and app.conf.broker_url.split("://")[0] in ("amqp", "pyamqp", "amqps"):
-            app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}),
-                                                 "confirm_publish": True}
+        kind = broker_kind(app.conf.broker_url)
+        options = dict(app.conf.broker_transport_options or {})
+        if kind == "amqp":
+            options["confirm_publish"] = True
+        elif kind == "redis":
+            for option, value in REDIS_PUBLISH_TIMEOUTS.items():
+                options.setdefault(option, value)
+        app.conf.broker_transport_options = options
         self.app = app
 
     def publish(self, rows: Iterable[OutboxRow]) -> None:

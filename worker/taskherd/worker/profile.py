@@ -29,6 +29,10 @@ Settings applied and why (docs/reliability.md has the long form):
   ``backoff_cap`` term keeps the margin for workers without the DelayedMessages component.)
   A task's own ``time_limit`` and a per-call ``apply_async(time_limit=…)`` must be below it too:
   the first is refused at worker start (BrokerCheck), the second at publish.
+- ``broker_transport_options["socket_connect_timeout"]`` (Redis, unless set): kombu connects with
+  no timeout, so a connect whose SYN goes unanswered (a broker pod restarting behind its Service)
+  waits out the kernel's SYN retries, about two minutes, before the publish or the reconnect
+  retries. (No read timeout: a worker's idle pub/sub connection would time out with it.)
 - ``broker_transport_options["confirm_publish"]`` (RabbitMQ): every publish — a retry, a task a
   task sends — returns once the broker has it; without confirms a retry could be lost in a broker
   crash after the original was acknowledged.
@@ -67,6 +71,8 @@ _JSON_ALIASES = {"json", "application/json"}
 QUEUE_TYPES = ("classic", "quorum")
 #: Attribute of the Celery app holding its Profile (read by get_profile()).
 APP_ATTRIBUTE = "taskherd_profile"
+#: kombu Redis transport options set when the app has none of its own (see the docstring)
+REDIS_TRANSPORT_DEFAULTS = {"socket_connect_timeout": 5.0}
 
 
 class ProfileError(ValueError):
@@ -465,6 +471,9 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     transport_options = dict(conf.broker_transport_options or {})
     if profile.visibility_timeout is not None:
         transport_options["visibility_timeout"] = profile.visibility_timeout
+    if kind == "redis":
+        for option, value in REDIS_TRANSPORT_DEFAULTS.items():
+            transport_options.setdefault(option, value)
     if kind == "amqp":
         transport_options["confirm_publish"] = True
     conf.update(
