@@ -41,6 +41,8 @@ from .world import Services, Tenancy, claim, release
 Log = Callable[[str], None]
 #: how long the steady state before a fault may take to hold (a previous scenario's pods settling)
 STEADY_BEFORE_SECONDS = 180
+#: bound on giving back a scenario's Redis databases, vhost and PostgreSQL database
+RELEASE_SECONDS = 90
 TRIGGER_SECONDS = 150
 #: keys of the poison a fault sends itself are numbered from here, apart from the load's
 POISON_NUMBERS_FROM = 90_000
@@ -430,5 +432,12 @@ class Installation:
                           check=False, timeout=240)
         self.cluster.delete_namespace(namespace)
         if self.tenancy is not None:
-            release(self.services, self.tenancy)
+            tenancy = self.tenancy
+            try:
+                # The way to the services may still be down after a fault (a port-forward to a broker
+                # pod that has just restarted, say): try again, and never end the whole run on it.
+                wait_for("the scenario's databases and vhost released", lambda: release(self.services, tenancy) or True,
+                         RELEASE_SECONDS, 3, ignoring=ledger.UNAVAILABLE)
+            except WaitTimeout as exc:
+                self.log(f"   (not released: {exc}; removing the services (`python -m e2e.chaos down`) takes them)")
         self.release = self.tenancy = None
