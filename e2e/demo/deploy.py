@@ -20,6 +20,8 @@ from .config import CHART, NAMESPACE, POOL, RELEASE, REPO_ROOT, SHOP, SHOP_VALUE
 from .environment import World
 
 Log = Callable[[str], None]
+#: bound on `helm upgrade --install --wait` of the demo's release
+INSTALL_SECONDS = 600
 #: what the worker and operator images are built from: a change here means `make images`
 IMAGE_INPUTS = ("worker", "operator", "images/worker", "images/operator",
                 "images/build.sh", "e2e/cluster/versions.env")
@@ -170,8 +172,14 @@ def install(cluster: clusters.Cluster, world: World, run_dir: Path, log: Log) ->
     values_file.write_text("# examples/shop/values.yaml + this machine (written by e2e/demo)\n"
                            + yaml.safe_dump(values, sort_keys=False))
     started = time.monotonic()
-    helm(cluster, "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
-                 "--wait", "--timeout", "240s", timeout=300)
+    try:
+        # A bound, not an estimate: Ready in about a minute on an idle machine, four times that at a
+        # load average near 90 (a kind run beside a soak), where 240 s once ran out.
+        helm(cluster, "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
+             "--wait", "--timeout", f"{INSTALL_SECONDS}s", timeout=INSTALL_SECONDS + 60)
+    except DeployError as exc:
+        pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False, timeout=60)
+        raise DeployError(f"{exc}\npods then:\n{(pods.stdout or pods.stderr).rstrip()}") from None
     log(f"helm upgrade --install {RELEASE} charts/taskherd -f examples/shop/values.yaml: "
         f"ready in {time.monotonic() - started:.0f}s")
     return values
