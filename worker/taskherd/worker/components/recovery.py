@@ -15,12 +15,14 @@ periodic sweep put it back. Nothing records WHICH worker holds it. This module a
   again (on a worker consuming several queues, the others' lists are looked at every
   ``SEVERAL_QUEUES_WAIT_SECONDS`` when idle). Needs Redis >= 6.2 (BLMOVE); older servers keep
   kombu's BRPOP and its window, with a warning.
-- **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. In the same
-  MULTI/EXEC that writes kombu's ``unacked``/``unacked_index`` entries it writes
-  ``owner[tag] = worker`` and ``held.<worker>[tag] = {destination lists, message}``, where the
-  message is exactly what kombu's own restore would push (``redelivered`` set, plus the delivery
-  count + 1 that taskherd.worker.deliveries reads) and the destination
-  lists are kombu's (binding lookup, priority sub-list, key prefix). Ack, reject and kombu's own
+- **Ownership.** ``TrackingQoS`` replaces kombu's Redis QoS in the worker process. Once the
+  consumer has the message, it replaces the pop's held record with
+  ``held.<worker>[tag] = {destination lists, message}``, where the message is exactly what kombu's
+  own restore would push (``redelivered`` set, plus the delivery count + 1 that
+  taskherd.worker.deliveries reads) and the destination lists are kombu's (binding lookup,
+  priority sub-list, key prefix): one HSET, the pop having written the rest (without atomic pops,
+  one MULTI/EXEC writes kombu's ``unacked``/``unacked_index`` entries, ``owner[tag] = worker`` and
+  the held record). Ack, reject and kombu's own
   restores remove them again — the ack through a Lua script that only deletes kombu's entries if
   this worker still owns the delivery (a worker whose lease lapsed cannot ack away the entry of
   the worker the message went to next).
@@ -182,6 +184,13 @@ if owner == false or owner == ARGV[2] then
   return 1
 end
 return 0
+"""
+
+# KEYS: held.<me>. ARGV: tag, record. The held record of a delivery POP_SCRIPT recorded, replaced
+# by the one a restore must push (marked redelivered, its count + 1: TrackingQoS.append). A script
+# rather than HSET so that it runs on the same connection as ACK_SCRIPT (taskherd.worker.idempotency.scripts).
+HOLD_SCRIPT = """
+return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 """
 
 # KEYS: alive.<w>, held.<w>, owner, unacked, unacked_index, workers, expiry. ARGV: w.
@@ -560,8 +569,24 @@ class Tracker:
     def held_record(self, channel: Any, message: Any) -> str:
         """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed):
         the message marked redelivered and carrying its delivery count + 1 (taskherd.worker.deliveries)."""
-        payload = json.loads(json.dumps(message._raw))  # a copy: the consumer keeps reading the original
-        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(returned(payload))})
+        payload = returned(_copy_of_what_returned_changes(message._raw))  # the consumer keeps reading the original
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
+
+
+def _copy_of_what_returned_changes(raw: Any) -> Any:
+    """A copy of kombu's message deep enough for :func:`returned` (the payload, its properties and
+    their delivery info; the headers it replaces itself): a JSON round trip of the whole message,
+    body included, cost more than the rest of the delivery's bookkeeping."""
+    if not isinstance(raw, dict):
+        return raw
+    payload = dict(raw)
+    properties = payload.get("properties")
+    if isinstance(properties, dict):
+        payload["properties"] = properties = dict(properties)
+        info = properties.get("delivery_info")
+        if isinstance(info, dict):
+            properties["delivery_info"] = dict(info)
+    return payload
 
 
 def returned(payload: Any) -> Any:
@@ -586,20 +611,39 @@ def _tracking_qos_class():
 
         tracker: Tracker | None = None
 
-        def _plain_client(self) -> redis.Redis:
-            # kombu's prefixed client prefixes only the first key of EVALSHA; ours are prefixed already.
-            client = getattr(self, "_taskherd_plain_client", None)
-            if client is None:
-                client = self._taskherd_plain_client = redis.Redis(connection_pool=self.channel.pool)
-                self._taskherd_ack = client.register_script(ACK_SCRIPT)
-            return client
+        def _scripts(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+            """(ack, hold): ACK_SCRIPT and HOLD_SCRIPT, sent on a connection of this thread's own
+            from the channel's pool (taskherd.worker.idempotency.scripts: redis-py's per-command
+            machinery cost more CPU than the command itself). Not kombu's prefixed client: it
+            prefixes only the first key of EVALSHA, and ours are prefixed already."""
+            scripts = getattr(self, "_taskherd_scripts", None)
+            if scripts is None:
+                from ..idempotency.scripts import Scripts
+
+                registry = Scripts(redis.Redis(connection_pool=self.channel.pool))
+                scripts = self._taskherd_scripts = (registry.register(ACK_SCRIPT), registry.register(HOLD_SCRIPT))
+            return scripts
 
         def append(self, message, delivery_tag):
             tracker = self.tracker
             if tracker is None:
                 return super().append(message, delivery_tag)
-            delivery = message.delivery_info
             record = tracker.held_record(self.channel, message)
+            if getattr(self.channel, "_taskherd_sent", None) == "pop":
+                # POP_SCRIPT already wrote kombu's unacked entry and index and the owner, exactly
+                # as below: only the held record changes (what a restore pushes back, now with the
+                # delivery count + 1). One command instead of a five-command MULTI/EXEC.
+                try:
+                    self._scripts()[1](keys=[tracker.keys(held_key(tracker.worker_id))], args=[delivery_tag, record])
+                except redis.ResponseError as exc:
+                    # A full noeviction Redis refusing this update must not strand the delivery:
+                    # its pop recorded it (only the record a restore pushes back stays the message
+                    # as popped, its delivery count not yet raised).
+                    logger.warning("taskherd recovery: Redis refused to update the record of delivery %s (%s); "
+                                   "its pop recorded it", delivery_tag, exc)
+                virtual.QoS.append(self, message, delivery_tag)
+                return
+            delivery = message.delivery_info
             with self.pipe_or_acquire() as pipe:  # one MULTI/EXEC: kombu's entries and ours
                 try:
                     pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
@@ -608,23 +652,16 @@ def _tracking_qos_class():
                         .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
                         .hset(held_key(tracker.worker_id), delivery_tag, record) \
                         .execute()
-                except redis.ResponseError as exc:
-                    if getattr(self.channel, "_taskherd_sent", None) != "pop":
-                        raise
-                    # The pop already recorded this delivery (only the record a restore pushes
-                    # back stays the message as popped, its delivery count not yet raised): a full
-                    # noeviction Redis refusing this update must not strand it.
-                    logger.warning("taskherd recovery: Redis refused to update the record of delivery %s (%s); "
-                                   "its pop recorded it", delivery_tag, exc)
+                except redis.ResponseError:
+                    raise  # kombu's BRPOP (Redis < 6.2): nothing recorded this delivery yet
                 virtual.QoS.append(self, message, delivery_tag)
 
         def _fenced_remove(self, delivery_tag) -> None:
             tracker = self.tracker
             keys = tracker.keys
-            client = self._plain_client()
-            self._taskherd_ack(keys=[keys(OWNER_KEY), keys(held_key(tracker.worker_id)),
+            self._scripts()[0](keys=[keys(OWNER_KEY), keys(held_key(tracker.worker_id)),
                                      keys(self.unacked_key), keys(self.unacked_index_key)],
-                               args=[delivery_tag, tracker.worker_id], client=client)
+                               args=[delivery_tag, tracker.worker_id])
 
         def ack(self, delivery_tag):
             if self.tracker is None:
