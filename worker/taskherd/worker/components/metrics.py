@@ -45,6 +45,7 @@ import time
 from typing import Any, Iterable
 
 from celery import Celery, signals
+from celery.states import SUCCESS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
@@ -88,11 +89,23 @@ class TaskMetrics:
                                       "When a pool process last died under the task, by cause (Unix time).",
                                       ["task", "cause"], namespace=namespace, registry=registry,
                                       multiprocess_mode="max")
+        self._labelled: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def record_outcome(self, task_name: str, outcome: str) -> None:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r} for task {task_name!r} is not one of {', '.join(OUTCOMES)}")
         self.tasks.labels(task_name, outcome).inc()
+
+    def labelled(self, metric: str, *labels: str) -> Any:
+        """``getattr(self, metric).labels(*labels)``, looked up once per process: ``labels()``
+        (label checks, a lock, a dict lookup) cost as much as the sample's own update, and the
+        task path asks for five per task. Created on first use, as ``labels()`` would: a series
+        that never happened does not appear."""
+        key = (metric, labels)
+        child = self._labelled.get(key)
+        if child is None:
+            child = self._labelled[key] = getattr(self, metric).labels(*labels)
+        return child
 
 
 _default: TaskMetrics | None = None
@@ -249,22 +262,23 @@ def _task_name(sender: Any, task: Any = None) -> str:
 def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
     metrics, name = default_metrics(), _task_name(sender, task)
     _started[task_id] = time.monotonic()
-    metrics.in_flight.labels(name).inc()
+    metrics.labelled("in_flight", name).inc()
     stamp = published_at(getattr(task or sender, "request", None))
     if stamp is not None:
-        metrics.queue_wait.labels(name).observe(max(0.0, time.time() - stamp))
+        metrics.labelled("queue_wait", name).observe(max(0.0, time.time() - stamp))
 
 
-def _on_postrun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+def _on_postrun(sender: Any = None, task_id: str | None = None, task: Any = None, state: str | None = None,
+                **_: Any) -> None:
     metrics, name = default_metrics(), _task_name(sender, task)
+    # Successes are counted here rather than on task_success: a signal nobody listens to is not
+    # sent at all (celery.app.trace), and its dispatch cost as much as the count.
+    if state == SUCCESS:
+        metrics.labelled("tasks", name, "succeeded").inc()
     started = _started.pop(task_id, None)
     if started is not None:
-        metrics.runtime.labels(name).observe(time.monotonic() - started)
-        metrics.in_flight.labels(name).dec()
-
-
-def _on_success(sender: Any = None, **_: Any) -> None:
-    record_outcome(_task_name(sender), "succeeded")
+        metrics.labelled("runtime", name).observe(time.monotonic() - started)
+        metrics.labelled("in_flight", name).dec()
 
 
 def _on_failure(sender: Any = None, **_: Any) -> None:
@@ -276,7 +290,7 @@ def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    default_metrics().deliveries.labels(getattr(request, "name", None) or "unknown").inc()
+    default_metrics().labelled("deliveries", getattr(request, "name", None) or "unknown").inc()
 
 
 def _on_rejected(sender: Any = None, message: Any = None, **_: Any) -> None:
@@ -339,7 +353,7 @@ class Metrics(Component):
         signals.worker_init.connect(on_worker_init, weak=False, dispatch_uid=uid + ".init")
         signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=uid + ".ready")
         for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun),
-                                (signals.task_success, _on_success), (signals.task_failure, _on_failure),
+                                (signals.task_failure, _on_failure),
                                 (signals.task_retry, _on_retry), (signals.task_received, _on_received),
                                 (signals.task_rejected, _on_rejected), (signals.task_unknown, _on_unknown)):
             signal.connect(handler, weak=False, dispatch_uid=f"taskherd.metrics.{signal.name}")
