@@ -13,8 +13,9 @@ bench/worker_boot_app.py with the command and the environment the chart renders 
   configure           -> configure(app) done (the app module is loaded)
   worker setup        -> Celery's worker_init (the worker object, its options)
   pool start          -> the pool's children are forked
-  broker connect      -> the consumer is connected to the broker
-  to ready            -> "ready" (queues declared, mingle, gossip, event loop)
+  broker connect, to ready   -> "ready" (connections, queues declared, mingle, gossip, event loop;
+                      one phase: Celery orders a consumer's steps differently from run to run, so
+                      a mark "connected" falls before or after mingle's one-second wait)
   pool children       CPU of the pool children until "ready" (their start)
 
 CPU is the main process's user + system time at each mark (all its threads), plus the children's;
@@ -24,7 +25,8 @@ HTTP probe asks) first answered 200, polled every 20 ms.
 Variants, alternated within each round so the machine's noise hits all alike: vanilla Celery (the
 same app without configure(), Celery's command line, the chart's options) as the baseline; the
 chart's default command (`celery --app=... worker ...`); `taskherd worker` with the same options;
-and that without mingle and gossip. Medians over rounds. (The host's virtualenv has PyYAML, for the
+and that without mingle and gossip. Medians over rounds. `--variants "taskherd worker,taskherd worker
+without GcFreeze"` measures what a component costs or saves. (The host's virtualenv has PyYAML, for the
 tests; the worker image does not: kombu imports it when present, ~30 ms of CPU the pod does not pay.)
 
     source scripts/services.sh env && .venv/bin/python bench/worker_boot.py [--rounds 7] [--variants ...]
@@ -61,12 +63,11 @@ QUEUE = "boot"
 #: phase -> (from mark, to mark); the first phase starts at the exec (wall) or at zero CPU
 PHASES = (("interpreter, CLI, Celery", None, "celery_imported"), ("taskherd import", "celery_imported", "taskherd_imported"),
           ("configure", "taskherd_imported", "configured"), ("worker setup", "configured", "worker_init"),
-          ("pool start", "worker_init", "pool_started"), ("broker connect", "pool_started", "connected"),
-          ("to ready", "connected", "ready"))
+          ("pool start", "worker_init", "pool_started"), ("broker connect, to ready", "pool_started", "ready"))
 #: the pool as bench/scaleup.py deploys it (concurrency 2, the limits its tasks need)
 POOL = {"name": "boot", "app": APP, "queues": [QUEUE], "concurrency": 2, "logLevel": "INFO",
         "timeLimits": {"softSeconds": 20, "hardSeconds": 30}}
-VARIANTS = ("vanilla celery", "chart command", "taskherd worker", "taskherd worker, no mingle/gossip")
+VARIANTS = ("vanilla celery", "chart command", "taskherd worker", "taskherd worker (no mingle/gossip)")
 
 
 def chart_container() -> tuple[list[str], dict[str, str]]:
@@ -89,7 +90,12 @@ def chart_container() -> tuple[list[str], dict[str, str]]:
 
 
 def variant_command(variant: str, chart_command: list[str]) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) of a variant, run with this checkout's interpreter."""
+    """(argv, extra environment) of a variant, run with this checkout's interpreter. A variant may end
+    in `without <Component>[+<Component>]`: the same, with those default components left out."""
+    if " without " in variant:
+        base, left_out = variant.rsplit(" without ", 1)
+        argv, extra = variant_command(base, chart_command)
+        return argv, {**extra, "WORKER_BOOT_WITHOUT": left_out.replace("+", ",")}
     celery_options = chart_command[chart_command.index("worker") + 1:]
     app = [a for a in chart_command if a.startswith("--app=")]
     if variant == "vanilla celery":
@@ -99,7 +105,7 @@ def variant_command(variant: str, chart_command: list[str]) -> tuple[list[str], 
     taskherd = [sys.executable, "-m", "taskherd.cli", "worker", *app, *celery_options]
     if variant == "taskherd worker":
         return taskherd, {}
-    if variant == "taskherd worker, no mingle/gossip":
+    if variant == "taskherd worker (no mingle/gossip)":
         return [*taskherd, "--without-mingle", "--without-gossip"], {}
     raise SystemExit(f"--variants: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
 

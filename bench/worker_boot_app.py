@@ -1,6 +1,8 @@
 """The Celery app bench/worker_boot.py boots: bench/cluster_app.py's app (configure(app), as a user's
 app and the scale-up benchmark's pods do), or with WORKER_BOOT_VANILLA=1 the same app without
 configure() (the vanilla Celery baseline), instrumented to report where its boot went.
+WORKER_BOOT_WITHOUT (component class names, comma-separated) leaves those default components out,
+to measure what one costs.
 
 At each mark it takes the wall clock and the main process's CPU time (user + system, all threads);
 when the worker is ready it adds the CPU time of its pool children and the modules loaded, and
@@ -29,7 +31,13 @@ if not VANILLA:
     from taskherd.worker import configure
 
     mark("taskherd_imported")
-    configure(app)
+    left_out = [name for name in os.environ.get("WORKER_BOOT_WITHOUT", "").split(",") if name]
+    components = None
+    if left_out:
+        from taskherd.worker.components import default_components
+
+        components = [c for c in default_components() if type(c).__name__ not in left_out]
+    configure(app, components=components)
 mark("configured")
 
 
@@ -47,17 +55,7 @@ class _PoolStarted(bootsteps.StartStopStep):
         mark("pool_started")
 
 
-class _Connected(bootsteps.StartStopStep):
-    """Starts right after the consumer's broker connection is established."""
-
-    requires = ("celery.worker.consumer.connection:Connection",)
-
-    def start(self, consumer):
-        mark("connected")
-
-
 app.steps["worker"].add(_PoolStarted)
-app.steps["consumer"].add(_Connected)
 
 
 def _children_cpu_seconds() -> tuple[int, float]:
