@@ -94,6 +94,7 @@ def default_components() -> list[Component]:
     from .broker_check import BrokerCheck
     from .delayed import DelayedMessages
     from .drain import Drain
+    from .gc_freeze import GcFreeze
     from .heartbeat import Heartbeat
     from .metrics import Metrics
     from .ping import Ping
@@ -102,7 +103,7 @@ def default_components() -> list[Component]:
     from .task_class import TaskClass
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
-                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat)]
+                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:
