@@ -138,14 +138,15 @@ def boot_once(argv: list[str], env: dict[str, str], workdir: Path, timeout: floa
                                stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     readyz_at = None
-    vanilla = env.get("WORKER_BOOT_VANILLA") == "1"
+    # The readiness endpoint is the Metrics component's server: vanilla Celery has none.
+    serves_probes = env.get("WORKER_BOOT_VANILLA") != "1" and "Metrics" not in env.get("WORKER_BOOT_WITHOUT", "").split(",")
     try:
-        while not report_path.exists() or (readyz_at is None and not vanilla):
+        while not report_path.exists() or (readyz_at is None and serves_probes):
             if process.poll() is not None:
                 raise SystemExit(f"the worker exited ({process.returncode}):\n{log_tail(workdir)}")
             if time.time() - exec_at > timeout:
                 raise SystemExit(f"the worker was not ready within {timeout:g} s:\n{log_tail(workdir)}")
-            if readyz_at is None and not vanilla:
+            if readyz_at is None and serves_probes:
                 with contextlib.suppress(OSError):
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
                         if response.status == 200:
