@@ -163,7 +163,7 @@ class Task(celery.Task):
         # any, is a retry with its own count); a requeued delivery keeps counting.
         outcome_known = True
         try:
-            return super().__call__(*args, **kwargs)
+            return self._run_traced(*args, **kwargs)
         except PublishFailed:
             raise  # our requeue is not a worker death: the counter must not grow
         except Reject as rejected:
@@ -183,6 +183,16 @@ class Task(celery.Task):
         finally:
             if outcome_known:
                 delivery.forget()
+
+    def _run_traced(self, *args: Any, **kwargs: Any) -> Any:
+        """The body, under Celery's tracer. celery.Task.__call__ would push a copy of the request
+        the tracer has just pushed (every field copied, per task) and the task again on the task
+        stack; the tracer calls ``run`` directly for a task without a ``__call__`` of its own, and
+        so does this, unless a class between this one and celery.Task has a ``__call__`` too."""
+        next_call = super().__call__
+        if getattr(next_call, "__func__", None) is celery.Task.__call__:
+            return self.run(*args, **kwargs)
+        return next_call(*args, **kwargs)
 
     def _on_error(self, profile: Profile, exc: Exception) -> None:
         """Retry (raises Retry) or dead-letter (returns; the caller re-raises ``exc``)."""
