@@ -75,7 +75,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: Path,
-            profile_to: Path | None = None, task_ms: float = 0) -> tuple[float, float]:
+            profile_to: Path | None = None, task_ms: float = 0, profiler: str = "pyinstrument") -> tuple[float, float]:
     """(tasks per second, worker CPU microseconds per task) for one worker draining `tasks`."""
     queue = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
     app = producer(variant, broker_url, queue)
@@ -94,7 +94,13 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
     if profile_to is not None:
         # One process does everything (consumer and task), so one profile shows the whole cost.
         pool = ["--pool", "solo"]
-        prefix += ["pyinstrument", "-r", "pstats", "-o", str(profile_to), "-m"]
+        # pyinstrument samples (little distortion); cProfile (bench/cpu_profile.py) counts every call
+        # (exact call counts, inflated times of small functions), on a CPU clock from the worker's
+        # readiness on: the load of a shared machine does not enter, nor does the boot.
+        if profiler == "pyinstrument":
+            prefix += ["pyinstrument", "-r", "pstats", "-o", str(profile_to), "-m"]
+        else:
+            prefix = [sys.executable, str(ROOT / "bench" / "cpu_profile.py"), str(profile_to), "-m"]
     worker = subprocess.Popen(
         [*prefix, "celery", "-A", "throughput_app", "worker", *pool,
          "--loglevel", "WARNING", "--without-mingle", "--without-gossip", "--without-heartbeat", "--queues", queue],
@@ -163,8 +169,10 @@ def main() -> int:
     parser.add_argument("--task-ms", type=float, default=0,
                         help="each task sleeps this long (default 0: no-op); shows the overhead on real work")
     parser.add_argument("--profile", action="store_true",
-                        help="instead: one solo-pool worker per variant under pyinstrument (pip install "
-                             "pyinstrument), reporting where the time per task goes")
+                        help="instead: one solo-pool worker per variant under a profiler, reporting where the "
+                             "time per task goes")
+    parser.add_argument("--profiler", choices=("pyinstrument", "cprofile"), default="pyinstrument",
+                        help="with --profile: pyinstrument (sampling; pip install pyinstrument) or cProfile")
     args = parser.parse_args()
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"taskherd-bench-{uuid.uuid4().hex[:6]}"
     log_dir.mkdir()
@@ -182,7 +190,8 @@ def main() -> int:
                 if args.profile:
                     for variant in args.variants.split(","):
                         path = log_dir / f"{broker}-{variant}.pstats"
-                        rate, _ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path)
+                        rate, _ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path,
+                                          profiler=args.profiler)
                         print(f"  {broker:<8} {variant:<11} solo, profiled: {rate:7.1f} tasks/s")
                         report_profile(path, args.tasks)
                     continue
