@@ -17,10 +17,11 @@ Each round scales 1 -> N (6) and times, per new pod (host clock; the local clust
   Ready            scale call -> the pod's Ready condition (the probes' periods decide the lag)
 
 Pod events come from a `kubectl get pods --watch`, the worker's own timestamps from
-bench/cluster_app.py. Variants (the pool's values): the chart's former probes (exec, startup every
-5 s, readiness every 10 s) as the baseline, the chart's defaults (HTTP probes every second), then
-`taskherd worker` instead of Celery's command line, then without mingle and gossip (Celery's
-start-up exchange with other workers). Medians over rounds; "all N" is the last of the new pods.
+bench/cluster_app.py. Variants (the pool's values): the chart's former defaults as the baseline
+(exec probes, startup every 5 s, readiness every 10 s; Celery's mingle and gossip on), HTTP probes
+with mingle and gossip, the chart's defaults (HTTP probes every second, `--without-mingle
+--without-gossip`), then `taskherd worker` instead of Celery's command line. Medians over rounds;
+"all N" is the last of the new pods.
 
 By default the pods run THIS checkout's worker package: its modules are compiled here and mounted
 over the image's (a ConfigMap of sourceless .pyc files first on PYTHONPATH), so a change to the
@@ -56,12 +57,13 @@ WORKER_OPTIONS = ["--app=cluster_app", f"--queues={QUEUE}", "--concurrency=2", "
                   "--soft-time-limit=20", "--time-limit=30", "--max-tasks-per-child=1000"]
 #: pool values of each variant (merged over the chart's defaults)
 VARIANTS = {
-    "exec probes 5 s / 10 s (before)": {"probes": {"type": "exec", "startup": {"periodSeconds": 5, "failureThreshold": 60},
-                                                   "readiness": {"periodSeconds": 10}}},
-    "chart defaults": {},
-    "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS]},
-    "+ without mingle and gossip": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle",
-                                             "--without-gossip"]},
+    "exec probes 5 s / 10 s, mingle and gossip (before)": {
+        "mingle": True, "gossip": True,
+        "probes": {"type": "exec", "startup": {"periodSeconds": 5, "failureThreshold": 60},
+                   "readiness": {"periodSeconds": 10}}},
+    "HTTP probes, mingle and gossip": {"mingle": True, "gossip": True},
+    "chart defaults": {},  # HTTP probes every second, without mingle and gossip
+    "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle", "--without-gossip"]},
 }
 PHASES = (("schedule", "scale_call", "bound"), ("container start", "bound", "process_started"),
           ("imports", "process_started", "worker_init"), ("broker connect", "worker_init", "connected"),

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import yaml
 
-from chart_support import BROKER, CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, render
+from chart_support import BROKER, CHART, CI_VALUES, KUBE_VERSION, by_kind, helm, render, render_error
 
 WORKER = "taskherd-worker"
 
@@ -531,3 +531,18 @@ def test_worker_pod_labels_are_the_ones_docs_chart_md_lists():
         labels = deployments[f"th-taskherd-{name}"]["spec"]["template"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/component"] == name
         assert set(labels) == {k for k, where in documented.items() if where == "every pod of the chart"}
+
+
+def test_workers_boot_without_mingle_and_gossip_unless_a_pool_asks_for_them():
+    # mingle waits a second for replies on every boot (bench/worker_boot.py), gossip costs every
+    # worker the events of every other: both off unless asked for, per pool or in the defaults.
+    values = {**BROKER, "workerPoolDefaults": {"gossip": True}, "workerPools": [
+        {"name": "plain", "app": "a", "queues": ["plain"]},
+        {"name": "revokes", "app": "a", "queues": ["revokes"], "mingle": True, "gossip": False}]}
+    deployments = by_kind(render(values=values), "Deployment")
+    plain = container(deployments["th-taskherd-plain"], WORKER)["command"]
+    revokes = container(deployments["th-taskherd-revokes"], WORKER)["command"]
+    assert "--without-mingle" in plain and "--without-gossip" not in plain
+    assert "--without-mingle" not in revokes and "--without-gossip" in revokes
+    refused = render_error(values={**BROKER, "workerPools": [{"name": "p", "app": "a", "extraArgs": ["--without-mingle"]}]})
+    assert 'workerPools[0].extraArgs[0]="--without-mingle" is refused: set mingle instead' in refused

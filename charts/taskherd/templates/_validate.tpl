@@ -422,6 +422,8 @@ is added (taskherd.componentName), so only a real clash remains: a pool named li
 -X: "set queues instead (the chart passes it)"
 --max-tasks-per-child: "set maxTasksPerChild instead (the chart passes it)"
 --max-memory-per-child: "set maxMemoryPerChildKb instead (the chart passes it)"
+--without-mingle: "set mingle instead (false, the default, passes it)"
+--without-gossip: "set gossip instead (false, the default, passes it)"
 --loglevel: "set logLevel instead (the chart passes it)"
 -l: "set logLevel instead (the chart passes it)"
 --app: "set app instead (the chart passes it)"
