@@ -126,6 +126,31 @@ def test_ack_after_a_lapsed_lease_leaves_the_new_holder_entry_alone(redis_url, u
     assert client.llen(unique_name) == 0, "an acked message came back"
 
 
+def test_a_worker_whose_lease_lapsed_knows_it_no_longer_holds_the_delivery(redis_url, unique_name, monkeypatch):
+    # What a worker's main process asks before dead-lettering a hard-timed-out task: on kind, a
+    # worker partitioned from Redis dead-lettered as `hard-time-limit` a poison task that another
+    # worker had meanwhile run and dead-lettered for its real reason (two envelopes, two reasons).
+    client = redis.Redis.from_url(redis_url)
+    publish(redis_url, unique_name, 1)
+    stale = FakeWorker(redis_url, "stale-2")
+    message = stale.get(unique_name)
+    monkeypatch.setattr(recovery, "_installed_lease", stale.lease)
+    monkeypatch.setattr(recovery, "_installed_tracker", recovery.Tracker(worker_id="stale-2"))
+    assert recovery.holds(message.delivery_tag) is True
+    time.sleep(0.6)
+    assert recovery.restore_dead_workers(client) == {"stale-2": 1}
+    assert recovery.holds(message.delivery_tag) is False, "restored: back on its queue"
+    fresh = FakeWorker(redis_url, "fresh-2", timeout=30)
+    again = fresh.get(unique_name)
+    assert again.delivery_tag == message.delivery_tag
+    assert recovery.holds(message.delivery_tag) is False, "redelivered to another worker"
+    monkeypatch.setattr(recovery, "_installed_lease", None)
+    assert recovery.holds(message.delivery_tag) is None, "no fast recovery in this process: unknown"
+    again.ack()
+    stale.close()
+    fresh.close()
+
+
 def test_reject_with_requeue_gives_the_message_back_and_forgets_it(redis_url, unique_name):
     client = redis.Redis.from_url(redis_url)
     publish(redis_url, unique_name, 1)

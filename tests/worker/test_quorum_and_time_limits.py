@@ -99,3 +99,30 @@ def test_soft_time_limit_is_dead_lettered_not_retried(broker_url, record_url, re
     assert letter.envelope.reason == "soft-time-limit" and letter.task_id == slow.id
     assert letter.envelope.exception_type.endswith("SoftTimeLimitExceeded")
     assert len(recorded("slow:start")) == 1 and recorded("slow:done") == []
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_hard_time_limit_is_not_dead_lettered_by_a_worker_whose_delivery_was_taken_back(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    # On kind, a worker partitioned from Redis lost its lease; its running task went back to the
+    # queue and another worker ran it and dead-lettered it for its real reason. When the first one's
+    # child then met its hard time limit, that worker dead-lettered the task a second time, as
+    # `hard-time-limit`. Here the delivery is taken back as a restore and a re-pop leave it:
+    # another worker owns it.
+    import redis
+
+    from taskherd.worker.components import recovery
+
+    env = core_env(broker_url, unique_name, record_url, soft_time_limit=1, time_limit=2)
+    worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
+    producer.send_task("core.ignores_soft_limit", args=("taken",), queue=unique_name)
+    wait_for("the task running", lambda: recorded("taken"), timeout=30)
+    client = redis.Redis.from_url(broker_url)
+    (tag,) = client.hkeys(recovery.OWNER_KEY)
+    client.hset(recovery.OWNER_KEY, tag, "another-worker.1.0000")
+    wait_for("the worker's word on it", lambda: "not dead-lettered here" in worker.log(), timeout=30)
+    assert dead_letters(broker_url, unique_name) == []
+    assert client.hget(recovery.OWNER_KEY, tag) == b"another-worker.1.0000", "the new holder's entry was removed"
+    assert client.hexists("unacked", tag), "the fenced ack removed kombu's entry of the new holder"
+    producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
+    wait_for("the next task", lambda: recorded("after"), timeout=30)

@@ -264,8 +264,8 @@ class Request(CeleryRequest):
     """The main process's view of a task: dead-letters hard time limits, puts messages back, names
     the cause of a pool child's death (taskherd.worker.child_deaths)."""
 
-    #: set when a hard-timed-out task could not be dead-lettered and went back to its queue
-    _put_back_after_timeout = False
+    #: why a hard-timed-out task went back to its queue instead of its DLQ ("" when it did not)
+    _put_back_after_timeout = ""
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state
@@ -277,12 +277,21 @@ class Request(CeleryRequest):
             # billiard sets a hard-timed-out job's result (this call, which acks) BEFORE it calls
             # on_timeout: the envelope must be in the DLQ before super() acknowledges.
             timeout = exc.args[0] if exc.args else self.task.time_limit
+            if self._taken_back():
+                # Another worker has (or will have) this delivery: dead-lettering it here as well
+                # would give it a second envelope, with a reason its new run may not share.
+                logger.warning("taskherd: %s[%s] exceeded its hard time limit after its delivery went back to the "
+                               "queue (this worker's lease lapsed); not dead-lettered here", self.name, self.id)
+                self._put_back_after_timeout = "this worker's lease on it had lapsed"
+                state.task_ready(self)
+                self.acknowledge()  # fenced: removes nothing another worker holds
+                return None
             try:
                 self._dead_letter_hard_timeout(timeout)
             except Exception:
                 logger.exception("taskherd: could not dead-letter %s[%s] after its hard time limit; "
                                  "putting it back", self.name, self.id)
-                self._put_back_after_timeout = True
+                self._put_back_after_timeout = "its dead-letter queue could not be written"
                 state.task_ready(self)
                 self.put_back()
                 return None
@@ -294,11 +303,17 @@ class Request(CeleryRequest):
             child_deaths.record(self.name, str(exc), task_id=self.id)
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
+    def _taken_back(self) -> bool:
+        """Whether Redis fast recovery gave this delivery back to its queue while it ran here."""
+        from .components.recovery import holds
+
+        return holds(getattr(self._message, "delivery_tag", None)) is False
+
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and self._put_back_after_timeout:
             # Back on its queue, not failed: no FAILURE result, no failure hooks.
             logger.error("taskherd: hard time limit (%ss) exceeded for %s[%s]; it went back to its queue because "
-                         "its dead-letter queue could not be written", timeout, self.name, self.id)
+                         "%s", timeout, self.name, self.id, self._put_back_after_timeout)
             return
         super().on_timeout(soft, timeout)
 

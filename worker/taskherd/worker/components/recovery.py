@@ -760,6 +760,22 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     return lease
 
 
+def holds(delivery_tag: str | None) -> bool | None:
+    """Whether this worker still owns a delivery it took: False once the delivery went back to its
+    queue — this worker's lease lapsed (a partition, a stall) or its identity was given up after a
+    lost connection — and another worker may be running it now and will have the last word on it
+    (ack, dead-letter). None when fast recovery is not active in this process or Redis does not
+    answer: the caller goes on as if it held it."""
+    lease, tracker = _installed_lease, _installed_tracker
+    if lease is None or tracker is None or not delivery_tag:
+        return None
+    try:
+        owner = lease.client.hget(tracker.keys(OWNER_KEY), delivery_tag)
+    except (redis.RedisError, OSError):
+        return None
+    return owner is not None and owner.decode() == tracker.worker_id
+
+
 def first_broker_url(app: Any) -> str:
     """The app's broker URL (the first, when several are given for failover)."""
     url = app.conf.broker_url or app.conf.broker_write_url or ""
