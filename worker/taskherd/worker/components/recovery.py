@@ -644,16 +644,15 @@ def _tracking_qos_class():
                 virtual.QoS.append(self, message, delivery_tag)
                 return
             delivery = message.delivery_info
-            with self.pipe_or_acquire() as pipe:  # one MULTI/EXEC: kombu's entries and ours
-                try:
-                    pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                        .hset(self.unacked_key, delivery_tag,
-                              dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
-                        .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
-                        .hset(held_key(tracker.worker_id), delivery_tag, record) \
-                        .execute()
-                except redis.ResponseError:
-                    raise  # kombu's BRPOP (Redis < 6.2): nothing recorded this delivery yet
+            # kombu's BRPOP (Redis < 6.2) recorded nothing: one MULTI/EXEC writes kombu's entries
+            # and ours (an error raises: kombu's own bookkeeping would have failed too)
+            with self.pipe_or_acquire() as pipe:
+                pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                    .hset(self.unacked_key, delivery_tag,
+                          dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                    .hset(OWNER_KEY, delivery_tag, tracker.worker_id) \
+                    .hset(held_key(tracker.worker_id), delivery_tag, record) \
+                    .execute()
                 virtual.QoS.append(self, message, delivery_tag)
 
         def _fenced_remove(self, delivery_tag) -> None:
