@@ -57,11 +57,11 @@ WORKER_OPTIONS = ["--app=cluster_app", f"--queues={QUEUE}", "--concurrency=2", "
                   "--soft-time-limit=20", "--time-limit=30", "--max-tasks-per-child=1000"]
 #: pool values of each variant (merged over the chart's defaults)
 VARIANTS = {
-    "exec probes 5 s / 10 s, mingle and gossip (before)": {
+    "exec probes 5 s / 10 s with mingle and gossip (before)": {
         "mingle": True, "gossip": True,
         "probes": {"type": "exec", "startup": {"periodSeconds": 5, "failureThreshold": 60},
                    "readiness": {"periodSeconds": 10}}},
-    "HTTP probes, mingle and gossip": {"mingle": True, "gossip": True},
+    "HTTP probes with mingle and gossip": {"mingle": True, "gossip": True},
     "chart defaults": {},  # HTTP probes every second, without mingle and gossip
     "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle", "--without-gossip"]},
 }
