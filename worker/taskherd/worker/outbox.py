@@ -29,11 +29,14 @@ from psycopg.types.json import Jsonb
 
 from taskherd.contract import broker_kind
 
+from .profile import REDIS_TRANSPORT_DEFAULTS
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TABLE = "taskherd_outbox"
-#: kombu Redis transport options of the relay's publishes, seconds (CeleryPublisher says why)
-REDIS_PUBLISH_TIMEOUTS = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
+#: kombu Redis transport options of the relay's publishes, seconds (CeleryPublisher says why):
+#: configure()'s connect timeout, and a read timeout a consuming worker cannot have
+REDIS_PUBLISH_TIMEOUTS = {**REDIS_TRANSPORT_DEFAULTS, "socket_timeout": 10.0}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
