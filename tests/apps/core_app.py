@@ -136,6 +136,14 @@ def fails_after(key, seconds):
     raise ValueError(f"failed after {seconds}s")
 
 
+@app.task(name="core.transient_after")
+def transient_after(key, seconds):
+    """Fails with a transient error after ``seconds`` (it would be retried)."""
+    record(key)
+    time.sleep(seconds)
+    raise ConnectionResetError(f"upstream reset the connection after {seconds}s")
+
+
 class OperationalError(Exception):
     """Django's ``django.db.utils.OperationalError``: raised ``from`` the driver's own error."""
 

@@ -1,4 +1,6 @@
 """RabbitMQ quorum queues get the same dead-lettering; a hard time limit is dead-lettered too."""
+import time
+
 import httpx
 import pytest
 from urllib.parse import unquote, urlsplit
@@ -126,3 +128,32 @@ def test_a_hard_time_limit_is_not_dead_lettered_by_a_worker_whose_delivery_was_t
     assert client.hexists("unacked", tag), "the fenced ack removed kombu's entry of the new holder"
     producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
     wait_for("the next task", lambda: recorded("after"), timeout=30)
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+@pytest.mark.parametrize("task,outcome", [("core.fails_after", "dead-lettered"), ("core.transient_after", "retried")])
+def test_a_failure_is_not_retried_or_dead_lettered_by_a_child_whose_delivery_was_taken_back(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory, task, outcome):
+    # The pool child's side of the test above (seen on kind: a partitioned worker's task failed
+    # after another worker had taken it over, and both dead-lettered it). The child was forked
+    # before the lease existed and its main process may have changed identity since: it must ask
+    # for the identity the delivery was taken under.
+    import redis
+
+    from taskherd.worker.components import recovery
+
+    env = core_env(broker_url, unique_name, record_url, backoff_base=0.1, jitter="max")
+    worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
+    producer.send_task(task, args=("taken", 3), queue=unique_name)
+    wait_for("the task running", lambda: recorded("taken"), timeout=30)
+    client = redis.Redis.from_url(broker_url)
+    (tag,) = client.hkeys(recovery.OWNER_KEY)
+    client.hset(recovery.OWNER_KEY, tag, "another-worker.1.0000")
+    wait_for("the child's word on it", lambda: f"not {outcome} here" in worker.log(), timeout=30)
+    producer.send_task("core.record", args=("after", "ok"), queue=unique_name)
+    wait_for("the next task", lambda: recorded("after"), timeout=30)
+    time.sleep(2)  # a retry published here would have run by now (its countdown: 0.1 s)
+    assert dead_letters(broker_url, unique_name) == []
+    assert len(recorded("taken")) == 1, "it ran again here: a retry was published"
+    assert client.hget(recovery.OWNER_KEY, tag) == b"another-worker.1.0000", "the new holder's entry was removed"
+    assert client.hexists("unacked", tag), "the ack removed kombu's entry of the new holder"

@@ -18,7 +18,8 @@ We report the midpoint of that bracket and half its width as the error. When eve
 window already shows P >= k, the head predates the window: all we can say is "at least this old"
 (``AGE_LOWER_BOUND``); the caller then asks for a longer window. When k < 1 the head was never
 counted (it predates a counter reset, e.g. a node restart with durable messages, or it was
-dead-lettered into the queue): its age is unknown and we say so (None), never "young".
+dead-lettered into the queue, or published on a channel that closed before the collector's first
+tick, whose counters the broker then drops): its age is unknown and we say so (None), never "young".
 
 Known biases: messages returned to the head (nack/requeue, a closed channel) are older than
 message k, so the figure can be too young by how long they had been out; messages that entered

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from typing import Any
 
@@ -61,9 +62,18 @@ _PROTOCOL_HEADERS = ("lang", "task", "id", "shadow", "eta", "expires", "group", 
                      "origin", "ignore_result", "replaced_task_nesting")
 
 
+#: The request key that carries a Redis delivery's tag and the fast-recovery identity it was taken
+#: under to the pool child (taskherd.worker.components.recovery.held_as): the child asks Redis
+#: whether that identity still owns it before it retries or dead-letters.
+HELD_AS = "taskherd_held_as"
+
 #: Keys Celery's Request merges into its request dict that are not message headers.
 _MERGED_INTO_REQUEST = frozenset({"args", "kwargs", "delivery_info", "hostname", "reply_to",
-                                  "correlation_id", "properties", "is_eager"})
+                                  "correlation_id", "properties", "is_eager", HELD_AS})
+
+#: Fast recovery runs only where its module was imported (a Redis broker); importing it just to
+#: find out would load redis-py into every RabbitMQ worker.
+_RECOVERY_MODULE = "taskherd.worker.components.recovery"
 
 
 #: Seconds a child waits before requeueing a message it could not dead-letter, so that a DLQ
@@ -89,6 +99,13 @@ class PublishFailed(Reject):
 
 class DeadLettered(Exception):
     """The task's message went to the DLQ instead of running (its FAILURE result says why)."""
+
+
+class TakenBack(Ignore):
+    """The delivery went back to its queue while the task ran here (this worker's Redis lease
+    lapsed: a partition, a stall): another worker has it, or will, and has the last word on it. A
+    retry or an envelope from here would be a second copy; Celery acknowledges an ignored task,
+    and that acknowledgement is fenced (it removes nothing the new holder has)."""
 
 
 def queue_of(app: Any, profile: Profile, delivery_info: dict | None) -> str:
@@ -160,7 +177,8 @@ class Task(celery.Task):
             delivery.forget()
             raise DeadLettered(f"{self.name}[{request.id}] killed its worker {runs} times: dead-lettered")
         # A Redis counter is forgotten once this delivery has an outcome (the next message, if
-        # any, is a retry with its own count); a requeued delivery keeps counting.
+        # any, is a retry with its own count); a requeued delivery keeps counting, and so does one
+        # taken back while it ran (the run that counts is elsewhere).
         outcome_known = True
         try:
             return self._run_traced(*args, **kwargs)
@@ -178,6 +196,9 @@ class Task(celery.Task):
                 raise
             except Reject as rejected:
                 outcome_known = not rejected.requeue
+                raise
+            except TakenBack:
+                outcome_known = False
                 raise
             raise
         finally:
@@ -202,6 +223,7 @@ class Task(celery.Task):
         first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or failed_at
         transient = profile.classifier.is_transient(exc)
         if transient and retries < profile.max_retries:
+            self._stop_if_taken_back(exc, "retried")
             delay = retry_delay(exc, retries, profile)
             try:
                 with soft_limit.deferred("a retry was being published"):
@@ -224,9 +246,22 @@ class Task(celery.Task):
         self._send_to_dlq(profile, reason=reason, detail=detail, attempts=attempts, exc=exc,
                           first_failure_at=float(first_failure), failed_at=failed_at)
 
+    def _stop_if_taken_back(self, exc: BaseException | None, outcome: str) -> None:
+        """Raises TakenBack when Redis fast recovery gave this delivery back to its queue while it
+        ran here (a failure path only: one Redis round trip)."""
+        held = getattr(self.request, HELD_AS, None)
+        recovery = sys.modules.get(_RECOVERY_MODULE)
+        if held is None or recovery is None or recovery.child_holds(self.app, held) is not False:
+            return
+        logger.warning("taskherd: %s[%s] failed (%r) after its delivery went back to the queue (this worker's "
+                       "lease lapsed); not %s here: the worker that has it now decides", self.name,
+                       self.request.id, exc, outcome)
+        raise TakenBack(f"{self.name}[{self.request.id}]: its delivery went back to the queue while it ran")
+
     def _send_to_dlq(self, profile: Profile, *, reason: str, detail: str, attempts: int,
                      exc: BaseException | None = None, first_failure_at: float | None = None,
                      failed_at: float | None = None) -> None:
+        self._stop_if_taken_back(exc, "dead-lettered")
         request = self.request
         now = failed_at or time.time()
         envelope = Envelope(
@@ -266,6 +301,13 @@ class Request(CeleryRequest):
 
     #: why a hard-timed-out task went back to its queue instead of its DLQ ("" when it did not)
     _put_back_after_timeout = ""
+
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(message, *args, **kwargs)
+        recovery = sys.modules.get(_RECOVERY_MODULE)
+        held = recovery.held_as(message.delivery_tag) if recovery is not None else None
+        if held is not None:
+            self._request_dict[HELD_AS] = held
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state

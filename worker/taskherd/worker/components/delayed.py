@@ -13,7 +13,7 @@ from typing import Any
 from taskherd.contract import broker_kind
 
 from . import Component
-from .recovery import first_broker_url
+from .recovery import first_broker_url, key_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +49,10 @@ class DelayedMessages(Component):
 
                 from taskherd.worker import delayed
 
-                options = worker.app.conf.broker_transport_options or {}
                 timeout = max(1.0, settings.interval * 5)
                 client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
                 self.mover = delayed.activate(
-                    delayed.DelaySet(client, prefix=options.get("global_keyprefix", "") or ""),
+                    delayed.DelaySet(client, prefix=key_prefix(worker.app)),
                     interval=settings.interval)
                 logger.info("taskherd: ETA/countdown messages wait in %s, moved every %.1f s",
                             self.mover.delays.key, settings.interval)

@@ -164,9 +164,8 @@ class FastRecovery(Component):
                     logger.warning("taskherd recovery: Redis Sentinel brokers are not supported; unacked messages "
                                    "of a killed worker wait for visibility_timeout")
                     return
-                options = worker.app.conf.broker_transport_options or {}
                 activate(broker_url=broker_url, hostname=worker.hostname, settings=settings,
-                         prefix=options.get("global_keyprefix", "") or "")
+                         prefix=key_prefix(worker.app))
 
         app.steps["worker"].add(FastRecoveryStep)
 
@@ -759,20 +758,63 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     return lease
 
 
+#: Seconds a pool child waits for Redis to say who owns a delivery (on a failure path only).
+OWNER_LOOKUP_TIMEOUT = 5.0
+
+_owner_clients: dict[tuple[int, str], redis.Redis] = {}
+
+
+def held_as(delivery_tag: str | None) -> tuple[str, str] | None:
+    """In the main process: (tag, this worker's identity) for a delivery it just took, which the
+    task's request carries to the pool child (taskherd.worker.task.HELD_AS): the children are
+    forked before fast recovery starts, and this identity changes after a lost connection, so a
+    child cannot know it. None when fast recovery is not active."""
+    tracker = _installed_tracker
+    if tracker is None or not delivery_tag:
+        return None
+    return delivery_tag, tracker.worker_id
+
+
 def holds(delivery_tag: str | None) -> bool | None:
-    """Whether this worker still owns a delivery it took: False once the delivery went back to its
-    queue — this worker's lease lapsed (a partition, a stall) or its identity was given up after a
-    lost connection — and another worker may be running it now and will have the last word on it
-    (ack, dead-letter). None when fast recovery is not active in this process or Redis does not
-    answer: the caller goes on as if it held it."""
+    """In the main process: whether this worker still owns a delivery it took: False once the
+    delivery went back to its queue — this worker's lease lapsed (a partition, a stall) or its
+    identity was given up after a lost connection — and another worker may be running it now and
+    will have the last word on it (ack, dead-letter). None when fast recovery is not active in
+    this process or Redis does not answer: the caller goes on as if it held it."""
     lease, tracker = _installed_lease, _installed_tracker
     if lease is None or tracker is None or not delivery_tag:
         return None
+    return _owned_by(lease.client, tracker.keys(OWNER_KEY), delivery_tag, tracker.worker_id)
+
+
+def child_holds(app: Any, held: Any) -> bool | None:
+    """In a pool child: :func:`holds` for the delivery its request carries (:func:`held_as`).
+    Answers for the identity the delivery was taken under: one given up after a lost connection
+    still counts as holding it until the lease gives its deliveries back."""
     try:
-        owner = lease.client.hget(tracker.keys(OWNER_KEY), delivery_tag)
+        delivery_tag, holder = held
+    except (TypeError, ValueError):
+        return None
+    broker_url = first_broker_url(app)
+    key = (os.getpid(), broker_url)
+    client = _owner_clients.get(key)
+    if client is None:
+        client = _owner_clients[key] = redis.Redis.from_url(
+            broker_url, socket_timeout=OWNER_LOOKUP_TIMEOUT, socket_connect_timeout=OWNER_LOOKUP_TIMEOUT)
+    return _owned_by(client, Keys(key_prefix(app))(OWNER_KEY), delivery_tag, holder)
+
+
+def _owned_by(client: redis.Redis, owner_key: str, delivery_tag: str, holder: str) -> bool | None:
+    try:
+        owner = client.hget(owner_key, delivery_tag)
     except (redis.RedisError, OSError):
         return None
-    return owner is not None and owner.decode() == tracker.worker_id
+    return owner is not None and owner.decode() == holder
+
+
+def key_prefix(app: Any) -> str:
+    """kombu's ``global_keyprefix`` of the app's Redis transport, which our keys carry too."""
+    return (app.conf.broker_transport_options or {}).get("global_keyprefix", "") or ""
 
 
 def first_broker_url(app: Any) -> str:
