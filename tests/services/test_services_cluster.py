@@ -84,12 +84,26 @@ def test_a_rabbitmq_container_crash_keeps_queued_messages(cluster, services, hos
         # slow disk or a loaded machine: tens of seconds); the queue's own count says when.
         wait_for(f"{queue.name} in {vhost} recovered with its {MESSAGES} messages",
                  lambda: queue_messages(host.management, vhost, queue.name), 180, 2,
-                 equals=MESSAGES, ignoring=(httpx.HTTPError, KeyError))
+                 equals=MESSAGES, ignoring=(httpx.HTTPError, KeyError),
+                 explain=lambda: rabbitmq_state(cluster, host.management, vhost))
         assert sorted(drain(url, queue, MESSAGES), key=lambda b: b["n"]) == sent
     finally:
         # best effort: a server that never came back must not hide why behind a refused DELETE
         with contextlib.suppress(httpx.HTTPError):
             tenants.delete_vhost(host.management, vhost)
+
+
+def rabbitmq_state(cluster, management_url: str, vhost: str) -> str:
+    """What the broker says of the vhost, and its log since the restart (a queue still missing after
+    minutes: did the vhost fail to start, or the node come back as another node?)."""
+    try:
+        response = httpx.get(f"{management_url}/api/vhosts/{quote(vhost, safe='')}", timeout=10)
+        state = f"vhost {vhost}: HTTP {response.status_code} {response.text[:300]}"
+    except httpx.HTTPError as error:
+        state = f"vhost {vhost}: {error!r}"
+    logs = cluster.kubectl("logs", "-n", faults.NAMESPACE, "rabbitmq-0", "-c", "rabbitmq", "--tail", "80",
+                           check=False, timeout=30)
+    return f"{state}\nrabbitmq-0's log since the restart (last 80 lines):\n{logs.stdout}{logs.stderr}"
 
 
 def queue_messages(management_url: str, vhost: str, queue: str) -> int:
