@@ -109,11 +109,7 @@ if [ -n "$HOST_MINE" ] && [ -f "$STATE/host/sysctl.orig" ]; then
     # the first value recorded for each key is the one before the cluster
     awk -F= '!seen[$1]++' "$STATE/host/sysctl.orig" | while IFS='=' read -r k v; do sysctl -qw "$k=$v" || true; done
 fi
-if [ -f "$STATE/host/cgroup-mounts" ]; then
-    while read -r m; do
-        if umount "$m" 2>/dev/null; then rmdir "$m" 2>/dev/null || true; fi
-    done <"$STATE/host/cgroup-mounts"
-fi
+unmount_recorded_cgroups "$STATE/host/cgroup-mounts"
 
 if [ -d "$STATE" ]; then
     if [ -d "$LOG_DIR" ]; then

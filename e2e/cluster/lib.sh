@@ -120,6 +120,41 @@ take_lock() {
     export TASKHERD_LOCK_HELD=$name
 }
 
+# mount_cgroup_v1_controllers RECORD: on a cgroup v1 host, mounts the controllers a kubelet needs
+# (cpu, cpuacct, cpuset, memory; pids and hugetlb when the kernel has them) that the host has not
+# mounted, and appends each mount point to RECORD for unmount_recorded_cgroups. Both clusters need
+# it: the local kubelet runs on the host; a kind node's systemd mounts every controller of
+# /proc/cgroups, and kind's entrypoint prepares the kubelet's cgroup only in those mounted on the
+# host when the node starts (without hugetlb on the host: "cgroup ["kubelet"] has some missing
+# paths: /sys/fs/cgroup/hugetlb/kubelet.slice", and kubeadm init waits forever).
+mount_cgroup_v1_controllers() {
+    local record=$1 ctl
+    [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] || return 0
+    for ctl in cpu cpuacct cpuset memory pids hugetlb; do
+        if ! awk -v c="$ctl" '$1 == c && $4 == 1 {f=1} END {exit !f}' /proc/cgroups; then
+            [ "$ctl" = hugetlb ] || [ "$ctl" = pids ] || die "cgroup controller $ctl is not available"
+            continue
+        fi
+        if ! awk '$3 == "cgroup" {print $4}' /proc/mounts | tr ',' '\n' | grep -qx "$ctl"; then
+            log "mounting missing cgroup v1 controller $ctl"
+            mkdir -p "/sys/fs/cgroup/$ctl"
+            mount -t cgroup -o "$ctl" cgroup "/sys/fs/cgroup/$ctl"
+            mkdir -p "$(dirname "$record")"
+            echo "/sys/fs/cgroup/$ctl" >>"$record"
+        fi
+    done
+}
+
+# unmount_recorded_cgroups RECORD: undoes mount_cgroup_v1_controllers (a mount still in use stays).
+unmount_recorded_cgroups() {
+    local record=$1 m
+    [ -f "$record" ] || return 0
+    while read -r m; do
+        if umount "$m" 2>/dev/null; then rmdir "$m" 2>/dev/null || true; fi
+    done <"$record"
+    rm -f "$record"
+}
+
 # The host-level pieces (bridge taskherd0, iptables chains, the kubelet's kubepods cgroups, sysctls)
 # exist once per machine. This file names the TASKHERD_HOME whose cluster owns them, so that a
 # second checkout with another TASKHERD_HOME neither starts a colliding cluster nor tears down

@@ -100,21 +100,7 @@ done
 mkdir -p "$STATE" "$RUN_DIR" "$LOG_DIR" "$PKI" "$STATE/cni/net.d" "$STATE/cni/ipam" "$STATE/host"
 readlink -f "$TASKHERD_HOME" >"$HOST_OWNER_FILE"
 
-# cgroup v1 controllers: the kubelet needs cpu, cpuacct, cpuset, memory (pids, hugetlb optional).
-if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
-    for ctl in cpu cpuacct cpuset memory pids hugetlb; do
-        if ! awk -v c="$ctl" '$1 == c && $4 == 1 {f=1} END {exit !f}' /proc/cgroups; then
-            [ "$ctl" = hugetlb ] || [ "$ctl" = pids ] || die "cgroup controller $ctl is not available"
-            continue
-        fi
-        if ! awk '$3 == "cgroup" {print $4}' /proc/mounts | tr ',' '\n' | grep -qx "$ctl"; then
-            log "mounting missing cgroup v1 controller $ctl"
-            mkdir -p "/sys/fs/cgroup/$ctl"
-            mount -t cgroup -o "$ctl" cgroup "/sys/fs/cgroup/$ctl"
-            echo "/sys/fs/cgroup/$ctl" >>"$STATE/host/cgroup-mounts"
-        fi
-    done
-fi
+mount_cgroup_v1_controllers "$STATE/host/cgroup-mounts"
 
 # Forwarding is needed for pod -> Service -> pod traffic; remember the old values to restore them.
 for s in net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; do

@@ -7,12 +7,15 @@ take_lock kind-cluster
 if kind_built_here; then
     need_root
     use_kind_docker
-    kind_dockerd_pid >/dev/null || { unroute_pods; stop_kind_dockerd; rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images"; exit 0; }
+    kind_dockerd_pid >/dev/null || {
+        unroute_pods; stop_kind_dockerd; unmount_recorded_cgroups "$KIND_CGROUP_MOUNTS"
+        rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images"; exit 0
+    }
 fi
 if [ -x "$KIND" ] && "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER_NAME"; then
     "$KIND" delete cluster --name "$KIND_CLUSTER_NAME" >&2
 fi
 rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images" "$KIND_KUBECONFIG"
 unroute_pods
-if kind_built_here; then stop_kind_dockerd; fi
+if kind_built_here; then stop_kind_dockerd; unmount_recorded_cgroups "$KIND_CGROUP_MOUNTS"; fi
 log "kind cluster $KIND_CLUSTER_NAME deleted"

@@ -16,6 +16,8 @@ KIND="$KIND_BIN/kind"
 KIND_HOME="$TASKHERD_HOME/kind"
 KIND_CLUSTER_NAME=taskherd
 KIND_KUBECONFIG="$KIND_HOME/kubeconfig"
+# the cgroup v1 controllers make kind-cluster mounted on the host (make kind-cluster-down unmounts them)
+KIND_CGROUP_MOUNTS="$KIND_HOME/host-cgroup-mounts"
 KIND_BUILT_IMAGE="taskherd.local/kind-node:$KUBERNETES_VERSION"
 KIND_NODE_IMAGE="${TASKHERD_KIND_NODE_IMAGE:-$KIND_BUILT_IMAGE}"
 KUBECTL="${TASKHERD_KUBECTL:-$KUBECTL}"

@@ -20,6 +20,7 @@ LOADED="$KIND_HOME/loaded-images"   # "archive size mtime" of each archive loade
 if kind_built_here; then
     need_root
     NODE_TAR=$(bash "$REPO_ROOT/images/kind/build.sh" | tail -1)
+    mount_cgroup_v1_controllers "$KIND_CGROUP_MOUNTS"
     start_kind_dockerd
     if [ "$(docker image inspect -f '{{.Id}}' "$KIND_NODE_IMAGE" 2>/dev/null)" != "$(cat "$NODE_TAR.id")" ]; then
         run_step_as installed "$KIND_NODE_IMAGE into kind's docker" kind-docker-load docker load -q -i "$NODE_TAR"
