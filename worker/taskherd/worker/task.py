@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from typing import Any
 
@@ -45,6 +44,7 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from celery.worker.request import Request as CeleryRequest
 
 from . import child_deaths, deliveries, soft_limit
+from .components import recovery
 from .backoff import backoff_delay
 from .components.metrics import record_outcome
 from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
@@ -70,10 +70,6 @@ HELD_AS = "taskherd_held_as"
 #: Keys Celery's Request merges into its request dict that are not message headers.
 _MERGED_INTO_REQUEST = frozenset({"args", "kwargs", "delivery_info", "hostname", "reply_to",
                                   "correlation_id", "properties", "is_eager", HELD_AS})
-
-#: Fast recovery runs only where its module was imported (a Redis broker); importing it just to
-#: find out would load redis-py into every RabbitMQ worker.
-_RECOVERY_MODULE = "taskherd.worker.components.recovery"
 
 
 #: Seconds a child waits before requeueing a message it could not dead-letter, so that a DLQ
@@ -250,8 +246,7 @@ class Task(celery.Task):
         """Raises TakenBack when Redis fast recovery gave this delivery back to its queue while it
         ran here (a failure path only: one Redis round trip)."""
         held = getattr(self.request, HELD_AS, None)
-        recovery = sys.modules.get(_RECOVERY_MODULE)
-        if held is None or recovery is None or recovery.child_holds(self.app, held) is not False:
+        if held is None or recovery.child_holds(self.app, held) is not False:
             return
         logger.warning("taskherd: %s[%s] failed (%r) after its delivery went back to the queue (this worker's "
                        "lease lapsed); not %s here: the worker that has it now decides", self.name,
@@ -304,8 +299,7 @@ class Request(CeleryRequest):
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
-        recovery = sys.modules.get(_RECOVERY_MODULE)
-        held = recovery.held_as(message.delivery_tag) if recovery is not None else None
+        held = recovery.held_as(message.delivery_tag)
         if held is not None:
             self._request_dict[HELD_AS] = held
 
@@ -347,9 +341,7 @@ class Request(CeleryRequest):
 
     def _taken_back(self) -> bool:
         """Whether Redis fast recovery gave this delivery back to its queue while it ran here."""
-        from .components.recovery import holds
-
-        return holds(getattr(self._message, "delivery_tag", None)) is False
+        return recovery.holds(getattr(self._message, "delivery_tag", None)) is False
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and self._put_back_after_timeout:
