@@ -1,8 +1,9 @@
-"""Reaching the host's loopback services from the local cluster's pods.
+"""Reaching the host's loopback services from the pods of the local cluster or kind.
 
-The local cluster's pods cannot reach 127.0.0.1 of the host; they reach the host's address on the
-pod bridge (``taskherd0``). :class:`Forwarder` listens there on a free port and relays each
-connection to a loopback port, one thread pair per connection, for as long as its owner runs.
+Pods cannot reach 127.0.0.1 of the host; they reach the host's address on the local cluster's pod
+bridge (``taskherd0``), or on kind's docker network (the nodes' gateway). :class:`Forwarder` listens
+there on a free port and relays each connection to a loopback port, one thread pair per connection,
+for as long as its owner runs.
 """
 from __future__ import annotations
 
@@ -10,17 +11,23 @@ import re
 import socket
 import subprocess
 import threading
+from typing import Any
 
 #: the local cluster's pod bridge (e2e/cluster/up.sh)
 BRIDGE = "taskherd0"
 
 
-def pod_gateway_address() -> str:
-    """The host's address on the local cluster's pod bridge; raises when there is no bridge."""
+def pod_gateway_address(cluster: Any = None) -> str:
+    """The host's address as the pods of `cluster` reach it: kind's network gateway for a kind
+    cluster, else the local cluster's pod bridge; raises when there is neither."""
+    if cluster is not None and cluster.source == "kind":
+        from e2e.lib import kind
+
+        return kind.host_address()
     out = subprocess.run(["ip", "-4", "-o", "addr", "show", BRIDGE], capture_output=True, text=True).stdout
     match = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
     if not match:
-        raise RuntimeError(f"no {BRIDGE} bridge: this needs the local cluster (`make cluster`)")
+        raise RuntimeError(f"no {BRIDGE} bridge: this needs the local cluster (`make cluster`) or kind")
     return match.group(1)
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UP_SCRIPT = REPO_ROOT / "e2e" / "kind" / "up.sh"
 CLUSTER_NAME = "taskherd"
+#: the docker network kind puts its nodes on (e2e/kind/lib.sh: KIND_NETWORK)
+NETWORK = "kind"
 #: labels kind puts on its node containers
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 ROLE_LABEL = "io.x-k8s.kind.role"
@@ -118,6 +120,16 @@ def _docker(*args: str, timeout: float = 120) -> str:
     if r.returncode != 0:
         raise KindError(f"`docker {' '.join(args)}` exited {r.returncode}: {(r.stderr or r.stdout).strip()}")
     return r.stdout
+
+
+def host_address() -> str:
+    """This host's IPv4 address on kind's docker network (the gateway of ``kind``): the nodes, and
+    through them the pods, reach this host there."""
+    configs = _docker("network", "inspect", NETWORK, "-f", "{{range .IPAM.Config}}{{.Gateway}} {{end}}").split()
+    ipv4 = [address for address in configs if "." in address]
+    if not ipv4:
+        raise KindError(f"docker network {NETWORK!r} has no IPv4 gateway (configs: {configs})")
+    return ipv4[0]
 
 
 def nodes(role: str | None = None) -> list[str]:
