@@ -8,7 +8,7 @@ if kind_built_here; then
     need_root
     use_kind_docker
     kind_dockerd_pid >/dev/null || {
-        unroute_pods; stop_kind_dockerd; unmount_recorded_cgroups "$KIND_CGROUP_MOUNTS"
+        unroute_pods; stop_kind_dockerd; unmount_kind_cgroups
         rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images"; exit 0
     }
 fi
@@ -17,5 +17,5 @@ if [ -x "$KIND" ] && "$KIND" get clusters 2>/dev/null | grep -qx "$KIND_CLUSTER_
 fi
 rm -f "$KIND_HOME/ready" "$KIND_HOME/loaded-images" "$KIND_KUBECONFIG"
 unroute_pods
-if kind_built_here; then stop_kind_dockerd; unmount_recorded_cgroups "$KIND_CGROUP_MOUNTS"; fi
+if kind_built_here; then stop_kind_dockerd; unmount_kind_cgroups; fi
 log "kind cluster $KIND_CLUSTER_NAME deleted"

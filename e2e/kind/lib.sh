@@ -28,6 +28,17 @@ APP_IMAGES_LIST="$IMAGES_CACHE/app-images.list"
 
 kind_built_here() { [[ "$KIND_NODE_IMAGE" == taskherd.local/* ]]; }
 
+# The cgroup controllers make kind-cluster mounted go with the cluster, unless the local cluster
+# runs on this host: its kubelet may have started since, with them (unmounting one under it would
+# break its next pod).
+unmount_kind_cgroups() {
+    if [ -f "$HOST_OWNER_FILE" ]; then
+        [ -f "$KIND_CGROUP_MOUNTS" ] && log "the local cluster runs here: the cgroup controllers kind mounted stay mounted"
+        return 0
+    fi
+    unmount_recorded_cgroups "$KIND_CGROUP_MOUNTS"
+}
+
 # ---- the docker daemon of the built-here path
 # Its own data root, exec root, socket and pid file. Unlike images/build.sh's daemon it has
 # networking, because kind needs a bridge network with docker's embedded DNS (nodes join the
