@@ -102,7 +102,7 @@ def test_an_operator_started_against_an_old_backlog_does_not_believe_it_is_young
         # below) until it reports both the count (from the queue) and the publish counter (from the
         # channel). The connection stays open meanwhile, as an application's producer pool does:
         # the management plugin collects a channel's counters every 5 s, and a channel closed
-        # before its first collection can take its counters with it (seen in CI at 1 run in ~20).
+        # before its first collection can take its counters with it (seen once in CI).
         wait_for(f"RabbitMQ to report the 5 messages of {queue} and their publish counter (ready, published)",
                  ready_and_published, equals=(5, 5), timeout=60, interval=1)
     time.sleep(max(0.0, published_at + 25 - time.time()))
