@@ -178,8 +178,9 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable:
 
 
 # -- the Redis counter -------------------------------------------------------------------------
-def _client(url: str):
-    # One client per process: prefork children must not share the parent's sockets.
+def process_client(url: str):
+    """This process's Redis client for ``url`` (5 s timeouts): prefork children must not share the
+    parent's sockets."""
     key = (os.getpid(), url)
     client = _clients.get(key)
     if client is None:
@@ -195,7 +196,7 @@ def record_delivery(url: str | None, key: str, *, ttl: float) -> int | None:
     if not url:
         return None
     try:
-        pipe = _client(url).pipeline(transaction=True)
+        pipe = process_client(url).pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, max(1, int(ttl)))
         count_now, _ = pipe.execute()
@@ -210,6 +211,6 @@ def forget(url: str | None, key: str) -> None:
     if not url:
         return
     try:
-        _client(url).delete(key)
+        process_client(url).delete(key)
     except Exception as exc:  # noqa: BLE001 - the TTL cleans up
         logger.debug("taskherd: could not delete %s: %s", key, exc)

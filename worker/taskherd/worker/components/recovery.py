@@ -758,12 +758,6 @@ def activate(*, broker_url: str, hostname: str, settings: FastRecovery, prefix: 
     return lease
 
 
-#: Seconds a pool child waits for Redis to say who owns a delivery (on a failure path only).
-OWNER_LOOKUP_TIMEOUT = 5.0
-
-_owner_clients: dict[tuple[int, str], redis.Redis] = {}
-
-
 def held_as(delivery_tag: str | None) -> tuple[str, str] | None:
     """In the main process: (tag, this worker's identity) for a delivery it just took, which the
     task's request carries to the pool child (taskherd.worker.task.HELD_AS): the children are
@@ -795,12 +789,7 @@ def child_holds(app: Any, held: Any) -> bool | None:
         delivery_tag, holder = held
     except (TypeError, ValueError):
         return None
-    broker_url = first_broker_url(app)
-    key = (os.getpid(), broker_url)
-    client = _owner_clients.get(key)
-    if client is None:
-        client = _owner_clients[key] = redis.Redis.from_url(
-            broker_url, socket_timeout=OWNER_LOOKUP_TIMEOUT, socket_connect_timeout=OWNER_LOOKUP_TIMEOUT)
+    client = deliveries.process_client(first_broker_url(app))
     return _owned_by(client, Keys(key_prefix(app))(OWNER_KEY), delivery_tag, holder)
 
 
