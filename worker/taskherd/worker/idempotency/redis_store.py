@@ -85,6 +85,18 @@ class RedisClaim(Claim):
         self._transactional.append(queue_effects)
 
 
+_holder_of_pid: tuple[int, str] = (0, "")
+
+
+def _holder() -> str:
+    """"host:pid" of this process, as records name their holder (looked up once per process)."""
+    global _holder_of_pid
+    pid = os.getpid()
+    if _holder_of_pid[0] != pid:
+        _holder_of_pid = (pid, f"{socket.gethostname()}:{pid}")
+    return _holder_of_pid[1]
+
+
 def _positive(name: str, value: float, minimum: float) -> float:
     if not isinstance(value, (int, float)) or value < minimum:
         raise ValueError(f"RedisStore {name}={value!r}; valid: a number >= {minimum}")
@@ -129,7 +141,7 @@ class RedisStore:
         key = validate_key(key)
         redis_key = self.prefix + key
         lease_ms = int(self.lease_seconds * 1000)
-        holder = f"{socket.gethostname()}:{os.getpid()}"
+        holder = _holder()
         token = new_token()
         record = in_progress_record(holder, token)
         deadline = time.monotonic() + wait_seconds

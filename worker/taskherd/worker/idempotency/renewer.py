@@ -45,6 +45,10 @@ class Renewer:
         #: when the thread will next look on its own; an add() due later need not wake it (waking
         #: it on every task costs a context switch per task, see bench/throughput.py)
         self._wakes_at = float("inf")
+        #: the shortest renewal period asked for: with no lease left, the thread still looks this
+        #: often, so that the next short task's add() (due a period from now, later than that
+        #: look) does not have to wake it either
+        self._idle_seconds = float("inf")
 
     def add(self, renew: Callable[[], bool], every_seconds: float) -> int:
         with self._lock:
@@ -55,6 +59,7 @@ class Renewer:
             lease_id = next(self._ids)
             due = self._clock() + every_seconds
             self._leases[lease_id] = _Lease(renew, every_seconds, due)
+            self._idle_seconds = min(self._idle_seconds, every_seconds)
             wake = due < self._wakes_at
         if wake:
             self._wake.set()
@@ -83,7 +88,6 @@ class Renewer:
                         lease.due = min(lease.due, self._clock() + RETRY_SECONDS)
             with self._lock:
                 waiting = [lease.due for lease in self._leases.values() if not lease.lost]
-                self._wakes_at = min(waiting) if waiting else float("inf")
-            timeout = max(self._wakes_at - self._clock(), 0.0) if waiting else None
-            self._wake.wait(timeout)
+                self._wakes_at = min(waiting) if waiting else self._clock() + self._idle_seconds
+            self._wake.wait(max(self._wakes_at - self._clock(), 0.0))
 
