@@ -8,6 +8,8 @@ messages per pod, at most 40 pods). Scalers:
 - **taskherd**: the real `taskherd.operator.scaling.desired_replicas` every pollIntervalSeconds
   (5 s, random phase), with the pool's maxOldestMessageAgeSeconds (30 s) and the busy pods the
   operator reads from the workers' metrics; scale-down removes idle pods first (pod-deletion-cost).
+  "+ Little's law" also reads the workers' finished-task counters when the operator does
+  (`taskherd.operator.throughput.reading_due`), as the operator does since it reads them.
 - **KEDA + HPA, defaults**, modelled from their source (kedacore/keda pkg/scalers,
   kubernetes pkg/controller/podautoscaler): KEDA polls its scaler every `pollingInterval` (30 s)
   and alone does 0 -> 1 (activation: metric > activationValue 0) and N -> 0 (not active for
@@ -33,6 +35,7 @@ replica-seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -48,6 +51,7 @@ from tracesim import IDLE_FIRST, NEWEST_FIRST, Result, Simulation, Trace, View
 from taskherd.operator.policy import ScalingPolicy
 from taskherd.operator.scaling import (THROUGHPUT_WINDOW_SECONDS, Observation, Recommendation,
                                        WorkSample, desired_replicas, estimate_throughput, prune_history)
+from taskherd.operator.throughput import reading_due
 
 CONCURRENCY = 2
 TARGET_PER_POD = 5
@@ -145,15 +149,21 @@ class Taskherd:
         return rng.uniform(0, self.poll_seconds)
 
     def observe(self, view: View) -> Observation:
-        throughput = None
-        if self.throughput:
+        observation = Observation(ready=view.ready_messages, unacked=view.unacked_messages,
+                                  oldest_message_age_seconds=view.oldest_ready_age)
+        if not self.throughput:
+            return observation
+        # The workers are read when the operator would read them (throughput.reading_due, on its
+        # decision before any reading): not steady, or steady with a backlog every 15 s.
+        before = desired_replicas(self.policy, observation, view.replicas, 0, self.history, view.now)
+        last = self.samples[-1].at if self.samples else None
+        if reading_due(before, view.replicas, observation.depth, last, view.now):
             # the window for the rate, and ten more minutes in case no task finished within it
             self.samples = [s for s in self.samples if s.at >= view.now - THROUGHPUT_WINDOW_SECONDS - 600]
-            self.samples.append(WorkSample(at=view.now, depth=view.ready_messages + view.unacked_messages,
-                                           completed=view.completed, busy_seconds=view.service_seconds))
-            throughput = estimate_throughput(self.samples, slots_per_worker=CONCURRENCY, now=view.now)
-        return Observation(ready=view.ready_messages, unacked=view.unacked_messages,
-                           oldest_message_age_seconds=view.oldest_ready_age, throughput=throughput)
+            self.samples.append(WorkSample(at=view.now, depth=observation.depth, completed=view.completed,
+                                           busy_seconds=view.service_seconds))
+        throughput = estimate_throughput(self.samples, slots_per_worker=CONCURRENCY, now=view.now)
+        return dataclasses.replace(observation, throughput=throughput)
 
     def poll(self, view: View) -> tuple[int | None, float]:
         decision = desired_replicas(self.policy, self.observe(view), view.replicas, view.busy_pods,

@@ -5,7 +5,7 @@ import asyncio
 
 from hypothesis import given, settings, strategies as st
 
-from taskherd.operator.busyness import parse_in_flight, read_busyness
+from taskherd.operator.busyness import PodReading, parse_reading, read_busyness
 from taskherd.operator.deletion_cost import (PodBusyness, annotations_to_change, busy_count, deletion_costs,
                                              removed_by_replicaset)
 
@@ -72,10 +72,28 @@ taskherd_tasks_in_flight_total_bogus 9.0
 
 
 def test_in_flight_gauge_is_summed_over_label_sets():
-    assert parse_in_flight(METRICS) == 3
-    assert parse_in_flight("taskherd_tasks_in_flight 0\n") == 0
-    assert parse_in_flight("other_metric 1\n") is None
-    assert parse_in_flight("not { the format") is None
+    assert parse_reading(METRICS).in_flight == 3
+    assert parse_reading("taskherd_tasks_in_flight 0\n").in_flight == 0
+    assert parse_reading("other_metric 1\n") == PodReading(in_flight=None)
+    assert parse_reading("not { the format") is None
+
+
+def test_a_reading_carries_the_workers_throughput_counters():
+    """The runtime histogram's count and sum over every task name, and the worker's slots."""
+    text = METRICS + """# TYPE taskherd_task_runtime_seconds histogram
+taskherd_task_runtime_seconds_bucket{le="1.0",task="a"} 3.0
+taskherd_task_runtime_seconds_bucket{le="+Inf",task="a"} 4.0
+taskherd_task_runtime_seconds_count{task="a"} 4.0
+taskherd_task_runtime_seconds_sum{task="a"} 6.5
+taskherd_task_runtime_seconds_bucket{le="+Inf",task="b"} 1.0
+taskherd_task_runtime_seconds_count{task="b"} 1.0
+taskherd_task_runtime_seconds_sum{task="b"} 0.5
+# TYPE taskherd_worker_slots gauge
+taskherd_worker_slots 4.0
+"""
+    assert parse_reading(text) == PodReading(in_flight=3, completed=5.0, busy_seconds=7.0, slots=4)
+    # A worker of an older version exports no slots: no throughput from it, in-flight as before.
+    assert parse_reading(METRICS).slots is None
 
 
 def test_read_busyness_reads_only_running_pods():
@@ -95,3 +113,12 @@ def test_read_busyness_reads_only_running_pods():
     assert calls == ["run"]
     assert {p.name: (p.in_flight, p.running) for p in result} == {
         "run": (4, True), "pending": (0, False), "leaving": (0, False)}
+
+
+def test_read_busyness_keeps_a_readings_counters():
+    async def reader(pod):
+        return PodReading(in_flight=1, completed=10.0, busy_seconds=12.5, slots=2)
+
+    pod = {"metadata": {"name": "run"}, "status": {"phase": "Running", "podIP": "10.0.0.1"}}
+    [read] = asyncio.run(read_busyness([pod], reader))
+    assert read == PodBusyness("run", 1, completed=10.0, busy_seconds=12.5, slots=2)

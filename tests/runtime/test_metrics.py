@@ -83,12 +83,17 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     assert 0 <= time.time() - value(samples, "taskherd_heartbeat_timestamp_seconds") < 3
     (build,) = [labels for (name, labels), v in samples.items() if name == "taskherd_build_info" and v == 1]
     assert dict(build)["celery"].startswith("5.") and dict(build)["version"]
+    # Its slots, for the operator's throughput estimate (Little's law): the prefork concurrency.
+    assert value(samples, "taskherd_worker_slots") == 2
     # The pool recycled children (max 3 tasks each): their counts survived them.
     assert not first_children & set(worker.child_pids()), "no child was replaced: the test proves less than it says"
     # ... folded into one archive file per type: no file of a dead child is left to read at each scrape.
     directory = tmp_path / "heartbeat" / "prometheus" / f"worker-{worker.pid}"
-    files = sorted(path.name for path in directory.iterdir())
+    # The processes alive BEFORE a scrape: a child recycled after it (its third task just ended)
+    # keeps its files until the next scrape, and is in this set.
     live = {worker.pid, *worker.child_pids()}
+    scrape(port)
+    files = sorted(path.name for path in directory.iterdir())
     assert {"counter_archive.db", "histogram_archive.db"} <= set(files), files
     leftovers = [name for name in files if name[:-3].split("_")[-1].isdigit()
                  and int(name[:-3].split("_")[-1]) not in live]

@@ -2,12 +2,15 @@
 
 Why metrics rather than `kubectl exec taskherd probe`: an HTTP GET needs no `pods/exec` RBAC
 (exec is close to root in the pod), no websocket stream and no process fork in the worker; the
-worker serves `taskherd_tasks_in_flight` on its metrics port anyway. The reader is injectable: handlers take
-any `async (pod) -> int | None`.
+worker serves `taskherd_tasks_in_flight` on its metrics port anyway. The same text carries the
+worker's finished-task count, the seconds those tasks took and its slots, from which the operator
+estimates the pool's throughput (taskherd.operator.throughput). The reader is injectable: handlers
+take any `async (pod) -> int | PodReading | None` (an int: the in-flight count alone).
 """
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
@@ -18,19 +21,39 @@ from taskherd.contract import WORKER_METRICS_PORT
 from .deletion_cost import PodBusyness
 
 IN_FLIGHT_METRIC = "taskherd_tasks_in_flight"
+#: the runtime histogram: its _count is the tasks a worker finished, its _sum the seconds they took
+RUNTIME_METRIC = "taskherd_task_runtime_seconds"
+SLOTS_METRIC = "taskherd_worker_slots"
 
-BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | None"]]
+
+@dataclass(frozen=True)
+class PodReading:
+    """What one worker's /metrics says: tasks in flight, and its counters for the throughput."""
+
+    in_flight: int | None
+    completed: float | None = None
+    busy_seconds: float | None = None
+    slots: int | None = None
 
 
-def parse_in_flight(text: str, metric: str = IN_FLIGHT_METRIC) -> int | None:
-    """Sum of the gauge over its label sets; None when the metric is absent or the text is not
-    the Prometheus exposition format."""
+BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | PodReading | None"]]
+
+
+def parse_reading(text: str) -> PodReading | None:
+    """In-flight tasks, finished tasks, their summed runtime and the slots, from one scrape; None
+    when the text is not the Prometheus exposition format. Each figure is None when absent."""
+    sums: dict[str, float] = {}
     try:
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples
-                   if s.name == metric]
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     except ValueError:
         return None
-    return int(round(sum(s.value for s in samples))) if samples else None
+    in_flight = sums.get(IN_FLIGHT_METRIC)
+    slots = sums.get(SLOTS_METRIC)
+    return PodReading(in_flight=None if in_flight is None else int(round(in_flight)),
+                      completed=sums.get(RUNTIME_METRIC + "_count"), busy_seconds=sums.get(RUNTIME_METRIC + "_sum"),
+                      slots=int(slots) if slots and slots >= 1 else None)
 
 
 def pod_is_running(pod: Mapping[str, Any]) -> bool:
@@ -61,11 +84,11 @@ class WorkerMetrics:
 
 
 class MetricsBusynessReader(WorkerMetrics):
-    """The in-flight gauge of a worker pod."""
+    """The in-flight gauge of a worker pod, with its throughput counters."""
 
-    async def __call__(self, pod: Mapping[str, Any]) -> int | None:
+    async def __call__(self, pod: Mapping[str, Any]) -> PodReading | None:
         text = await self.text(pod)
-        return None if text is None else parse_in_flight(text)
+        return None if text is None else parse_reading(text)
 
 
 async def read_busyness(pods: list[Mapping[str, Any]], reader: BusynessReader) -> list[PodBusyness]:
@@ -74,5 +97,9 @@ async def read_busyness(pods: list[Mapping[str, Any]], reader: BusynessReader) -
         name = pod["metadata"]["name"]
         if not pod_is_running(pod):
             return PodBusyness(name, 0, running=False)
-        return PodBusyness(name, await reader(pod))
+        reading = await reader(pod)
+        if not isinstance(reading, PodReading):
+            return PodBusyness(name, reading)
+        return PodBusyness(name, reading.in_flight, completed=reading.completed,
+                           busy_seconds=reading.busy_seconds, slots=reading.slots)
     return list(await asyncio.gather(*(one(p) for p in pods)))

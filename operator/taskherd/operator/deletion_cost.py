@@ -25,6 +25,11 @@ class PodBusyness:
     #: tasks in flight; None when the pod could not be read.
     in_flight: int | None
     running: bool = True
+    #: the worker's own counters, read with it (None: not exported or unreadable): tasks it has
+    #: finished, the seconds they took, and the tasks it runs at once (taskherd.operator.throughput)
+    completed: float | None = None
+    busy_seconds: float | None = None
+    slots: int | None = None
 
     @property
     def busy(self) -> bool:

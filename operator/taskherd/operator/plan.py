@@ -22,6 +22,7 @@ from .policy import PoolSpec
 from .scaling import Decision, Observation, Recommendation, desired_replicas, prune_history
 from .status import Conditions
 from .terminations import recent_terminations, termination_key
+from .throughput import WorkCounters, reading_due
 
 #: pods and their Events are read for the termination report at most this often.
 TERMINATIONS_EVERY_SECONDS = 30.0
@@ -49,7 +50,7 @@ class Snapshot:
     broker_problem: Problem | None = None
     scale: Scale | None = None
     scale_problem: Problem | None = None
-    #: every worker pod's busyness; read only when a scale-down is on the table.
+    #: every worker pod's busyness and throughput counters; read only when needs_busyness says so.
     busyness: tuple[PodBusyness, ...] | None = None
     #: the busyness was needed but the pods could not be listed.
     busyness_unreadable: bool = False
@@ -87,6 +88,8 @@ class PoolMemory:
     last_scale_reason: str | None = None
     terminations: list[dict[str, Any]] = field(default_factory=list)
     terminations_read_at: float = -math.inf
+    #: the workers' counters at each busyness reading: the throughput Little's law needs
+    work: WorkCounters = field(default_factory=WorkCounters)
 
     def loaded(self, status: Mapping[str, Any]) -> "PoolMemory":
         """On the first poll, what the status remembers (pages sent, last scale, terminations)."""
@@ -171,8 +174,15 @@ def decide(spec: PoolSpec, pause: Pause | None, observation: Observation | None,
 
 def needs_busyness(spec: PoolSpec, pause: Pause | None, observation: Observation | None, current_replicas: int,
                    memory: PoolMemory, now: float) -> bool:
-    """Busyness only matters for a scale-down: the observe step reads it only then."""
-    return decide(spec, pause, observation, current_replicas, 0, memory, now).replicas < current_replicas
+    """Whether this poll reads the worker pods: their busyness (busy pods must not go in a
+    scale-down) and their throughput counters (Little's law: which of the workers the window
+    would hold the arrivals still need), when throughput.reading_due says so. Paused: only for a
+    scale-down."""
+    decision = decide(spec, pause, observation, current_replicas, 0, memory, now)
+    if pause is not None:
+        return decision.replicas < current_replicas
+    depth = observation.depth if observation is not None else 0
+    return reading_due(decision, current_replicas, depth, memory.work.read_at, now)
 
 
 def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
@@ -237,7 +247,13 @@ def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMe
         busy = scale.replicas  # never remove what we cannot prove idle
     else:
         busy = 0  # not needed, or a target whose scale names no pods: its own controller picks
-    decision = decide(spec, pause, snapshot.observation, scale.replicas, busy, memory, now)
+    observation = snapshot.observation
+    if snapshot.busyness is not None and observation is not None:
+        result.memory = replace(result.memory, work=memory.work.read(snapshot.busyness, observation.depth, now))
+    throughput = result.memory.work.throughput(now)
+    if observation is not None and throughput is not None:
+        observation = replace(observation, throughput=throughput)
+    decision = decide(spec, pause, observation, scale.replicas, busy, memory, now)
     result.decision = decision
     if pause is not None:  # autoscaling resumes with a fresh stabilisation window
         result.memory = replace(result.memory, history=[])

@@ -21,6 +21,9 @@ Metrics (all labelled by ``task`` name):
 - ``taskherd_heartbeat_timestamp_seconds`` — when the worker's main loop last wrote heartbeat.json
   (Unix time), 0 before its first write: ``time() - taskherd_heartbeat_timestamp_seconds`` is the
   age, and a worker that never started its loop alerts too (Prometheus exports timestamps, not ages).
+- ``taskherd_worker_slots`` — tasks the worker runs at once (its pool's size, e.g. the prefork
+  concurrency): with the runtime histogram's count and sum, the operator estimates the pool's
+  throughput from it (Little's law, taskherd.operator.throughput).
 - ``taskherd_build_info{version,celery,python}`` — always 1: which taskherd, Celery and Python run.
 
 Prefork: every process writes its samples to mmap files in a per-worker
@@ -227,11 +230,22 @@ def heartbeat_timestamp(record: dict[str, Any] | None) -> GaugeMetricFamily:
     return family
 
 
-class WorkerCollector(Collector):
-    """What /metrics serves: every process's samples, the heartbeat time and the build info."""
+def worker_slots(consumer: Any) -> int | None:
+    """Tasks the worker runs at once: its pool's limit (the concurrency; 1 for the solo pool)."""
+    for owner, name in ((getattr(consumer, "pool", None), "limit"),
+                        (getattr(consumer, "controller", None), "concurrency")):
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+    return None
 
-    def __init__(self, *, directory: str, heartbeat_path: str):
-        self.directory, self.heartbeat_path = directory, heartbeat_path
+
+class WorkerCollector(Collector):
+    """What /metrics serves: every process's samples, the heartbeat time, the worker's slots and
+    the build info."""
+
+    def __init__(self, *, directory: str, heartbeat_path: str, slots: int | None = None):
+        self.directory, self.heartbeat_path, self.slots = directory, heartbeat_path, slots
         self.multiprocess = multiprocess.MultiProcessCollector(None, path=directory)
         # Scrapes may come concurrently (threaded HTTP server); compaction must not remove a
         # file another scrape is about to read.
@@ -251,6 +265,9 @@ class WorkerCollector(Collector):
         except (OSError, ValueError):
             record = None
         yield heartbeat_timestamp(record)
+        if self.slots is not None:
+            yield GaugeMetricFamily("taskherd_worker_slots", "Tasks this worker runs at once (its pool's size).",
+                                    value=self.slots)
         yield build_info()
 
 
@@ -342,7 +359,8 @@ class Metrics(Component):
             heartbeat = installed(app, Heartbeat)
             heartbeat_path = shared_files.heartbeat_path(heartbeat.resolved_directory if heartbeat else None)
             registry = CollectorRegistry(auto_describe=False)
-            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_path))
+            registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_path,
+                                              slots=worker_slots(sender)))
             # One server for /metrics and the kubelet's HTTP probes (taskherd.worker.components.probes).
             state["server"] = serve(ProbeEndpoints(make_wsgi_app(registry), heartbeat_path=heartbeat_path),
                                     port=port, address=addr)
