@@ -74,8 +74,16 @@ taskherd_tasks_in_flight_total_bogus 9.0
 def test_in_flight_gauge_is_summed_over_label_sets():
     assert parse_reading(METRICS).in_flight == 3
     assert parse_reading("taskherd_tasks_in_flight 0\n").in_flight == 0
-    assert parse_reading("other_metric 1\n") == PodReading(in_flight=None)
+    assert parse_reading("other_metric 1\n") is None
     assert parse_reading("not { the format") is None
+    assert parse_reading("taskherd_tasks_in_flight{task=\"a\"} NaNish\n") is None
+
+
+def test_label_values_may_hold_spaces_braces_quotes_and_a_timestamp_may_follow():
+    text = ('taskherd_tasks_in_flight{task="send mail {v2} \\"now\\""} 2.0 1712000000000\n'
+            'taskherd_tasks_in_flight_total_bogus 9.0\n'
+            'taskherd_tasks_in_flight 1\n')
+    assert parse_reading(text).in_flight == 3
 
 
 def test_a_reading_carries_the_workers_throughput_counters():
@@ -122,3 +130,26 @@ def test_read_busyness_keeps_a_readings_counters():
     pod = {"metadata": {"name": "run"}, "status": {"phase": "Running", "podIP": "10.0.0.1"}}
     [read] = asyncio.run(read_busyness([pod], reader))
     assert read == PodBusyness("run", 1, completed=10.0, busy_seconds=12.5, slots=2)
+
+
+def test_a_reading_agrees_with_prometheus_clients_own_parser_on_a_workers_text():
+    """What the worker really serves (its metric objects, awkward task names included)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from taskherd.worker.components.metrics import TaskMetrics
+
+    registry = CollectorRegistry()
+    metrics = TaskMetrics(registry=registry)
+    for i, task in enumerate(["a", 'quote " and \\ backslash', "brace } space", "x" * 200]):
+        metrics.tasks.labels(task, "succeeded").inc(i + 1)
+        metrics.runtime.labels(task).observe(0.25 * (i + 1))
+        metrics.in_flight.labels(task).set(i)
+    text = generate_latest(registry).decode()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    assert parse_reading(text) == PodReading(
+        in_flight=int(sums["taskherd_tasks_in_flight"]), completed=sums["taskherd_task_runtime_seconds_count"],
+        busy_seconds=sums["taskherd_task_runtime_seconds_sum"], slots=None)

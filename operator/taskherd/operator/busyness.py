@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from taskherd.contract import WORKER_METRICS_PORT
 
@@ -39,21 +38,58 @@ class PodReading:
 BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | PodReading | None"]]
 
 
+#: the sample names a reading sums, and which PodReading field each one feeds
+_WANTED = {IN_FLIGHT_METRIC: "in_flight", RUNTIME_METRIC + "_count": "completed",
+           RUNTIME_METRIC + "_sum": "busy_seconds", SLOTS_METRIC: "slots"}
+_WANTED_PREFIXES = tuple(_WANTED)
+
+
 def parse_reading(text: str) -> PodReading | None:
-    """In-flight tasks, finished tasks, their summed runtime and the slots, from one scrape; None
-    when the text is not the Prometheus exposition format. Each figure is None when absent."""
+    """In-flight tasks, finished tasks, their summed runtime and the slots, each summed over its
+    label sets, from one scrape in the Prometheus text format; None when none of them is there.
+
+    Only the lines of these four samples are parsed (a worker serves a few hundred lines, and
+    prometheus_client's full parser spends about 3.5 ms of CPU on them: per pod, per reading)."""
     sums: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    except ValueError:
+    for line in text.splitlines():
+        if not line.startswith(_WANTED_PREFIXES):
+            continue
+        name, value = _sample(line)
+        if name in _WANTED and value is not None:
+            sums[name] = sums.get(name, 0.0) + value
+    if not sums:
         return None
-    in_flight = sums.get(IN_FLIGHT_METRIC)
-    slots = sums.get(SLOTS_METRIC)
+    in_flight, slots = sums.get(IN_FLIGHT_METRIC), sums.get(SLOTS_METRIC)
     return PodReading(in_flight=None if in_flight is None else int(round(in_flight)),
                       completed=sums.get(RUNTIME_METRIC + "_count"), busy_seconds=sums.get(RUNTIME_METRIC + "_sum"),
                       slots=int(slots) if slots and slots >= 1 else None)
+
+
+def _sample(line: str) -> tuple[str, float | None]:
+    """(name, value) of one sample line `name{labels} value [timestamp]`; the value is None when
+    the line does not parse. Label values are quoted and may hold spaces, braces and escapes."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace == -1 or (space != -1 and space < brace):
+        name, rest = line[:space], line[space:] if space != -1 else ""
+    else:
+        name, position, quoted = line[:brace], brace + 1, False
+        while position < len(line):
+            char = line[position]
+            if quoted and char == "\\":
+                position += 2
+                continue
+            if char == '"':
+                quoted = not quoted
+            elif char == "}" and not quoted:
+                break
+            position += 1
+        rest = line[position + 1:]
+    fields = rest.split()
+    try:
+        return name, float(fields[0])
+    except (IndexError, ValueError):
+        return name, None
 
 
 def pod_is_running(pod: Mapping[str, Any]) -> bool:
