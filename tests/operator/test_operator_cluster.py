@@ -2,7 +2,9 @@
 Redis queue on the host and the real Alertmanager on loopback.
 
 Stand-in workers: pods of the cluster's base image serving `taskherd_tasks_in_flight` on the worker metrics port
-(the worker's metrics contract) from a file, so a test marks a pod busy or idle with `kubectl exec`.
+(the worker's metrics contract) from a file, so a test marks a pod busy or idle with `kubectl exec`;
+with a RATE variable, also the counters of a worker finishing that many one-second tasks a second
+since it started (its runtime histogram's count and sum) and its 2 slots.
 """
 from __future__ import annotations
 
@@ -21,14 +23,20 @@ from taskherd.contract import WORKER_METRICS_PORT
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 FAKE_WORKER = r"""
-import http.server
+import http.server, os, time
+STARTED = time.time()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         try:
             n = open('/tmp/in_flight').read().strip() or '0'
         except OSError:
             n = '0'
-        body = ('# TYPE taskherd_tasks_in_flight gauge\ntaskherd_tasks_in_flight %s\n' % n).encode()
+        body = '# TYPE taskherd_tasks_in_flight gauge\ntaskherd_tasks_in_flight %s\n' % n
+        if os.environ.get('RATE'):
+            done = float(os.environ['RATE']) * (time.time() - STARTED)
+            body += ('taskherd_task_runtime_seconds_count{task="t"} %f\n'
+                     'taskherd_task_runtime_seconds_sum{task="t"} %f\ntaskherd_worker_slots 2\n' % (done, done))
+        body = body.encode()
         self.send_response(200)
         self.send_header('Content-Type', 'text/plain; version=0.0.4')
         self.end_headers()
@@ -39,7 +47,8 @@ http.server.HTTPServer(('', METRICS_PORT), H).serve_forever()
 """.replace("METRICS_PORT", str(WORKER_METRICS_PORT))
 
 
-def deployment(name: str, image: str, pull: str, replicas: int = 0, kind: str = "Deployment") -> str:
+def deployment(name: str, image: str, pull: str, replicas: int = 0, kind: str = "Deployment",
+               env: dict[str, str] | None = None) -> str:
     return json.dumps({
         "apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
@@ -48,6 +57,7 @@ def deployment(name: str, image: str, pull: str, replicas: int = 0, kind: str = 
                      "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "worker", "image": image, "imagePullPolicy": pull,
                                      "command": ["python3", "-c", FAKE_WORKER],
+                                     "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
                                      "ports": [{"containerPort": WORKER_METRICS_PORT, "name": "metrics"}],
                                      "readinessProbe": {"tcpSocket": {"port": WORKER_METRICS_PORT},
                                                         "periodSeconds": 1}}]}}}})
@@ -169,6 +179,35 @@ def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
     assert header.split() == ["NAME", "MIN", "MAX", "REPLICAS", "DESIRED", "DEPTH", "OLDEST", "DLQ", "READY",
                               "STATUS", "AGE"]
     assert row.split()[:3] == ["pool", "0", "4"] and row.split()[-3:-1] == ["True", "Idle"], row
+
+
+def test_a_backlogs_workers_go_once_it_is_drained_when_the_workers_counters_say_the_arrivals_need_fewer(
+        cluster, namespace, test_image, redis_url, unique_name, operator_factory):
+    """Little's law from the workers' /metrics, read by the operator over the pod network: four
+    workers finishing 0.1 one-second tasks a second each keep one worker of two slots busy, so
+    once the backlog is gone the pool drops to 1 without waiting out its 30 s window."""
+    ns, queue = namespace, unique_name
+    image, pull = test_image
+    cluster.apply(deployment("workers", image, pull, env={"RATE": "0.1"}), ns)
+    cluster.apply(broker_secret(redis_url), ns)
+    cluster.apply(workerpool("pool", queue, scaleDownStabilizationSeconds=30), ns)
+    op = operator_factory(ns)
+    cluster.wait("the first poll", lambda: pool_status(cluster, ns).get("conditions"), timeout=60, interval=0.5)
+    push(redis_url, queue, 18)
+    cluster.wait("scale-up to 4", lambda: replicas(cluster, ns), timeout=30, interval=0.2, equals=4)
+    cluster.wait("4 ready workers", lambda: len(running_pods(cluster, ns)), timeout=120, interval=1, equals=4)
+    # The backlog stays while a steady pool is read every 15 s: two readings give the throughput,
+    # then the recommendations made before it (held whole, as the HPA holds them) leave the window.
+    time.sleep(15 + 15 + 30 + 15)
+    assert replicas(cluster, ns) == 4
+    redis.Redis.from_url(redis_url).delete(queue)
+    emptied = time.monotonic()
+    cluster.wait("scale-down to the 1 worker the arrivals need", lambda: replicas(cluster, ns), timeout=30,
+                 interval=0.5, equals=1)
+    took = time.monotonic() - emptied
+    print(f"\nqueue emptied -> down to Little's law's 1 worker: {took:.1f} s (window 30 s)")
+    assert took < 15, f"{took:.0f}s: the window held the backlog's workers"
+    assert op.proc.poll() is None, op.log()[-3000:]
 
 
 def _alerts(base: str, pool: str) -> list[dict]:
