@@ -254,9 +254,12 @@ def desired_replicas(policy: ScalingPolicy, observation: Observation | None, cur
     if window > 0 and not any(r.at <= since for r in history):
         return Decision(current, f"{why}; holding {current} until {window:g}s of history cover the "
                                  f"stabilisation window", recommendation)
-    stabilised = max([target] + [r.held for r in history if r.at > since])
-    stabilised = min(stabilised, current)
+    in_window = [r for r in history if r.at > since]
+    stabilised = min(max([target] + [r.held for r in in_window]), current)
     if stabilised == current:
         return Decision(current, f"{why}; holding {current}: stabilisation window ({window:g}s) "
                                  f"recommended {current} or more", recommendation)
+    if stabilised < min(max([target] + [r.replicas for r in in_window]), current):
+        return Decision(stabilised, f"{why}; the window ({window:g}s) holds only the {stabilised} worker(s) "
+                                    f"the arrivals need (Little's law)", recommendation)
     return Decision(stabilised, f"{why}; stable for {window:g}s", recommendation)
