@@ -25,7 +25,8 @@ def test_the_operator_parses_what_the_worker_exports():
     assert parse_child_deaths(generate_latest(registry).decode()) == [
         ChildDeaths("reports.build", "OOMKilled", 2, T0), ChildDeaths("charges.capture", "SIGKILL", 1, T0 + 5)]
     assert parse_child_deaths("# TYPE x counter\nx 1\n") == []
-    assert parse_child_deaths("not {prometheus") is None
+    assert parse_child_deaths("not {prometheus") == [], "only the deaths' own lines are parsed"
+    assert parse_child_deaths('taskherd_pool_child_deaths_total{task="a" 1\n') is None
 
 
 def oom(count: int, at: float) -> list[ChildDeaths]:

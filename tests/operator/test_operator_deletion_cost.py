@@ -86,6 +86,12 @@ def test_label_values_may_hold_spaces_braces_quotes_and_a_timestamp_may_follow()
     assert parse_reading(text).in_flight == 3
 
 
+def test_a_reading_parses_only_its_own_lines():
+    """A few hundred lines of other metrics cost nothing, even ones the parser would refuse."""
+    text = "other_metric{a=\"b\"} 1\n" * 500 + "not { the format\n" + "taskherd_tasks_in_flight 2\n"
+    assert parse_reading(text).in_flight == 2
+
+
 def test_a_reading_carries_the_workers_throughput_counters():
     """The runtime histogram's count and sum over every task name, and the worker's slots."""
     text = METRICS + """# TYPE taskherd_task_runtime_seconds histogram

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from taskherd.contract import WORKER_METRICS_PORT
 
@@ -38,10 +40,22 @@ class PodReading:
 BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | PodReading | None"]]
 
 
-#: the sample names a reading sums, and which PodReading field each one feeds
-_WANTED = {IN_FLIGHT_METRIC: "in_flight", RUNTIME_METRIC + "_count": "completed",
-           RUNTIME_METRIC + "_sum": "busy_seconds", SLOTS_METRIC: "slots"}
-_WANTED_PREFIXES = tuple(_WANTED)
+def samples_named(text: str, names: Iterable[str]) -> list[Sample] | None:
+    """The samples called one of `names`, with their labels, in a scrape in the Prometheus text
+    format; None when their lines do not parse. Only their lines go to prometheus_client's parser,
+    which spends about 13 µs of CPU per line (3.5 ms on a worker's few hundred, per pod and
+    reading): for samples that are rare, such as the pool-child deaths."""
+    wanted = frozenset(names)
+    lines = [line for line in text.splitlines() if line.startswith(tuple(wanted))]  # usually none
+    try:
+        return [sample for family in text_string_to_metric_families("\n".join(lines) + "\n")
+                for sample in family.samples if sample.name in wanted]
+    except ValueError:
+        return None
+
+
+#: the samples a reading sums over their label sets
+_SUMMED = (IN_FLIGHT_METRIC, RUNTIME_METRIC + "_count", RUNTIME_METRIC + "_sum", SLOTS_METRIC)
 
 
 def parse_reading(text: str) -> PodReading | None:
@@ -52,10 +66,10 @@ def parse_reading(text: str) -> PodReading | None:
     prometheus_client's full parser spends about 3.5 ms of CPU on them: per pod, per reading)."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith(_WANTED_PREFIXES):
+        if not line.startswith(_SUMMED):
             continue
         name, value = _sample(line)
-        if name in _WANTED and value is not None:
+        if name in _SUMMED and value is not None:
             sums[name] = sums.get(name, 0.0) + value
     if not sums:
         return None
@@ -71,7 +85,7 @@ def _sample(line: str) -> tuple[str, float | None]:
     brace = line.find("{")
     space = line.find(" ")
     if brace == -1 or (space != -1 and space < brace):
-        name, rest = line[:space], line[space:] if space != -1 else ""
+        name, rest = (line[:space], line[space:]) if space != -1 else (line, "")
     else:
         name, position, quoted = line[:brace], brace + 1, False
         while position < len(line):

@@ -16,10 +16,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from .alerts import rfc3339
-from .busyness import WorkerMetrics, pod_is_running
+from .busyness import WorkerMetrics, pod_is_running, samples_named
 
 DEATHS_METRIC = "taskherd_pool_child_deaths_total"
 LAST_DEATH_METRIC = "taskherd_pool_child_last_death_timestamp_seconds"
@@ -43,20 +41,19 @@ ChildDeathReader = Callable[[Mapping[str, Any]], Awaitable["list[ChildDeaths] | 
 
 
 def parse_child_deaths(text: str) -> list[ChildDeaths] | None:
-    """Every (task, cause) with at least one death and a time; None when the text is not the
-    Prometheus exposition format."""
+    """Every (task, cause) with at least one death and a time; None when the lines of those
+    samples do not parse (busyness.samples_named)."""
     counts: dict[tuple[str, str], float] = {}
     last: dict[tuple[str, str], float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = (sample.labels.get("task", "unknown"), sample.labels.get("cause", "Unknown"))
-                if sample.name == DEATHS_METRIC:
-                    counts[key] = counts.get(key, 0.0) + sample.value
-                elif sample.name == LAST_DEATH_METRIC:
-                    last[key] = max(last.get(key, 0.0), sample.value)
-    except ValueError:
+    samples = samples_named(text, (DEATHS_METRIC, LAST_DEATH_METRIC))
+    if samples is None:
         return None
+    for sample in samples:
+        key = (sample.labels.get("task", "unknown"), sample.labels.get("cause", "Unknown"))
+        if sample.name == DEATHS_METRIC:
+            counts[key] = counts.get(key, 0.0) + sample.value
+        else:
+            last[key] = max(last.get(key, 0.0), sample.value)
     return sorted((ChildDeaths(task, cause, int(count), last[(task, cause)])
                    for (task, cause), count in counts.items() if count >= 1 and last.get((task, cause))),
                   key=lambda d: d.last_at)
