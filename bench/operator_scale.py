@@ -1,11 +1,15 @@
 """CPU per poll and decision latency of the operator with 200 and 1,000 WorkerPools.
 
 Runs the operator's real poll loop (`taskherd.operator.poll.poll_once`: Secret -> REAL queue
-inspection on the host Redis -> decision -> deletion costs -> paging -> status) for 200 pools, 16 at
-a time as the scheduler does; the pools polled together share their broker's inspection, as in the
-operator (inspection_batch.py). The Kubernetes API is an in-memory stand-in (the API server's own
-cost is not the operator's); Redis is real (a leased database, 200 queues + 200 DLQs with 0-50
-messages each). Prints, side by side:
+inspection on the host Redis -> decision -> worker readings -> deletion costs -> paging -> status)
+for 200 pools, 16 at a time as the scheduler does; the pools polled together share their broker's
+inspection, as in the operator (inspection_batch.py). The Kubernetes API is an in-memory stand-in
+(the API server's own cost is not the operator's); Redis is real (a leased database, 200 queues +
+200 DLQs with 0-50 messages each); each pool has 0-6 worker pods whose /metrics the operator reads
+over HTTP when it would (busyness and throughput, taskherd.operator.throughput.reading_due; pool-
+child deaths every 30 s) from a server on loopback, in a process of its own, serving what a
+worker with five task names serves. The rounds follow a clock that advances one interval per
+round, so those cadences happen as they would. Prints, side by side:
 - CPU per poll (process time, includes the inspection threads) and wall latency per poll;
 - latency of the decision function alone;
 - the projected share of one core at the default 5 s interval (target: 1,000 pools <= 10 %);
@@ -32,7 +36,11 @@ from prometheus_client import CollectorRegistry
 
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
 from e2e.lib.services import leased_redis_db
+from e2e.lib.services import free_port
+from e2e.lib.waiting import wait_for
 from taskherd.operator.broker import BrokerObserver
+from taskherd.operator.busyness import MetricsBusynessReader, WorkerMetrics
+from taskherd.operator.child_deaths import MetricsChildDeathReader
 from taskherd.operator.kube import Scale
 from taskherd.operator.metrics import OperatorMetrics
 from taskherd.operator.plan import PoolMemory
@@ -64,7 +72,7 @@ class MemoryKube:
     async def list_pods(self, namespace, selector):
         self.calls += 1
         name = selector.split("=", 1)[1]
-        return [{"metadata": {"name": f"{name}-{k}"}, "status": {"phase": "Running", "podIP": "10.0.0.1",
+        return [{"metadata": {"name": f"{name}-{k}"}, "status": {"phase": "Running", "podIP": "127.0.0.1",
                  "containerStatuses": [{"name": "worker", "restartCount": 0}]}} for k in range(self.replicas[name])]
 
     async def list_pod_events(self, namespace):
@@ -100,10 +108,62 @@ def bodies(pools: int) -> list[dict]:
             for i in range(pools)]
 
 
-async def run_rounds(url: str, pools: int, rounds: int) -> tuple[list[float], float, int]:
+#: a worker's /metrics, as five task names make it: served to the operator's readers
+WORKER_METRICS_SERVER = r"""
+import http.server, sys, time
+from prometheus_client import CollectorRegistry, generate_latest
+from taskherd.worker.components.metrics import TaskMetrics
+registry = CollectorRegistry()
+metrics = TaskMetrics(registry=registry)
+for task in ("orders.charge", "orders.ship", "mail.send", "reports.build", "cache.warm"):
+    for outcome in ("succeeded", "failed", "retried"):
+        metrics.tasks.labels(task, outcome).inc(3)
+    metrics.runtime.labels(task).observe(0.4)
+    metrics.queue_wait.labels(task).observe(1.5)
+    metrics.in_flight.labels(task).set(0)
+    metrics.deliveries.labels(task).inc(9)
+body = generate_latest(registry) + b"taskherd_worker_slots 2\n"
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+class CountingReader(MetricsBusynessReader):
+    """The operator's busyness reader, counting the pods it reads."""
+
+    reads = 0
+
+    async def __call__(self, pod):
+        CountingReader.reads += 1
+        return await super().__call__(pod)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics_port: int
+                     ) -> tuple[list[float], float, int, int]:
     kube = MemoryKube(url, pools)
-    deps = Deps(kube=kube, observe=BrokerObserver(kube=kube), busyness=_idle, poster=_no_post,
-                metrics=OperatorMetrics(registry=CollectorRegistry()))
+    clock = Clock()
+    # shared, as in the operator (handlers.py), and on the rounds' clock: one request per pod and poll
+    worker_metrics = WorkerMetrics(port=metrics_port, clock=clock)
+    deps = Deps(kube=kube, observe=BrokerObserver(kube=kube), busyness=CountingReader(worker_metrics),
+                child_deaths=MetricsChildDeathReader(worker_metrics), poster=_no_post,
+                metrics=OperatorMetrics(registry=CollectorRegistry()), clock=clock)
     slots = asyncio.Semaphore(16)
     memories = {b["metadata"]["name"]: PoolMemory() for b in bodies(pools)}
     items = bodies(pools)
@@ -118,14 +178,11 @@ async def run_rounds(url: str, pools: int, rounds: int) -> tuple[list[float], fl
 
     await asyncio.gather(*(one(b) for b in items))  # warm-up: imports, connections, first reads
     latencies.clear()
-    cpu = time.process_time()
+    cpu, calls, CountingReader.reads = time.process_time(), kube.calls, 0
     for _ in range(rounds):
+        clock.t += interval
         await asyncio.gather(*(one(b) for b in items))
-    return latencies, time.process_time() - cpu, kube.calls
-
-
-async def _idle(pod):
-    return 0
+    return latencies, time.process_time() - cpu, kube.calls - calls, CountingReader.reads
 
 
 async def _no_post(url, body):
@@ -155,21 +212,27 @@ def celery_inspect_cpu(url: str, runs: int = 3) -> float:
     return statistics.median(cpus)
 
 
+def _serving(port: int) -> bool:
+    import socket
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
 
-def measure(base: str, pools: int, rounds: int, interval: float) -> dict[str, float]:
+def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: int) -> dict[str, float]:
     random.seed(3)
     with leased_redis_db(base) as url:
         fill(url, pools)
-        latencies, cpu, calls = asyncio.run(run_rounds(url, pools, rounds))
+        latencies, cpu, calls, reads = asyncio.run(run_rounds(url, pools, rounds, interval, metrics_port))
     polls = pools * rounds
     per_poll = cpu / polls
     decisions = decision_latency(pools, 50)
     return {"per_poll": per_poll, "latency_median": statistics.median(latencies), "latency_p99": pct(latencies, 99),
             "decision_median": statistics.median(decisions), "decision_p99": pct(decisions, 99),
-            "share": per_poll * pools / interval, "calls": calls / (polls + pools)}
+            "share": per_poll * pools / interval, "calls": calls / polls, "reads": reads / polls}
 
 
 def main() -> int:
@@ -183,7 +246,14 @@ def main() -> int:
         print("TASKHERD_REDIS_URL is not set: `source scripts/services.sh env` first", file=sys.stderr)
         return 2
     sizes = [int(p) for p in args.pools.split(",")]
-    results = {pools: measure(base, pools, args.rounds, args.interval) for pools in sizes}
+    metrics_port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", WORKER_METRICS_SERVER, str(metrics_port)])
+    try:
+        wait_for("the worker metrics stand-in", lambda: _serving(metrics_port), timeout=30, interval=0.2)
+        results = {pools: measure(base, pools, args.rounds, args.interval, metrics_port) for pools in sizes}
+    finally:
+        server.terminate()
+        server.wait(10)
     with leased_redis_db(base) as url:
         baseline = celery_inspect_cpu(url)
     print(f"operator poll loop, {args.rounds} rounds per size, real Redis inspection, in-memory API, "
@@ -195,7 +265,8 @@ def main() -> int:
             ("desired_replicas median / p99, us", lambda r: f"{r['decision_median'] * 1e6:.1f} / "
                                                            f"{r['decision_p99'] * 1e6:.1f}", "{}"),
             ("share of one core", lambda r: f"{r['share'] * 100:.1f} %", "{}"),
-            ("API calls per poll (in-memory)", lambda r: r["calls"], "{:.1f}"))
+            ("API calls per poll (in-memory)", lambda r: r["calls"], "{:.1f}"),
+            ("worker /metrics readings per poll (HTTP)", lambda r: r["reads"], "{:.2f}"))
     for label, value, fmt in rows:
         print(f"{label:<44}" + "".join(f"{fmt.format(value(results[p])):>16}" for p in sizes))
     per_poll = statistics.median(r["per_poll"] for r in results.values())

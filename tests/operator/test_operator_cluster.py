@@ -196,9 +196,9 @@ def test_a_backlogs_workers_go_once_it_is_drained_when_the_workers_counters_say_
     push(redis_url, queue, 18)
     cluster.wait("scale-up to 4", lambda: replicas(cluster, ns), timeout=30, interval=0.2, equals=4)
     cluster.wait("4 ready workers", lambda: len(running_pods(cluster, ns)), timeout=120, interval=1, equals=4)
-    # The backlog stays while a steady pool is read every 15 s: two readings give the throughput,
+    # The backlog stays while a steady pool is read every 30 s: two readings give the throughput,
     # then the recommendations made before it (held whole, as the HPA holds them) leave the window.
-    time.sleep(15 + 15 + 30 + 15)
+    time.sleep(30 + 30 + 30 + 10)
     assert replicas(cluster, ns) == 4
     redis.Redis.from_url(redis_url).delete(queue)
     emptied = time.monotonic()

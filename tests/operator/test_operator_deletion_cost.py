@@ -159,3 +159,51 @@ def test_a_reading_agrees_with_prometheus_clients_own_parser_on_a_workers_text()
     assert parse_reading(text) == PodReading(
         in_flight=int(sums["taskherd_tasks_in_flight"]), completed=sums["taskherd_task_runtime_seconds_count"],
         busy_seconds=sums["taskherd_task_runtime_seconds_sum"], slots=None)
+
+
+def test_the_reader_gets_a_workers_metrics_over_http_and_none_from_anything_else():
+    """Against the worker's own HTTP server (taskherd.worker.components.probes.serve) on loopback."""
+    import socket
+    import time
+
+    from e2e.lib.services import free_port
+    from taskherd.operator.busyness import MetricsBusynessReader, WorkerMetrics
+    from taskherd.operator.child_deaths import MetricsChildDeathReader
+    from taskherd.worker.components.probes import serve
+
+    text = "taskherd_tasks_in_flight 2\ntaskherd_worker_slots 4\n" + "# padding\n" * 20000
+    requests = []
+
+    def app(environ, start_response):
+        requests.append(environ["PATH_INFO"])
+        if environ["PATH_INFO"] != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"no"]
+        start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
+        return [text.encode()]
+
+    port = free_port()
+    server = serve(app, port=port, address="127.0.0.1")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # accepts, never answers
+    pod = {"metadata": {"name": "w"}, "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+    try:
+        assert asyncio.run(MetricsBusynessReader(port=port)(pod)) == PodReading(in_flight=2, slots=4)
+        # One poll's busyness and pool-child deaths share one request per pod; the next poll asks again.
+        clock = [100.0]
+        metrics = WorkerMetrics(port=port, clock=lambda: clock[0])
+        requests.clear()
+        assert asyncio.run(MetricsBusynessReader(metrics)(pod)).in_flight == 2
+        assert asyncio.run(MetricsChildDeathReader(metrics)(pod)) == []
+        assert requests == ["/metrics"]
+        clock[0] += 5
+        asyncio.run(MetricsBusynessReader(metrics)(pod))
+        assert requests == ["/metrics", "/metrics"]
+        assert asyncio.run(MetricsBusynessReader(port=free_port())(pod)) is None, "nothing listens"
+        started = time.monotonic()
+        assert asyncio.run(MetricsBusynessReader(port=silent.getsockname()[1], timeout=0.5)(pod)) is None
+        assert time.monotonic() - started < 2
+    finally:
+        server.shutdown()
+        silent.close()

@@ -59,11 +59,14 @@ def parse_child_deaths(text: str) -> list[ChildDeaths] | None:
                   key=lambda d: d.last_at)
 
 
-class MetricsChildDeathReader(WorkerMetrics):
+class MetricsChildDeathReader:
     """The pool-child deaths a worker pod counted since its worker started."""
 
+    def __init__(self, metrics: WorkerMetrics | None = None, **options: Any) -> None:
+        self.metrics = metrics or WorkerMetrics(**options)
+
     async def __call__(self, pod: Mapping[str, Any]) -> list[ChildDeaths] | None:
-        text = await self.text(pod)
+        text = await self.metrics.text(pod)
         return None if text is None else parse_child_deaths(text)
 
 

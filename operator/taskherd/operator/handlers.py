@@ -11,7 +11,7 @@ import kopf
 from . import kube
 from .alerts import DryRunPoster, HttpPoster
 from .broker import BrokerObserver
-from .busyness import MetricsBusynessReader
+from .busyness import MetricsBusynessReader, WorkerMetrics
 from .child_deaths import MetricsChildDeathReader
 from .config import OperatorConfig
 from .leader import AlwaysLeader, LeaderElector
@@ -45,9 +45,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     elector = (LeaderElector(namespace=config.lease_namespace, name=config.lease_name, identity=config.identity,
                              api=api.api) if config.leader_election and not config.dry_run else AlwaysLeader())
     writer = kube.DryRunKube(api) if config.dry_run else api
+    worker_metrics = WorkerMetrics(port=config.worker_metrics_port)  # one request per pod and poll
     deps = Deps(kube=writer, observe=BrokerObserver(kube=api),
-                busyness=MetricsBusynessReader(port=config.worker_metrics_port),
-                child_deaths=MetricsChildDeathReader(port=config.worker_metrics_port),
+                busyness=MetricsBusynessReader(worker_metrics),
+                child_deaths=MetricsChildDeathReader(worker_metrics),
                 poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
                 default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector

@@ -24,7 +24,8 @@ from .status import Conditions
 from .terminations import recent_terminations, termination_key
 from .throughput import WorkCounters, reading_due
 
-#: pods and their Events are read for the termination report at most this often.
+#: pods and their Events are read for the termination report at most this often (and a steady
+#: pool's throughput counters with them: throughput.STEADY_READING_SECONDS).
 TERMINATIONS_EVERY_SECONDS = 30.0
 
 
@@ -182,7 +183,8 @@ def needs_busyness(spec: PoolSpec, pause: Pause | None, observation: Observation
     if pause is not None:
         return decision.replicas < current_replicas
     depth = observation.depth if observation is not None else 0
-    return reading_due(decision, current_replicas, depth, memory.work.read_at, now)
+    # A steady pool is read with the terminations report (the same cadence): one request per pod.
+    return reading_due(decision, current_replicas, depth, memory.terminations_read_at, now)
 
 
 def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:

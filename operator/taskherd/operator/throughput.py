@@ -11,7 +11,9 @@ the window), and a counter that went down counts again from 0. The samples then 
 When to read (`reading_due`): whenever the pool is not steady — a scale-up, a scale-down, or one
 the stabilisation window holds back — and every STEADY_READING_SECONDS while a steady pool has a
 backlog, so that the recommendations made while it drains already carry the throughput when the
-window later weighs them. A steady, idle pool costs no reading.
+window later weighs them. A steady, idle pool costs no reading. The steady readings fall on the
+polls where the terminations report reads the pods anyway (plan.needs_busyness), so one request
+per pod serves both (busyness.WorkerMetrics).
 
 Pure: the caller keeps the `WorkCounters` between polls (plan.PoolMemory).
 """
@@ -26,8 +28,9 @@ from .scaling import THROUGHPUT_WINDOW_SECONDS, Decision, Throughput, WorkSample
 #: samples are kept this much longer than the rate window: estimate_throughput times the service
 #: over all of them when no task finished within the window (a pool just scaled up from zero)
 KEEP_BEYOND_WINDOW_SECONDS = 600.0
-#: a steady pool with a backlog is read this often (several samples per rate window)
-STEADY_READING_SECONDS = 15.0
+#: a steady pool with a backlog is read this often: two or three samples per rate window, and the
+#: terminations report's cadence (plan.TERMINATIONS_EVERY_SECONDS), whose pod reading it shares
+STEADY_READING_SECONDS = 30.0
 
 
 def reading_due(decision: Decision, current_replicas: int, depth: int, last_reading_at: float | None,
@@ -50,11 +53,6 @@ class WorkCounters:
     samples: tuple[WorkSample, ...] = ()
     #: the largest slot count a worker reported at the last reading; None: none did
     slots: int | None = None
-
-    @property
-    def read_at(self) -> float | None:
-        """When the workers were last read; None: never."""
-        return self.samples[-1].at if self.samples else None
 
     def read(self, pods: Sequence[PodBusyness], depth: int, now: float) -> "WorkCounters":
         """These counters after one reading of every pod, with the pool's depth at that time."""
