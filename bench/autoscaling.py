@@ -156,7 +156,7 @@ class Taskherd:
         if not self.throughput:
             return observation
         # The workers are read when the operator would read them (throughput.reading_due, on its
-        # decision before any reading): not steady, or steady with a backlog every 15 s.
+        # decision before any reading): not steady, or steady with a backlog every 30 s.
         before = desired_replicas(self.policy, observation, view.replicas, 0, self.history, view.now)
         last = self.samples[-1].at if self.samples else None
         if reading_due(before, view.replicas, observation.depth, last, view.now):
