@@ -5,7 +5,7 @@ redis-server (started here, so nothing else runs on it) and the loopback Postgre
 database), and counts:
 
 - round trips: requests the client waited for. Redis: packets sent by redis-py (a pipeline or a
-  script is one). PostgreSQL: the protocol's synchronisation points in libpq's trace (one per
+  script is one) and scripts the store sent on its own connection (its RESP wire). PostgreSQL: the protocol's synchronisation points in libpq's trace (one per
   statement, or per pipeline), transaction control included;
 - CPU of this process (µs per task) and wall time.
 
@@ -34,9 +34,11 @@ from support.private_redis import PrivateRedis
 from e2e.lib.services import fresh_database
 
 from taskherd.worker.idempotency import PostgresStore, RedisStore
+from taskherd.worker.idempotency import scripts as store_scripts
 
 _sent = {"redis": 0}
 _send = redis.connection.AbstractConnection.send_packed_command
+_round_trip = store_scripts._Wire.round_trip
 
 
 def _counting_send(self, command, check_health=True):
@@ -44,7 +46,13 @@ def _counting_send(self, command, check_health=True):
     return _send(self, command, check_health)
 
 
+def _counting_round_trip(self, command, script, arguments):
+    _sent["redis"] += 1
+    return _round_trip(self, command, script, arguments)
+
+
 redis.connection.AbstractConnection.send_packed_command = _counting_send
+store_scripts._Wire.round_trip = _counting_round_trip
 
 
 class PgTrace:
