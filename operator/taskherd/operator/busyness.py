@@ -10,6 +10,7 @@ take any `async (pod) -> int | PodReading | None` (an int: the in-flight count a
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
@@ -40,13 +41,29 @@ class PodReading:
 BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | PodReading | None"]]
 
 
+def lines_starting(text: str, prefixes: Iterable[str]) -> list[str]:
+    """The lines of `text` that start with one of `prefixes`, found by the string search rather
+    than by looking at every line: a worker serves a few hundred, and the operator wants a few."""
+    text = "\n" + text
+    lines = []
+    for prefix in prefixes:
+        at = text.find("\n" + prefix)
+        while at != -1:
+            end = text.find("\n", at + 1)
+            lines.append(text[at + 1:end if end != -1 else len(text)].rstrip("\r"))
+            at = text.find("\n" + prefix, at + 1)
+    return lines
+
+
 def samples_named(text: str, names: Iterable[str]) -> list[Sample] | None:
     """The samples called one of `names`, with their labels, in a scrape in the Prometheus text
     format; None when their lines do not parse. Only their lines go to prometheus_client's parser,
     which spends about 13 µs of CPU per line (3.5 ms on a worker's few hundred, per pod and
     reading): for samples that are rare, such as the pool-child deaths."""
     wanted = frozenset(names)
-    lines = [line for line in text.splitlines() if line.startswith(tuple(wanted))]  # usually none
+    lines = lines_starting(text, sorted(wanted))
+    if not lines:
+        return []
     try:
         return [sample for family in text_string_to_metric_families("\n".join(lines) + "\n")
                 for sample in family.samples if sample.name in wanted]
@@ -62,12 +79,10 @@ def parse_reading(text: str) -> PodReading | None:
     """In-flight tasks, finished tasks, their summed runtime and the slots, each summed over its
     label sets, from one scrape in the Prometheus text format; None when none of them is there.
 
-    Only the lines of these four samples are parsed (a worker serves a few hundred lines, and
-    prometheus_client's full parser spends about 3.5 ms of CPU on them: per pod, per reading)."""
+    Only the lines of these four samples are read (`lines_starting`), by hand: prometheus_client's
+    parser spends about 13 µs of CPU per line, 3.5 ms on a worker's whole scrape."""
     sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(_SUMMED):
-            continue
+    for line in lines_starting(text, _SUMMED):
         name, value = _sample(line)
         if name in _SUMMED and value is not None:
             sums[name] = sums.get(name, 0.0) + value
@@ -145,25 +160,29 @@ class WorkerMetrics:
         if ip in self._recent:
             return self._recent[ip][1]
         try:
-            text = await asyncio.wait_for(self._get(ip), self.timeout)
-        except (OSError, asyncio.TimeoutError, ValueError):
+            async with asyncio.timeout(self.timeout):
+                text = await self._get(ip)
+        except (OSError, TimeoutError, ValueError):
             text = None
         self._recent[ip] = (now, text)
         return text
 
     async def _get(self, ip: str) -> str | None:
-        reader, writer = await asyncio.open_connection(ip, self.port)
-        try:
-            host = f"[{ip}]" if ":" in ip else ip
-            writer.write(f"GET /metrics HTTP/1.0\r\nHost: {host}:{self.port}\r\n\r\n".encode())
-            response = b""
-            while chunk := await reader.read(65536):  # HTTP/1.0: the body ends where the connection does
+        # The event loop's socket calls, not streams: a third less CPU per request (no transport,
+        # protocol and buffer objects for a connection that lives for one response).
+        loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (ip, self.port))
+            host = f"[{ip}]" if family == socket.AF_INET6 else ip
+            await loop.sock_sendall(sock, f"GET /metrics HTTP/1.0\r\nHost: {host}:{self.port}\r\n\r\n".encode())
+            response = bytearray()
+            while chunk := await loop.sock_recv(sock, 262144):  # HTTP/1.0: the body ends with the connection
                 response += chunk
                 if len(response) > MAX_RESPONSE_BYTES:
                     raise ValueError(f"{ip}:{self.port}/metrics is over {MAX_RESPONSE_BYTES} bytes")
-        finally:
-            writer.close()
-        head, separator, body = response.partition(b"\r\n\r\n")
+        head, separator, body = bytes(response).partition(b"\r\n\r\n")
         status = head.split(b"\r\n", 1)[0].split()
         if not separator or len(status) < 2 or status[1] != b"200":
             return None

@@ -9,7 +9,8 @@ Rules (each one a property test in tests/operator/test_operator_scaling.py):
 - an oldest waiting message older than maxOldestMessageAgeSeconds adds workers even when the
   depth per worker is under target, in proportion to how far over the limit it is (as the HPA
   does for any metric), at most once per settle window so that pods still starting are not
-  counted as "not enough" again (compounding would run straight to maxReplicas);
+  counted as "not enough" again (compounding would run straight to maxReplicas); while such a
+  message waits, no worker is removed;
 - scale-down goes to the highest recommendation of the stabilisation window (the HPA's rule),
   only once the history covers the whole window, and never below the busy workers;
 - N -> 0 only when the queues are empty and no worker is busy;
@@ -192,7 +193,9 @@ def _needed(policy: ScalingPolicy, observation: Observation, current: int,
     if ratio is None:
         return by_depth, why, False
     settling = any(r.age_triggered and now - AGE_SETTLE_SECONDS < r.at <= now for r in history)
-    by_age = current if settling else min(depth, max(current + 1, math.ceil(current * ratio)))
+    # Capped by the messages waiting (more workers than messages do not help), but never below
+    # the workers there are: an oldest message over the limit is no time to remove any.
+    by_age = current if settling else max(current, min(depth, max(current + 1, math.ceil(current * ratio))))
     if by_age > by_depth:
         at_least = "at least " if observation.oldest_message_age_is_lower_bound else ""
         return by_age, (f"oldest message waited {at_least}{int(observation.oldest_message_age_seconds)}s > "
