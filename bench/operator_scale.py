@@ -8,7 +8,8 @@ inspection, as in the operator (inspection_batch.py). The Kubernetes API is an i
 200 DLQs with 0-50 messages each); each pool has 0-6 worker pods whose /metrics the operator reads
 over HTTP when it would (busyness and throughput, taskherd.operator.throughput.reading_due; pool-
 child deaths every 30 s) from a server on loopback, in a process of its own, serving what a
-worker with five task names serves. The rounds follow a clock that advances one interval per
+worker with five task names serves, through the worker's own HTTP server and registry (so a
+reading asks for its few series, as the operator does). The rounds follow a clock that advances one interval per
 round, so those cadences happen as they would. Prints, side by side:
 - CPU per poll (process time, includes the inspection threads) and wall latency per poll;
 - latency of the decision function alone;
@@ -39,8 +40,8 @@ from e2e.lib.services import leased_redis_db
 from e2e.lib.services import free_port
 from e2e.lib.waiting import wait_for
 from taskherd.operator.broker import BrokerObserver
-from taskherd.operator.busyness import MetricsBusynessReader, WorkerMetrics
-from taskherd.operator.child_deaths import MetricsChildDeathReader
+from taskherd.operator.busyness import READING_SAMPLES, MetricsBusynessReader, WorkerMetrics
+from taskherd.operator.child_deaths import DEATH_SAMPLES, MetricsChildDeathReader
 from taskherd.operator.kube import Scale
 from taskherd.operator.metrics import OperatorMetrics
 from taskherd.operator.plan import PoolMemory
@@ -110,10 +111,15 @@ def bodies(pools: int) -> list[dict]:
 
 #: a worker's /metrics, as five task names make it: served to the operator's readers
 WORKER_METRICS_SERVER = r"""
-import http.server, sys, time
-from prometheus_client import CollectorRegistry, generate_latest
+import sys, threading
+from prometheus_client import make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from taskherd import compat
+from taskherd.build_info import build_info
 from taskherd.worker.components.metrics import TaskMetrics
-registry = CollectorRegistry()
+from taskherd.worker.components.probes import serve
+registry = compat.filterable_registry()  # as the worker's (components/metrics.py)
 metrics = TaskMetrics(registry=registry)
 for task in ("orders.charge", "orders.ship", "mail.send", "reports.build", "cache.warm"):
     for outcome in ("succeeded", "failed", "retried"):
@@ -122,18 +128,13 @@ for task in ("orders.charge", "orders.ship", "mail.send", "reports.build", "cach
     metrics.queue_wait.labels(task).observe(1.5)
     metrics.in_flight.labels(task).set(0)
     metrics.deliveries.labels(task).inc(9)
-body = generate_latest(registry) + b"taskherd_worker_slots 2\n"
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+class Worker(Collector):  # what the worker's WorkerCollector adds
+    def collect(self):
+        yield GaugeMetricFamily("taskherd_worker_slots", "slots", value=2)
+        yield build_info()
+registry.register(Worker())
+serve(make_wsgi_app(registry), port=int(sys.argv[1]), address="127.0.0.1")  # the worker's own server
+threading.Event().wait()
 """
 
 
@@ -160,7 +161,7 @@ async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics
     kube = MemoryKube(url, pools)
     clock = Clock()
     # shared, as in the operator (handlers.py), and on the rounds' clock: one request per pod and poll
-    worker_metrics = WorkerMetrics(port=metrics_port, clock=clock)
+    worker_metrics = WorkerMetrics(port=metrics_port, names=READING_SAMPLES + DEATH_SAMPLES, clock=clock)
     deps = Deps(kube=kube, observe=BrokerObserver(kube=kube), busyness=CountingReader(worker_metrics),
                 child_deaths=MetricsChildDeathReader(worker_metrics), poster=_no_post,
                 metrics=OperatorMetrics(registry=CollectorRegistry()), clock=clock)

@@ -174,8 +174,11 @@ def test_the_reader_gets_a_workers_metrics_over_http_and_none_from_anything_else
     text = "taskherd_tasks_in_flight 2\ntaskherd_worker_slots 4\n" + "# padding\n" * 20000
     requests = []
 
+    queries = []
+
     def app(environ, start_response):
         requests.append(environ["PATH_INFO"])
+        queries.append(environ.get("QUERY_STRING", ""))
         if environ["PATH_INFO"] != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"no"]
@@ -200,6 +203,14 @@ def test_the_reader_gets_a_workers_metrics_over_http_and_none_from_anything_else
         clock[0] += 5
         asyncio.run(MetricsBusynessReader(metrics)(pod))
         assert requests == ["/metrics", "/metrics"]
+        # Asking for a few series: a worker that answers without its build info (this app ignores
+        # the filter and has none, as an older worker's empty answer) is asked again for everything.
+        requests.clear()
+        queries.clear()
+        filtered = WorkerMetrics(port=port, names=["taskherd_tasks_in_flight"])
+        assert asyncio.run(MetricsBusynessReader(filtered)(pod)).in_flight == 2
+        assert requests == ["/metrics", "/metrics"]
+        assert queries[0] == "name%5B%5D=taskherd_tasks_in_flight&name%5B%5D=taskherd_build_info"
         assert asyncio.run(MetricsBusynessReader(port=free_port())(pod)) is None, "nothing listens"
         started = time.monotonic()
         assert asyncio.run(MetricsBusynessReader(port=silent.getsockname()[1], timeout=0.5)(pod)) is None

@@ -85,6 +85,13 @@ def test_metrics_match_the_ledger(redis_url, unique_name, worker_factory, tmp_pa
     assert dict(build)["celery"].startswith("5.") and dict(build)["version"]
     # Its slots, for the operator's throughput estimate (Little's law): the prefork concurrency.
     assert value(samples, "taskherd_worker_slots") == 2
+    # The operator asks for its few series only (prometheus_client's ?name[]= filter), from the
+    # multiprocess files and the worker's own series alike.
+    wanted = ["taskherd_tasks_in_flight", "taskherd_task_runtime_seconds_count", "taskherd_worker_slots",
+              "taskherd_build_info"]
+    filtered = httpx.get(f"http://127.0.0.1:{port}/metrics", params=[("name[]", n) for n in wanted], timeout=5).text
+    assert {s.name for f in text_string_to_metric_families(filtered) for s in f.samples} == set(wanted)
+    assert len(filtered) < len(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text) / 4
     # The pool recycled children (max 3 tasks each): their counts survived them.
     assert not first_children & set(worker.child_pids()), "no child was replaced: the test proves less than it says"
     # ... folded into one archive file per type: no file of a dead child is left to read at each scrape.

@@ -188,6 +188,20 @@ def use_multiprocess_value_class() -> None:
     values.ValueClass = values.get_value_class()
 
 
+def filterable_registry():
+    """A CollectorRegistry whose scrape honours ``?name[]=`` (prometheus_client's filter) for
+    collectors that cannot name their series up front, as the multiprocess one; such collectors
+    are otherwise left out of a filtered scrape altogether. prometheus_client before the option
+    existed: a plain registry (a filtered scrape answers nothing; the operator then asks again
+    without the filter)."""
+    from prometheus_client import CollectorRegistry
+
+    try:
+        return CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
+    except TypeError:
+        return CollectorRegistry(auto_describe=False)
+
+
 def read_metric_file(path: str):
     """(key, value, timestamp, position) of every sample in a prometheus_client multiprocess file."""
     from prometheus_client.mmap_dict import MmapedDict

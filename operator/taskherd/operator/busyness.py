@@ -14,6 +14,7 @@ import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
+from urllib.parse import urlencode
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -26,6 +27,8 @@ IN_FLIGHT_METRIC = "taskherd_tasks_in_flight"
 #: the runtime histogram: its _count is the tasks a worker finished, its _sum the seconds they took
 RUNTIME_METRIC = "taskherd_task_runtime_seconds"
 SLOTS_METRIC = "taskherd_worker_slots"
+#: in every worker's scrape, whatever its version: an answer without it is not a filtered one
+BUILD_INFO_METRIC = "taskherd_build_info"
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,8 @@ def samples_named(text: str, names: Iterable[str]) -> list[Sample] | None:
         return None
 
 
-#: the samples a reading sums over their label sets
-_SUMMED = (IN_FLIGHT_METRIC, RUNTIME_METRIC + "_count", RUNTIME_METRIC + "_sum", SLOTS_METRIC)
+#: the samples a reading sums over their label sets (and asks the worker for: WorkerMetrics names)
+READING_SAMPLES = (IN_FLIGHT_METRIC, RUNTIME_METRIC + "_count", RUNTIME_METRIC + "_sum", SLOTS_METRIC)
 
 
 def parse_reading(text: str) -> PodReading | None:
@@ -82,9 +85,9 @@ def parse_reading(text: str) -> PodReading | None:
     Only the lines of these four samples are read (`lines_starting`), by hand: prometheus_client's
     parser spends about 13 µs of CPU per line, 3.5 ms on a worker's whole scrape."""
     sums: dict[str, float] = {}
-    for line in lines_starting(text, _SUMMED):
+    for line in lines_starting(text, READING_SAMPLES):
         name, value = _sample(line)
-        if name in _SUMMED and value is not None:
+        if name in READING_SAMPLES and value is not None:
             sums[name] = sums.get(name, 0.0) + value
     if not sums:
         return None
@@ -141,15 +144,25 @@ class WorkerMetrics:
     fraction of a millisecond this takes (bench/operator_scale.py): the operator reads every pod
     of a pool that is scaling. A text read less than `reuse_seconds` ago is served again, so that
     the busyness and the pool-child deaths of one poll cost one request per pod.
+
+    With `names`, the request asks for those series only (``?name[]=``, prometheus_client's own
+    filter): a few hundred bytes instead of the ~20 KB of a worker's whole scrape, a third of the
+    CPU of a reading. A worker that cannot filter (an older version) answers nothing or
+    everything; without its always-present ``taskherd_build_info`` in the answer, the whole
+    scrape is asked for again.
     """
 
     def __init__(self, *, port: int = WORKER_METRICS_PORT, timeout: float = 2.0, reuse_seconds: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 names: Iterable[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
         self.port = port
         self.timeout = timeout
         self.reuse_seconds = reuse_seconds
         self._clock = clock
         self._recent: dict[str, tuple[float, str | None]] = {}
+        self._path = "/metrics"
+        if names:
+            query = urlencode([("name[]", name) for name in (*names, BUILD_INFO_METRIC)])
+            self._path = f"/metrics?{query}"
 
     async def text(self, pod: Mapping[str, Any]) -> str | None:
         ip = (pod.get("status") or {}).get("podIP")
@@ -161,13 +174,15 @@ class WorkerMetrics:
             return self._recent[ip][1]
         try:
             async with asyncio.timeout(self.timeout):
-                text = await self._get(ip)
+                text = await self._get(ip, self._path)
+                if text is not None and self._path != "/metrics" and BUILD_INFO_METRIC not in text:
+                    text = await self._get(ip, "/metrics")  # a worker that cannot filter
         except (OSError, TimeoutError, ValueError):
             text = None
         self._recent[ip] = (now, text)
         return text
 
-    async def _get(self, ip: str) -> str | None:
+    async def _get(self, ip: str, path: str) -> str | None:
         # The event loop's socket calls, not streams: a third less CPU per request (no transport,
         # protocol and buffer objects for a connection that lives for one response).
         loop = asyncio.get_running_loop()
@@ -176,7 +191,7 @@ class WorkerMetrics:
             sock.setblocking(False)
             await loop.sock_connect(sock, (ip, self.port))
             host = f"[{ip}]" if family == socket.AF_INET6 else ip
-            await loop.sock_sendall(sock, f"GET /metrics HTTP/1.0\r\nHost: {host}:{self.port}\r\n\r\n".encode())
+            await loop.sock_sendall(sock, f"GET {path} HTTP/1.0\r\nHost: {host}:{self.port}\r\n\r\n".encode())
             response = bytearray()
             while chunk := await loop.sock_recv(sock, 262144):  # HTTP/1.0: the body ends with the connection
                 response += chunk

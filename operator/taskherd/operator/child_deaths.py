@@ -21,6 +21,8 @@ from .busyness import WorkerMetrics, pod_is_running, samples_named
 
 DEATHS_METRIC = "taskherd_pool_child_deaths_total"
 LAST_DEATH_METRIC = "taskherd_pool_child_last_death_timestamp_seconds"
+#: what a death reading asks the worker for (busyness.WorkerMetrics names)
+DEATH_SAMPLES = (DEATHS_METRIC, LAST_DEATH_METRIC)
 #: the `process` of a recentTerminations entry that is a pool child, not a container
 POOL_CHILD = "pool-child"
 OOM_KILLED = "OOMKilled"
@@ -45,7 +47,7 @@ def parse_child_deaths(text: str) -> list[ChildDeaths] | None:
     samples do not parse (busyness.samples_named)."""
     counts: dict[tuple[str, str], float] = {}
     last: dict[tuple[str, str], float] = {}
-    samples = samples_named(text, (DEATHS_METRIC, LAST_DEATH_METRIC))
+    samples = samples_named(text, DEATH_SAMPLES)
     if samples is None:
         return None
     for sample in samples:

@@ -11,8 +11,8 @@ import kopf
 from . import kube
 from .alerts import DryRunPoster, HttpPoster
 from .broker import BrokerObserver
-from .busyness import MetricsBusynessReader, WorkerMetrics
-from .child_deaths import MetricsChildDeathReader
+from .busyness import READING_SAMPLES, MetricsBusynessReader, WorkerMetrics
+from .child_deaths import DEATH_SAMPLES, MetricsChildDeathReader
 from .config import OperatorConfig
 from .leader import AlwaysLeader, LeaderElector
 from .metrics import OperatorMetrics
@@ -45,7 +45,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     elector = (LeaderElector(namespace=config.lease_namespace, name=config.lease_name, identity=config.identity,
                              api=api.api) if config.leader_election and not config.dry_run else AlwaysLeader())
     writer = kube.DryRunKube(api) if config.dry_run else api
-    worker_metrics = WorkerMetrics(port=config.worker_metrics_port)  # one request per pod and poll
+    # One request per pod and poll, for the few series the two readers use.
+    worker_metrics = WorkerMetrics(port=config.worker_metrics_port, names=READING_SAMPLES + DEATH_SAMPLES)
     deps = Deps(kube=writer, observe=BrokerObserver(kube=api),
                 busyness=MetricsBusynessReader(worker_metrics),
                 child_deaths=MetricsChildDeathReader(worker_metrics),

@@ -358,7 +358,7 @@ class Metrics(Component):
                 return
             heartbeat = installed(app, Heartbeat)
             heartbeat_path = shared_files.heartbeat_path(heartbeat.resolved_directory if heartbeat else None)
-            registry = CollectorRegistry(auto_describe=False)
+            registry = compat.filterable_registry()  # the operator asks for its few series only
             registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_path,
                                               slots=worker_slots(sender)))
             # One server for /metrics and the kubelet's HTTP probes (taskherd.worker.components.probes).
