@@ -8,8 +8,8 @@ messages per pod, at most 40 pods). Scalers:
 - **taskherd**: the real `taskherd.operator.scaling.desired_replicas` every pollIntervalSeconds
   (5 s, random phase), with the pool's maxOldestMessageAgeSeconds (30 s) and the busy pods the
   operator reads from the workers' metrics; scale-down removes idle pods first (pod-deletion-cost).
-  "+ Little's law" also reads the workers' finished-task counters when the operator does
-  (`taskherd.operator.throughput.reading_due`), as the operator does since it reads them.
+  "+ Little's law" also reads the workers' finished-task counters, at the polls where the
+  operator reads them (`taskherd.operator.throughput.reading_due`).
 - **KEDA + HPA, defaults**, modelled from their source (kedacore/keda pkg/scalers,
   kubernetes pkg/controller/podautoscaler): KEDA polls its scaler every `pollingInterval` (30 s)
   and alone does 0 -> 1 (activation: metric > activationValue 0) and N -> 0 (not active for
