@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from taskherd.operator.busyness import PodReading
 from taskherd.operator.kube import NotFound, Scale
 from taskherd.operator.metrics import OperatorMetrics
 from taskherd.operator.plan import PoolMemory
@@ -81,7 +82,8 @@ def make_deps(kube, broker, *, busy: dict[str, int | None] | None = None, posts=
     child_deaths = {} if child_deaths is None else child_deaths
 
     async def reader(pod):
-        return busy.get(pod["metadata"]["name"], 0)
+        in_flight = busy.get(pod["metadata"]["name"], 0)
+        return None if in_flight is None else PodReading(in_flight=in_flight)
 
     async def death_reader(pod):
         return child_deaths.get(pod["metadata"]["name"])

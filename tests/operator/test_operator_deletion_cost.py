@@ -115,7 +115,7 @@ def test_read_busyness_reads_only_running_pods():
 
     async def reader(pod):
         calls.append(pod["metadata"]["name"])
-        return 4
+        return PodReading(in_flight=4)
 
     listed = [
         {"metadata": {"name": "run"}, "status": {"phase": "Running", "podIP": "10.0.0.1"}},

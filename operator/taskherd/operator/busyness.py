@@ -5,7 +5,7 @@ Why metrics rather than `kubectl exec taskherd probe`: an HTTP GET needs no `pod
 worker serves `taskherd_tasks_in_flight` on its metrics port anyway. The same text carries the
 worker's finished-task count, the seconds those tasks took and its slots, from which the operator
 estimates the pool's throughput (taskherd.operator.throughput). The reader is injectable: handlers
-take any `async (pod) -> int | PodReading | None` (an int: the in-flight count alone).
+take any `async (pod) -> PodReading | None`.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class PodReading:
     slots: int | None = None
 
 
-BusynessReader = Callable[[Mapping[str, Any]], Awaitable["int | PodReading | None"]]
+BusynessReader = Callable[[Mapping[str, Any]], Awaitable["PodReading | None"]]
 
 
 def lines_starting(text: str, prefixes: Iterable[str]) -> list[str]:
@@ -223,8 +223,8 @@ async def read_busyness(pods: list[Mapping[str, Any]], reader: BusynessReader) -
         if not pod_is_running(pod):
             return PodBusyness(name, 0, running=False)
         reading = await reader(pod)
-        if not isinstance(reading, PodReading):
-            return PodBusyness(name, reading)
+        if reading is None:
+            return PodBusyness(name, None)
         return PodBusyness(name, reading.in_flight, completed=reading.completed,
                            busy_seconds=reading.busy_seconds, slots=reading.slots)
     return list(await asyncio.gather(*(one(p) for p in pods)))
