@@ -5,7 +5,8 @@
 Each round, for each variant: publish N tasks to a fresh queue with no worker running, start a
 real `celery worker` (prefork, concurrency 2), and time the queue draining from the first message
 taken to the last (worker boot is excluded). Variants alternate within a round so that machine
-noise hits both alike; the figure reported is the median over rounds, with the ratio.
+noise hits both alike; the figure reported is the median over rounds, with its overhead against
+vanilla. `profile-X-Y` variants leave components out of configure() (what each one costs).
 Needs the services (`bash scripts/services.sh up`; `source scripts/services.sh env`). Uses a leased
 Redis database and a fresh RabbitMQ vhost, as the tests do.
 """
@@ -36,7 +37,7 @@ VARIANTS = ("vanilla", "taskherd")
 def producer(variant: str, broker_url: str, queue: str) -> Celery:
     app = Celery(broker=broker_url, set_as_current=False)
     app.conf.task_default_queue = queue
-    if variant in ("taskherd", "profile"):  # same queue declarations (dead-letter arguments) as its workers
+    if variant.split("-")[0] in ("taskherd", "profile"):  # same queue declarations (dead-letter arguments) as its workers
         from taskherd.worker import configure
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -165,7 +166,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--brokers", default="redis,rabbitmq")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="also: profile (configure() alone), idempotency (the guard alone)")
+                        help="also: profile (configure() alone), idempotency (the guard alone), profile-X-Y or "
+                             "taskherd-X (without the components of class X and Y, e.g. profile-Metrics)")
     parser.add_argument("--task-ms", type=float, default=0,
                         help="each task sleeps this long (default 0: no-op); shows the overhead on real work")
     parser.add_argument("--profile", action="store_true",
@@ -192,7 +194,7 @@ def main() -> int:
                         path = log_dir / f"{broker}-{variant}.pstats"
                         rate, _ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path,
                                           profiler=args.profiler)
-                        print(f"  {broker:<8} {variant:<11} solo, profiled: {rate:7.1f} tasks/s")
+                        print(f"  {broker:<8} {variant:<15} solo, profiled: {rate:7.1f} tasks/s")
                         report_profile(path, args.tasks)
                     continue
                 for round_ in range(args.rounds):
@@ -202,7 +204,7 @@ def main() -> int:
                         rate, cpu = one_run(variant, broker_url, redis_url, args.tasks, log_dir, task_ms=args.task_ms)
                         rates.setdefault((broker, variant), []).append(rate)
                         cpus.setdefault((broker, variant), []).append(cpu)
-                        print(f"  {broker:<8} {variant:<11} round {round_ + 1}: {rate:7.1f} tasks/s "
+                        print(f"  {broker:<8} {variant:<15} round {round_ + 1}: {rate:7.1f} tasks/s "
                               f"{cpu:6.0f} us CPU/task", flush=True)
 
     if args.profile:
@@ -214,14 +216,15 @@ def main() -> int:
         kind = f"{args.task_ms:g} ms" if args.task_ms else "no-op"
         print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
               f"overhead vs {base}")
-        print(f"{'broker':<9}" + "".join(f"{v:>12}" for v in variants)
-              + "".join(f"{'overhead ' + v:>22}" for v in variants if v != base))
-        for broker in args.brokers.split(","):
-            medians = {v: statistics.median(figures[(broker, v)]) for v in variants}
-            overhead = {v: (medians[v] / medians[base] - 1 if lower_is_better else 1 - medians[v] / medians[base])
-                        for v in variants}
-            print(f"{broker:<9}" + "".join(fmt.format(medians[v]) for v in variants)
-                  + "".join(f"{overhead[v] * 100:>21.1f}%" for v in variants if v != base))
+        width = max(len(v) for v in variants) + 2
+        print(f"{'variant':<{width}}" + "".join(f"{broker:>12}{'overhead':>10}" for broker in args.brokers.split(",")))
+        for v in variants:
+            row = f"{v:<{width}}"
+            for broker in args.brokers.split(","):
+                median, base_median = statistics.median(figures[(broker, v)]), statistics.median(figures[(broker, base)])
+                overhead = median / base_median - 1 if lower_is_better else 1 - median / base_median
+                row += fmt.format(median) + (f"{overhead * 100:>9.1f}%" if v != base else f"{'':>10}")
+            print(row)
     return 0
 
 

@@ -5,10 +5,15 @@ vanilla      Celery with the same ack settings as the profile: acks_late, reject
 taskherd     configure(app) (retries, DLQ, delivery counting, heartbeat, metrics, fast recovery on
              Redis) and the Redis idempotency guard keyed on the task id.
 profile      configure(app) alone; idempotency: the guard alone (to attribute the overhead).
+profile-X-Y  configure(app) without its components of class X and Y (e.g. profile-Metrics), and
+taskherd-X   the same plus the guard: what each component costs.
 
 BENCH_BROKER_URL, BENCH_QUEUE, BENCH_REDIS_URL (idempotency keys),
-BENCH_TASK_MS (how long the task sleeps; 0, a no-op, by default).
+BENCH_TASK_MS (how long the task sleeps; 0, a no-op, by default),
+BENCH_CONF (JSON: Celery settings applied last, e.g. '{"task_time_limit": 3600}' on vanilla to see
+what one of the profile's settings costs).
 """
+import json
 import os
 import time
 import warnings
@@ -29,19 +34,30 @@ app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=Tru
 #: variant -> (apply the profile?, guard with idempotency?). The two halves of "taskherd" exist to
 #: attribute its overhead (bench/throughput.py --variants).
 VARIANTS = {"vanilla": (False, False), "taskherd": (True, True), "profile": (True, False), "idempotency": (False, True)}
-if VARIANT not in VARIANTS:
-    raise SystemExit(f"BENCH_VARIANT={VARIANT!r}; valid: {', '.join(VARIANTS)}")
-with_profile, with_idempotency = VARIANTS[VARIANT]
+BASE_VARIANT, *LEFT_OUT = VARIANT.split("-")
+if BASE_VARIANT not in VARIANTS or (LEFT_OUT and BASE_VARIANT not in ("profile", "taskherd")):
+    raise SystemExit(f"BENCH_VARIANT={VARIANT!r}; valid: {', '.join(VARIANTS)}, or profile-/taskherd- followed by "
+                     "component class names joined by '-' (left out)")
+with_profile, with_idempotency = VARIANTS[BASE_VARIANT]
 
 if with_profile:
     from taskherd.worker import configure
+    from taskherd.worker.components import default_components
 
+    components = default_components()
+    unknown = set(LEFT_OUT) - {type(component).__name__ for component in components}
+    if unknown:
+        raise SystemExit(f"BENCH_VARIANT={VARIANT!r}: no component {', '.join(sorted(unknown))} (valid: "
+                         f"{', '.join(type(component).__name__ for component in components)})")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        configure(app, queues=[QUEUE])  # no Redis on RabbitMQ: the broker counts redeliveries
+        configure(app, queues=[QUEUE],  # no Redis on RabbitMQ: the broker counts redeliveries
+                  components=[component for component in components if type(component).__name__ not in LEFT_OUT])
 else:
     app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
                     accept_content=["json"], task_serializer="json", result_serializer="json")
+
+app.conf.update(json.loads(os.environ.get("BENCH_CONF") or "{}"))
 
 if with_idempotency:
     from taskherd.worker.idempotency import RedisStore, idempotent

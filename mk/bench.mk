@@ -3,7 +3,7 @@
 # `make test`: they take minutes and the machine is noisy; docs/benchmarks.md carries the latest
 # figures. `make bench` runs them all in this order (scaleup before autoscaling, which replays the
 # pod start times scaleup measured); `make bench-<name>` runs one.
-BENCHES := worker_boot throughput throughput_grid probe_cost guard_cost redelivery recovery_overhead inspection_cost \
+BENCHES := worker_boot throughput throughput_grid profile_cost probe_cost guard_cost redelivery recovery_overhead inspection_cost \
            operator_reaction operator_scale scaleup pod_kill autoscaling
 
 .PHONY: bench $(addprefix bench-,$(BENCHES))
