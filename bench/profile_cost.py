@@ -132,6 +132,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tasks < 100 or args.rounds < 1:
+        parser.error(f"--tasks {args.tasks} --rounds {args.rounds}: valid are --tasks >= 100 (fewer are below the "
+                     "CPU clock's resolution) and --rounds >= 1")
     if args.child == "message checks":
         checks, decode = message_check_cpu(args.tasks)
         print(json.dumps({"checks": checks, "decode": decode}))
