@@ -10,6 +10,9 @@ dnsLabel:
 dnsSubdomain:
   re: '^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$'
   valid: 'a DNS subdomain: lowercase letters, digits, "-" and ".", starting and ending with a letter or digit, at most 253 characters'
+envName:
+  re: '^[ -<>-~]+$'
+  valid: 'an environment variable name: printable ASCII characters (space to ~) other than "="'
 secretKey:
   re: '^[-._a-zA-Z0-9]+$'
   valid: 'a Secret key: letters, digits, "-", "_" and "."'

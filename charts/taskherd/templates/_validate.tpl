@@ -170,6 +170,7 @@ Kubernetes EnvVar lists: (dict "key" "workerPools[0].env" "env" $list "reserved"
 A value must be a string (an unquoted 1 or true is refused by the API server).
 */}}
 {{- define "taskherd.check.env" -}}
+{{- $f := fromYaml (include "taskherd.formats" .) }}
 {{- range $i, $e := .env }}
 {{- $at := printf "%s[%d]" $.key $i }}
 {{- if not (kindIs "map" $e) }}
@@ -182,6 +183,8 @@ A value must be a string (an unquoted 1 or true is refused by the API server).
 {{- end }}
 {{- if not (and (kindIs "string" $e.name) $e.name) }}
 {{ $at }}.name={{ toJson $e.name }} is missing or not a string; every variable needs a name
+{{- else if not (regexMatch $f.envName.re $e.name) }}
+{{ $at }}.name={{ toJson $e.name }} is invalid; valid: {{ $f.envName.valid }}
 {{- else if has $e.name $.reserved }}
 {{ $at }}.name={{ toJson $e.name }} is set by the chart ({{ $.why }}); remove it here
 {{- end }}
@@ -527,6 +530,14 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{- range $j, $from := $pool.envFrom }}
 {{- if not (and (kindIs "map" $from) (or $from.configMapRef $from.secretRef) (not (and $from.configMapRef $from.secretRef))) }}
 {{ $k.envFrom }}[{{ $j }}]={{ toJson $from }} is invalid; valid: {configMapRef: {name: …}} or {secretRef: {name: …}}, with an optional prefix
+{{- else }}
+{{- $ref := $from.configMapRef | default $from.secretRef }}
+{{- if not (and (kindIs "map" $ref) (kindIs "string" $ref.name) (regexMatch $f.dnsSubdomain.re (toString $ref.name))) }}
+{{ $k.envFrom }}[{{ $j }}].{{ ternary "configMapRef" "secretRef" (not (empty $from.configMapRef)) }}.name={{ toJson (and (kindIs "map" $ref) $ref.name) }} is missing or invalid; valid: {{ $f.dnsSubdomain.valid }}
+{{- end }}
+{{- if and (hasKey $from "prefix") (not (and (kindIs "string" $from.prefix) (or (eq $from.prefix "") (regexMatch $f.envName.re $from.prefix)))) }}
+{{ $k.envFrom }}[{{ $j }}].prefix={{ toJson $from.prefix }} is invalid; valid: {{ $f.envName.valid }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $reservedVolumes := list "tmp" "heartbeat" "prometheus" "beat-schedule" }}
