@@ -47,7 +47,9 @@ def test_later_forks_do_not_freeze_what_tasks_left_behind(unfrozen):
 
     freeze_once()
 
-    assert gc.get_freeze_count() == frozen
+    # Not equal: a frozen object that dies (another thread's, say) leaves the count; a second
+    # freeze would have added the 1000 nodes.
+    assert gc.get_freeze_count() <= frozen
     assert all(_tracked_by_collections(node) for node in later[:3])
 
 
