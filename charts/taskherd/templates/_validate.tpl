@@ -166,11 +166,11 @@ schema's job (values.schema.json), which Helm checks first.
 {{- end }}
 
 {{/*
-Kubernetes EnvVar lists: (dict "key" "workerPools[0].env" "env" $list "reserved" $names "why" "…")
+Kubernetes EnvVar lists: (dict "f" $f "key" "workerPools[0].env" "env" $list "reserved" $names "why" "…")
 A value must be a string (an unquoted 1 or true is refused by the API server).
 */}}
 {{- define "taskherd.check.env" -}}
-{{- $f := fromYaml (include "taskherd.formats" .) }}
+{{- $f := .f }}
 {{- range $i, $e := .env }}
 {{- $at := printf "%s[%d]" $.key $i }}
 {{- if not (kindIs "map" $e) }}
@@ -526,7 +526,7 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{ $k.scratchSizeLimit }}={{ toJson $pool.scratchSizeLimit }} is invalid; valid: {{ $f.quantity.valid }}
 {{- end }}
 {{- /* environment, volumes, extra containers */}}
-{{- include "taskherd.check.env" (dict "key" $k.env "env" $pool.env "reserved" $reservedEnv "why" "the chart <-> worker contract, docs/chart.md: set the value it comes from") }}
+{{- include "taskherd.check.env" (dict "f" $f "key" $k.env "env" $pool.env "reserved" $reservedEnv "why" "the chart <-> worker contract, docs/chart.md: set the value it comes from") }}
 {{- range $j, $from := $pool.envFrom }}
 {{- if not (and (kindIs "map" $from) (or $from.configMapRef $from.secretRef) (not (and $from.configMapRef $from.secretRef))) }}
 {{ $k.envFrom }}[{{ $j }}]={{ toJson $from }} is invalid; valid: {configMapRef: {name: …}} or {secretRef: {name: …}}, with an optional prefix
@@ -682,7 +682,7 @@ operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ in
 {{- include "taskherd.check.pullSecrets" (dict "f" $f "key" "operator.imagePullSecrets" "secrets" $op.imagePullSecrets) }}
 {{- include "taskherd.check.resources" (dict "f" $f "key" "operator.resources" "resources" $op.resources) }}
 {{- include "taskherd.check.resources" (dict "f" $f "key" "exporter.resources" "resources" .root.Values.exporter.resources) }}
-{{- include "taskherd.check.env" (dict "key" "operator.env" "env" $op.env "reserved" (list "POD_NAME" "POD_NAMESPACE" "TASKHERD_LEASE_NAME" "TASKHERD_OPERATOR_METRICS_PORT" "TASKHERD_OPERATOR_HEALTH_PORT" "TASKHERD_WORKER_METRICS_PORT" "TASKHERD_ALERTMANAGER_URL") "why" "operator.* values") }}
+{{- include "taskherd.check.env" (dict "f" $f "key" "operator.env" "env" $op.env "reserved" (list "POD_NAME" "POD_NAMESPACE" "TASKHERD_LEASE_NAME" "TASKHERD_OPERATOR_METRICS_PORT" "TASKHERD_OPERATOR_HEALTH_PORT" "TASKHERD_WORKER_METRICS_PORT" "TASKHERD_ALERTMANAGER_URL") "why" "operator.* values") }}
 {{- if $op.priorityClassName }}
 {{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" "operator.priorityClassName" "value" $op.priorityClassName "max" 253) }}
 {{- end }}
