@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
+
+from app_variants import configure_without, make_vanilla
 
 #: variant -> components of configure() left out (None: vanilla Celery, no configure())
 VARIANTS: dict[str, tuple[str, ...] | None] = {
@@ -45,16 +46,11 @@ def make_app(left_out: tuple[str, ...] | None):
 
     app = Celery("profile_cost", broker=BROKER_URL, set_as_current=False)
     if left_out is None:
-        app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                        accept_content=["json"], task_serializer="json", result_serializer="json")
+        make_vanilla(app)
     else:
-        from taskherd.worker import configure
-        from taskherd.worker.components import default_components, metrics
+        from taskherd.worker.components import metrics
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            configure(app, queues=["q"], components=[component for component in default_components()
-                                                      if type(component).__name__ not in left_out])
+        configure_without(app, left_out, queues=["q"])
         # What the Metrics component does at worker_init, before the pool forks.
         metrics.prepare_multiprocess_dir(base=tempfile.mkdtemp(prefix="profile-cost-"))
         metrics._default = metrics.TaskMetrics(registry=None)

@@ -16,9 +16,9 @@ what one of the profile's settings costs).
 import json
 import os
 import time
-import warnings
 
 import redis
+from app_variants import configure_without, make_vanilla
 from celery import Celery
 
 VARIANT = os.environ["BENCH_VARIANT"]
@@ -41,21 +41,13 @@ if BASE_VARIANT not in VARIANTS or (LEFT_OUT and BASE_VARIANT not in ("profile",
 with_profile, with_idempotency = VARIANTS[BASE_VARIANT]
 
 if with_profile:
-    from taskherd.worker import configure
-    from taskherd.worker.components import default_components
-
-    components = default_components()
-    unknown = set(LEFT_OUT) - {type(component).__name__ for component in components}
-    if unknown:
-        raise SystemExit(f"BENCH_VARIANT={VARIANT!r}: no component {', '.join(sorted(unknown))} (valid: "
-                         f"{', '.join(type(component).__name__ for component in components)})")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        configure(app, queues=[QUEUE],  # no Redis on RabbitMQ: the broker counts redeliveries
-                  components=[component for component in components if type(component).__name__ not in LEFT_OUT])
+    try:
+        # No Redis on RabbitMQ: the broker counts redeliveries.
+        configure_without(app, LEFT_OUT, queues=[QUEUE])
+    except ValueError as error:
+        raise SystemExit(f"BENCH_VARIANT={VARIANT!r}: {error}") from None
 else:
-    app.conf.update(task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
-                    accept_content=["json"], task_serializer="json", result_serializer="json")
+    make_vanilla(app)
 
 app.conf.update(json.loads(os.environ.get("BENCH_CONF") or "{}"))
 
