@@ -1,4 +1,5 @@
 """`taskherd`: one command listing every subcommand; each answers --help with its usage and exit 0."""
+import os
 import subprocess
 import sys
 
@@ -7,6 +8,7 @@ import pytest
 from taskherd import cli
 
 TASKHERD = [sys.executable, "-m", "taskherd.cli"]
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SUBCOMMANDS = [["probe"], ["probe", "liveness"], ["probe", "readiness"], ["probe", "startup"], ["drain"],
                ["dlq"], ["dlq", "list"], ["dlq", "show"], ["dlq", "redrive"], ["dlq", "purge"],
                ["outbox"], ["outbox", "relay"], ["outbox", "migrate"], ["outbox", "status"],
@@ -45,3 +47,76 @@ def test_an_unknown_command_is_a_usage_error_listing_the_commands():
                                           (["exporter"], "--dead-letter-queues"), (["dlq", "list"], "--dead-letter-queues")])
 def test_options_are_spelled_as_celery_spells_them_everywhere(command, flag):
     assert flag in run(*command, "--help").stdout
+
+
+#: Nothing listens on port 1 of loopback: a broker that cannot be reached, refused at once.
+UNREACHABLE_REDIS, UNREACHABLE_AMQP = "redis://127.0.0.1:1/0", "amqp://guest:secret@127.0.0.1:1//"
+REDIS = "redis://127.0.0.1:6390/1"
+#: (command line, environment, exit status, what stderr must say). Usage errors (2) name the flag or
+#: variable as the user wrote it and the valid range; an unreachable broker or database is one line (1).
+BAD_INPUT = [
+    (["dlq", "list", "-b", REDIS, "-Q", "q", "--limit", "-1"], {}, 2, "--limit='-1' is not an integer >= 1"),
+    (["dlq", "list", "-b", REDIS, "-Q", "q", "--limit", "0"], {}, 2, "--limit='0' is not an integer >= 1"),
+    (["dlq", "list", "-b", REDIS, "--dlq", ""], {}, 2, "--dlq='' is empty (valid: a queue name)"),
+    (["dlq", "redrive", "-b", REDIS, "-Q", "q", "--all", "--to", " "], {}, 2, "--to=' ' is empty"),
+    (["dlq", "list", "-b", REDIS, "-Q", "q", "--dead-letter-pattern", "{queue}.{dlq}"], {}, 2,
+     "--dead-letter-pattern='{queue}.{dlq}' is not a valid pattern"),
+    (["dlq", "list", "-b", REDIS, "-Q", "q", "--dead-letter-pattern", "{queue}{0}"], {}, 2,
+     "--dead-letter-pattern='{queue}{0}' is not a valid pattern"),
+    (["dlq", "list", "-b", "redis://:99999", "-Q", "q"], {}, 2,
+     "-b/--broker='redis://:99999': Port out of range 0-65535 (valid: a port in 1..65535)"),
+    (["dlq", "list", "-b", "amqp://u:secret@127.0.0.1:abc//", "-Q", "q"], {}, 2,
+     "-b/--broker='amqp://u:***@127.0.0.1:abc//': Port could not be cast to integer"),
+    (["dlq", "list", "-b", "redis://127.0.0.1:6390/orders", "-Q", "q"], {}, 2,
+     "the Redis database 'orders' is not a number (valid: /0, /1, …)"),
+    (["dlq", "list", "-Q", "q"], {"TASKHERD_BROKER_URL": "redis://:pw@127.0.0.1:99999/0"}, 2,
+     "TASKHERD_BROKER_URL='redis://:***@127.0.0.1:99999/0' is invalid: Port out of range"),
+    (["dlq", "list", "-b", UNREACHABLE_REDIS, "-Q", "q"], {}, 1,
+     f"cannot use the broker at {UNREACHABLE_REDIS}: ConnectionError"),
+    (["dlq", "list", "-b", UNREACHABLE_AMQP, "-Q", "q"], {}, 1,
+     "cannot use the broker at amqp://guest:***@127.0.0.1:1//: ConnectionRefusedError"),
+    (["recover", "-b", REDIS, "--watch", "inf"], {}, 2, "--watch='inf' is not a number of seconds > 0 and <= 604800"),
+    (["recover", "-b", REDIS, "--watch", "1e309"], {}, 2, "--watch='1e309' is not a number of seconds > 0"),
+    (["recover", "-b", REDIS, "--watch", "nan"], {}, 2, "--watch='nan' is not a number of seconds > 0"),
+    (["recover", "-b", UNREACHABLE_REDIS], {}, 1, f"cannot use the broker at {UNREACHABLE_REDIS}: ConnectionError"),
+    (["ping", "-b", REDIS, "-Q", "q", "--timeout", "inf"], {}, 2, "--timeout='inf' is not a number of seconds > 0"),
+    (["ping", "-b", REDIS, "-Q", "q", "--timeout", "-0"], {}, 2, "--timeout='-0' is not a number of seconds > 0"),
+    (["ping", "-b", "amqp://127.0.0.1:99999//", "-Q", "q"], {}, 2, "-b/--broker='amqp://127.0.0.1:99999//': Port"),
+    (["ping", "-b", "http://127.0.0.1:1", "-Q", "q"], {}, 2, "-b/--broker=http://… is not supported here"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--interval", "1e309"], {}, 2, "--interval='1e309' is not a number of seconds"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--visibility-timeout", "-5"], {}, 2,
+     "--visibility-timeout='-5' is not a number of seconds > 0"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--port", "0"], {}, 2, "--port='0' is not an integer in 1..65535"),
+    (["exporter", "-b", REDIS, "-Q", "q"], {"TASKHERD_EXPORTER_PORT": "0"}, 2,
+     "TASKHERD_EXPORTER_PORT='0' is invalid: expected a port number 1-65535"),
+    (["exporter", "-b", REDIS, "-Q", "q"], {"TASKHERD_EXPORTER_INTERVAL": "soon"}, 2,
+     "TASKHERD_EXPORTER_INTERVAL='soon' is invalid: expected a number of seconds > 0"),
+    (["outbox", "relay", "--dsn", "postgresql://127.0.0.1:1/x", "-b", REDIS, "--poll-interval", "inf"], {}, 2,
+     "--poll-interval='inf' is not a number of seconds > 0"),
+    (["outbox", "status", "--dsn", "notadsn"], {}, 2, "--dsn='notadsn' is not a PostgreSQL DSN"),
+    (["outbox", "status"], {"TASKHERD_OUTBOX_DSN": "nodsn"}, 2, "TASKHERD_OUTBOX_DSN='nodsn' is invalid"),
+    (["outbox", "status", "--dsn", "postgresql://127.0.0.1:1/x"], {}, 1,
+     "taskherd outbox status: cannot use the database: OperationalError"),
+    (["outbox", "relay", "--dsn", "postgresql://127.0.0.1:1/x", "-b", "redis://:99999"], {}, 2,
+     "-b/--broker='redis://:99999': Port out of range"),
+    (["worker", "-A", "apps.core_app", "--time-limit", "inf"], {}, 2, "--time-limit='inf' must be a finite number >= 0"),
+    (["worker", "-A", "apps.core_app", "--soft-time-limit", "nan"], {}, 2, "--soft-time-limit='nan' must be a finite"),
+    (["worker", "-A", "apps.core_app", "--prefetch-multiplier", "0"], {}, 2,
+     "--prefetch-multiplier='0' must be an integer >= 1"),
+    (["worker", "-A", "apps.core_app", "-Q", ""], {}, 2, "--queues='' has an empty queue name"),
+    (["worker", "-A", "apps.core_app", "-Q", "orders,,mail"], {}, 2, "--queues='orders,,mail' has an empty queue name"),
+    (["worker", "-A", "apps.core_app", "-l", "verbose"], {}, 2, "--loglevel='verbose' is not a log level (valid: DEBUG"),
+    (["worker", "-A", "apps.core_app", "-P", "forks"], {}, 2, "--pool='forks' is not a pool (valid: prefork"),
+    (["worker", "-A", "no_such_module_of_yours"], {}, 2,
+     "--app='no_such_module_of_yours': no module named 'no_such_module_of_yours'"),
+]
+
+
+@pytest.mark.parametrize("argv,env,status,says", BAD_INPUT, ids=[" ".join(case[0])[:60] for case in BAD_INPUT])
+def test_bad_input_is_a_clear_error_naming_the_flag_without_a_traceback(argv, env, status, says):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TASKHERD_", "DATABASE_URL"))}
+    result = subprocess.run([*TASKHERD, *argv], capture_output=True, text=True, timeout=60, cwd=TESTS_DIR,
+                            env={**environ, **env, "PYTHONPATH": TESTS_DIR})
+    assert (result.returncode, "Traceback" in result.stderr) == (status, False), result.stderr
+    assert says in result.stderr
+    assert "secret" not in result.stderr and ":pw@" not in result.stderr, "a password was printed"

@@ -176,7 +176,7 @@ def test_cli_migrates_reports_pending_and_refuses_bad_options(pg_dsn):
     status = taskherd("status", "--dsn", pg_dsn)
     assert status.returncode == 0 and status.stdout.startswith("pending 3 "), status
     bad = taskherd("relay", "--dsn", pg_dsn, "-b", "redis://127.0.0.1:1/1", "--batch-size", "0")
-    assert bad.returncode == 2 and "batch_size=0; valid: an integer in 1..10000" in bad.stderr, bad
+    assert bad.returncode == 2 and "--batch-size='0' is not an integer in 1..10000" in bad.stderr, bad
     no_dsn = taskherd("relay", env={"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": ""})
     assert no_dsn.returncode == 2 and "--dsn is required" in no_dsn.stderr, no_dsn
 

@@ -12,6 +12,7 @@ Import-light on purpose (standard library only, no dataclasses or typing): `task
 every pod every few seconds and reads its settings here.
 """
 import os
+import re as _re
 
 # -- ports -----------------------------------------------------------------------------------------
 # The Prometheus exporter range (9100-9999) is fully allocated; these avoid the defaults of what
@@ -74,7 +75,13 @@ def dead_letter_queues(queues, explicit=None, pattern=DEFAULT_DEAD_LETTER_PATTER
         if "{queue}" not in pattern:
             raise ContractError([f"{source}={pattern!r} must contain '{{queue}}' (e.g. "
                                  f"'{DEFAULT_DEAD_LETTER_PATTERN}') so that each work queue gets its own DLQ"])
-        mapping = {queue: pattern.format(queue=queue) for queue in queues}
+        try:
+            mapping = {queue: pattern.format(queue=queue) for queue in queues}
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            # '{queue}.{dlq}', '{queue}{0}', '{queue!x}': str.format's own error would be a traceback
+            raise ContractError([f"{source}={pattern!r} is not a valid pattern ({type(exc).__name__}: {exc}); "
+                                 f"valid: text with '{{queue}}' where the queue name goes and no other placeholder, "
+                                 f"literal braces doubled ('{{{{', '}}}}')"]) from None
     for queue, dlq in mapping.items():
         if not dlq:
             problems.append(f"{source}: the dead-letter queue of {queue!r} is empty")
@@ -121,6 +128,14 @@ def port(raw):
     return value
 
 
+def port_not_zero(raw):
+    """A port something must connect to or listen on: 0 ("off", "any") is not one."""
+    value = port(raw)
+    if value == 0:
+        raise ValueError
+    return value
+
+
 def names(raw):
     values = tuple(name.strip() for name in raw.split(","))
     if not values or any(not name for name in values):
@@ -147,9 +162,38 @@ def broker_type(raw):
     return raw
 
 
+def redact(url):
+    """``url`` with its password replaced by ``***``: error messages must not print credentials."""
+    return _re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
+
+
+def url_problem(url):
+    """Why a URL cannot be used (a port out of range or not a number, a Redis database that is not a
+    number), found before anything connects; None when it looks usable. kombu and redis-py parse
+    URLs the same way (urllib) and would raise the same ValueError later, inside a worker or command."""
+    from urllib.parse import urlsplit  # here, not at the top: `taskherd probe` never needs it
+
+    for one in (part.strip() for part in url.split(";")):
+        if not one:
+            continue
+        try:
+            parts = urlsplit(one)
+            parts.port  # raises ValueError for ':99999' or ':abc'
+        except ValueError as exc:
+            return f"{exc} (valid: a port in 1..65535)"
+        if broker_kind(one) == "redis" and parts.scheme != "redis+socket":
+            database = parts.path.strip("/")
+            if database and not database.isdigit():
+                return f"the Redis database {database!r} is not a number (valid: /0, /1, …)"
+    return None
+
+
 def url(raw):
     if "://" not in raw or any(c.isspace() for c in raw):
         raise ValueError
+    problem = url_problem(raw)
+    if problem:
+        raise ValueError(problem)
     return raw
 
 
@@ -244,7 +288,7 @@ VARIABLES = (
     Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=1.0,
              readers=("FastRecovery component",), chart=(), doc="Redis: seconds between lease refreshes"),
     # The queue exporter.
-    Variable("TASKHERD_EXPORTER_PORT", port, "a port number 1-65535", default=EXPORTER_PORT,
+    Variable("TASKHERD_EXPORTER_PORT", port_not_zero, "a port number 1-65535", default=EXPORTER_PORT,
              readers=("taskherd exporter",), chart=(_EXPORTER,), doc="port of the exporter's /metrics"),
     Variable("TASKHERD_EXPORTER_INTERVAL", seconds, "a number of seconds > 0", default=15.0,
              readers=("taskherd exporter",), chart=(_EXPORTER,), doc="seconds between broker polls"),
@@ -266,7 +310,7 @@ VARIABLES = (
              readers=("taskherd.operator",), chart=(_OPERATOR,), doc="port of the operator's /metrics"),
     Variable("TASKHERD_OPERATOR_HEALTH_PORT", port, "a port number 0-65535 (0: off)", default=OPERATOR_HEALTH_PORT,
              readers=("taskherd.operator",), chart=(_OPERATOR,), doc="port of the operator's /healthz"),
-    Variable("TASKHERD_WORKER_METRICS_PORT", port, "a port number 1-65535", default=WORKER_METRICS_PORT,
+    Variable("TASKHERD_WORKER_METRICS_PORT", port_not_zero, "a port number 1-65535", default=WORKER_METRICS_PORT,
              readers=("taskherd.operator",), chart=(_OPERATOR,),
              doc="where the operator reads each worker's busyness (taskherd_tasks_in_flight)"),
     Variable("TASKHERD_ALERTMANAGER_URL", url, "an http(s) URL", readers=("taskherd.operator",), chart=(_OPERATOR,),
@@ -292,8 +336,11 @@ def read(names, environ=None):
             continue
         try:
             values[name] = variable.parse(raw)
-        except (ValueError, OverflowError):
-            problems.append(f"{name}={raw!r} is invalid: expected {variable.valid}")
+        except (ValueError, OverflowError) as exc:
+            shown, why = raw, ""
+            if variable.parse is url:  # a URL's password stays out of the logs; its port problem is said
+                shown, why = redact(raw), f": {exc}" if str(exc) else ""
+            problems.append(f"{name}={shown!r} is invalid{why}: expected {variable.valid}")
     return values, problems
 
 

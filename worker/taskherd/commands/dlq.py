@@ -25,6 +25,7 @@ import json
 import sys
 from typing import Any, Iterable
 
+from taskherd import contract
 from taskherd.contract import broker_kind
 from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
 from taskherd.worker.publishing import Unroutable, publish
@@ -290,14 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     options.add_broker(common)
     options.add_queues(common, "the work queue whose DLQ to use (one)")
-    common.add_argument("--dlq", help="the DLQ's name itself, instead of -Q")
+    common.add_argument("--dlq", type=options.not_empty("--dlq"), help="the DLQ's name itself, instead of -Q")
     options.add_dead_letter_naming(common)
     options.add_keyprefix(common)
 
     parser = argparse.ArgumentParser(prog="taskherd dlq", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_list = sub.add_parser("list", parents=[common], help="one line per dead letter, oldest first")
-    p_list.add_argument("--limit", type=int, default=None)
+    # At least 1: a slice [:0] or [:-1] would list everything, or all but the newest, without a word.
+    p_list.add_argument("--limit", type=options.whole_number("--limit", 1), default=None,
+                        help="list at most this many, oldest first")
     p_list.add_argument("--json", action="store_true",
                         help="JSON Lines (one object per dead letter: ref, task, task_id, args, kwargs, reason, "
                              "detail, queue, attempts, first_failure_at, last_failure_at, dead_lettered_at)")
@@ -310,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true",
                            help="JSON Lines: one whole dead letter per line (the list fields plus the envelope)")
         if name == "redrive":
-            p.add_argument("--to", help="queue to send to (default: the queue each message came from)")
+            p.add_argument("--to", type=options.not_empty("--to"),
+                           help="queue to send to (default: the queue each message came from)")
     p_purge = sub.add_parser("purge", parents=[common], help="delete every message in the DLQ")
     p_purge.add_argument("--force", action="store_true", help="do not ask for confirmation")
     return parser
@@ -339,16 +343,22 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
 
     from amqp.exceptions import NotFound
 
-    store = open_dead_letters(broker_url, dlq, keyprefix=args.global_keyprefix)
+    store = None
     try:
+        store = open_dead_letters(broker_url, dlq, keyprefix=args.global_keyprefix)
         return _run(args, store, dlq, stdin=stdin, stdout=stdout, stderr=stderr)
     except NotFound:
         print(f"taskherd dlq: there is no queue {dlq!r} on the broker (nothing was ever dead-lettered "
               f"there, or -Q/--dlq is wrong)", file=stderr)
         return 1
+    except options.broker_errors() as exc:  # refused, timed out, bad credentials: one line, nothing changed
+        print(f"taskherd dlq: cannot use the broker at {contract.redact(broker_url)}: {type(exc).__name__}: {exc}",
+              file=stderr)
+        return 1
     finally:
         try:
-            store.close()
+            if store is not None:
+                store.close()
         except Exception:  # noqa: BLE001 - the channel a NotFound closed
             pass
 

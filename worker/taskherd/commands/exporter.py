@@ -125,38 +125,40 @@ class QueuePoller(Collector):
         yield from metric_families(snapshot, self.dead_letters)
 
 
-def _from_contract(name: str):
-    return contract.read((name,))[0][name]
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="taskherd exporter", description=__doc__.split("\n")[0])
     options.add_broker(parser)
-    parser.add_argument("--management-url", default=_from_contract("TASKHERD_MANAGEMENT_URL"),
+    parser.add_argument("--management-url", default=None,
                         help="RabbitMQ management API, http://user:pass@host:15672 (default: $TASKHERD_MANAGEMENT_URL, "
                              "else the AMQP host on port 15672)")
     options.add_queues(parser, "queues to watch")
     options.add_dead_letter_naming(parser)
     options.add_keyprefix(parser)
-    parser.add_argument("--port", type=int, default=_from_contract("TASKHERD_EXPORTER_PORT"),
-                        help="port of /metrics (default: $TASKHERD_EXPORTER_PORT, else %(default)s)")
+    # Defaults are read after parsing (options.from_env): a bad variable is a usage error naming it,
+    # and never blocks a command line that overrides it.
+    parser.add_argument("--port", type=options.whole_number("--port", 1, 65535),
+                        help=f"port of /metrics (default: $TASKHERD_EXPORTER_PORT, else {contract.EXPORTER_PORT})")
     parser.add_argument("--address", default="0.0.0.0", help="address of /metrics (default: %(default)s)")
-    parser.add_argument("--interval", type=float, default=_from_contract("TASKHERD_EXPORTER_INTERVAL"),
-                        help="seconds between broker polls (default: $TASKHERD_EXPORTER_INTERVAL, else %(default)s)")
-    parser.add_argument("--visibility-timeout", type=float,
-                        default=_from_contract("TASKHERD_VISIBILITY_TIMEOUT") or 3600.0,
+    parser.add_argument("--interval", type=options.seconds("--interval"),
+                        help="seconds between broker polls (default: $TASKHERD_EXPORTER_INTERVAL, else "
+                             f"{contract.BY_NAME['TASKHERD_EXPORTER_INTERVAL'].default:g})")
+    parser.add_argument("--visibility-timeout", type=options.seconds("--visibility-timeout"),
                         help="Redis: kombu's visibility_timeout transport option (default: "
-                             "$TASKHERD_VISIBILITY_TIMEOUT, else %(default)s)")
+                             "$TASKHERD_VISIBILITY_TIMEOUT, else 3600)")
     args = parser.parse_args(argv)
     options.broker(parser, args)
+    if args.management_url is None:
+        args.management_url = options.from_env(parser, "TASKHERD_MANAGEMENT_URL")
+    if args.port is None:
+        args.port = options.from_env(parser, "TASKHERD_EXPORTER_PORT")
+    if args.interval is None:
+        args.interval = options.from_env(parser, "TASKHERD_EXPORTER_INTERVAL")
+    if args.visibility_timeout is None:
+        args.visibility_timeout = options.from_env(parser, "TASKHERD_VISIBILITY_TIMEOUT") or 3600.0
     args.queues = options.queues(parser, args)
     if not args.queues:
         parser.error("at least one -Q/--queues (or TASKHERD_QUEUES) is required")
     args.dead_letters = options.dead_letter_queues(parser, args, args.queues)
-    if not args.interval > 0:
-        parser.error(f"--interval={args.interval!r} must be > 0 seconds")
-    if not 0 < args.port < 65536:
-        parser.error(f"--port={args.port!r} must be within 1..65535")
     return args
 
 

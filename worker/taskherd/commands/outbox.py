@@ -18,26 +18,25 @@ from . import options
 PAUSE_AFTER_PUBLISH_ENV = "TASKHERD_OUTBOX_TEST_PAUSE_AFTER_PUBLISH"
 
 
-def _dsn_default() -> str | None:
-    return contract.read(("TASKHERD_OUTBOX_DSN",))[0]["TASKHERD_OUTBOX_DSN"] or os.environ.get("DATABASE_URL") or None
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="taskherd outbox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dsn", default=_dsn_default(),
-                        help="PostgreSQL DSN (env TASKHERD_OUTBOX_DSN, then DATABASE_URL)")
+    common.add_argument("--dsn", help="PostgreSQL DSN (env TASKHERD_OUTBOX_DSN, then DATABASE_URL)")
     common.add_argument("--table", default="taskherd_outbox")
     relay = sub.add_parser("relay", parents=[common], help="publish pending rows (safe as several replicas)")
     options.add_broker(relay)
     options.add_app(relay, "module:attribute of your Celery app, so that its queue declarations "
                            "(e.g. dead-letter arguments) and publish hooks are used")
-    relay.add_argument("--batch-size", type=int, default=100)
-    relay.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls when idle")
+    relay.add_argument("--batch-size", type=options.whole_number("--batch-size", 1, 10_000), default=100,
+                       help="rows per transaction (default: %(default)s)")
+    relay.add_argument("--poll-interval", type=options.seconds("--poll-interval"), default=1.0,
+                       help="seconds between polls when idle (default: %(default)s)")
     relay.add_argument("--once", action="store_true", help="relay until nothing is pending, then exit")
-    sub.add_parser("migrate", parents=[common], help="create the outbox table if missing")
-    sub.add_parser("status", parents=[common], help="pending rows and the age of the oldest")
+    migrate = sub.add_parser("migrate", parents=[common], help="create the outbox table if missing")
+    status = sub.add_parser("status", parents=[common], help="pending rows and the age of the oldest")
+    for command_parser in (relay, migrate, status):  # usage errors print the subcommand's own usage
+        command_parser.set_defaults(command_parser=command_parser)
     return parser
 
 
@@ -59,12 +58,49 @@ def _pause_forever(rows) -> None:
         time.sleep(3600)
 
 
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """--dsn, else $TASKHERD_OUTBOX_DSN, else $DATABASE_URL; a usage error naming where it came from
+    when it is missing or psycopg cannot parse it (checked before connecting: no traceback)."""
+    from psycopg import conninfo
+
+    source = "--dsn"
+    if args.dsn is None:
+        args.dsn, source = options.from_env(parser, "TASKHERD_OUTBOX_DSN"), "TASKHERD_OUTBOX_DSN"
+        if not args.dsn:
+            args.dsn, source = os.environ.get("DATABASE_URL") or None, "DATABASE_URL"
     if not args.dsn:
-        print("taskherd outbox: --dsn is required (or set TASKHERD_OUTBOX_DSN / DATABASE_URL)", file=sys.stderr)
-        return 2
+        parser.error("--dsn is required (or set TASKHERD_OUTBOX_DSN / DATABASE_URL)")
+    try:
+        conninfo.conninfo_to_dict(args.dsn)
+    except Exception as exc:  # noqa: BLE001 - psycopg.ProgrammingError, with libpq's reason
+        parser.error(f"{source}={contract.redact(args.dsn)!r} is not a PostgreSQL DSN ({' '.join(str(exc).split())}); valid: "
+                     f"postgresql://user:password@host:5432/database or 'host=… dbname=…'")
+    return args.dsn
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _dsn(args.command_parser, args)
+    if args.command == "relay":
+        options.broker(args.command_parser, args, required=False)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except _database_errors() as exc:
+        # Unreachable database, refused login, bad port: one line; the outbox rows stay as they were.
+        print(f"taskherd outbox {args.command}: cannot use the database: {type(exc).__name__}: "
+              f"{' '.join(str(exc).split())}", file=sys.stderr)  # libpq's message spans lines
+        return 1
+
+
+def _database_errors() -> tuple[type[BaseException], ...]:
+    import psycopg
+
+    return (psycopg.OperationalError,)
+
+
+def _run(args: argparse.Namespace) -> int:
     import psycopg
 
     from taskherd.worker import outbox

@@ -28,14 +28,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                             "taskherd.worker.configure() from the environment)")
     options.add_broker(parser)
     options.add_queues(parser, "the queue to ping (its first, when several)")
-    parser.add_argument("--timeout", type=float, default=120.0,
+    parser.add_argument("--timeout", type=options.seconds("--timeout"), default=120.0,
                         help="seconds to wait for a worker's answer (default: %(default)s)")
     args = parser.parse_args(argv)
     args.queues = options.queues(parser, args)
     if not args.queues:
         parser.error("a queue is required: -Q/--queues (or TASKHERD_QUEUES)")
-    if not args.timeout > 0:
-        parser.error(f"--timeout={args.timeout!r} must be > 0 seconds")
+    options.broker(parser, args, required=False)
     if not args.app and not args.broker:
         parser.error("a broker is required: -b/--broker (or TASKHERD_BROKER_URL), or -A/--app")
     return args

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+
+from taskherd import contract
 
 from . import options
 
@@ -17,11 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="taskherd recover", description=__doc__.split("\n\n")[0])
     options.add_broker(parser)
     options.add_keyprefix(parser)
-    parser.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS instead of once")
+    parser.add_argument("--watch", type=options.seconds("--watch"), metavar="SECONDS",
+                        help="repeat every SECONDS instead of once")
     args = parser.parse_args(argv)
     broker_url = options.broker(parser, args, kinds=("redis",))
-    if args.watch is not None and not args.watch > 0:
-        parser.error(f"--watch={args.watch!r} must be a positive number of seconds")
     import redis
 
     from taskherd.worker.components.recovery import restore_dead_workers
@@ -29,7 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     client = redis.Redis.from_url(broker_url, socket_timeout=10)
     while True:
-        restored = restore_dead_workers(client, prefix=args.global_keyprefix)
+        try:
+            restored = restore_dead_workers(client, prefix=args.global_keyprefix)
+        except redis.RedisError as exc:
+            # Once: the broker's own error in one line. --watch: a CronJob-like loop rides out an outage.
+            print(f"taskherd recover: cannot use the broker at {contract.redact(broker_url)}: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            if not args.watch:
+                return 1
+            time.sleep(args.watch)
+            continue
         print(json.dumps({"restored": restored, "at": time.time()}), flush=True)
         if not args.watch:
             return 0

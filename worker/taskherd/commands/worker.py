@@ -14,6 +14,7 @@ pool's extra arguments keep working, at Celery's start-up cost.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -38,6 +39,12 @@ OPTIONS = {
 }
 
 
+#: what -l/--loglevel takes (celery.utils.log.LOG_LEVELS, whose names Celery accepts in any case)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")
+#: what -P/--pool takes besides a module:Class path (celery.concurrency.ALIASES)
+POOLS = ("prefork", "processes", "threads", "solo", "eventlet", "gevent")
+
+
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(
         prog="taskherd worker", description=__doc__.split("\n\n")[0],
@@ -57,19 +64,32 @@ def _number(name: str, value: str | None, kind: type, minimum: float) -> float |
         number = kind(value)
     except ValueError:
         raise ValueError(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
-    if number < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum:g}")
+    if not (math.isfinite(number) and number >= minimum):  # 'nan' and 'inf' parse as floats
+        raise ValueError(f"{name}={value!r} must be {'an integer' if kind is int else 'a finite number'} "
+                         f">= {minimum:g}")
     return number
+
+
+def _queue_names(value: str | None) -> list[str] | None:
+    """-Q's names; an empty one is an error, not a silent fall-back to the app's default queue."""
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise ValueError(f"--queues={value!r} has an empty queue name (valid: names separated by commas)")
+    return names
 
 
 def worker_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of ``app.Worker`` from the parsed options (ValueError naming a bad one)."""
     options = {
-        "queues": [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None,
+        "queues": _queue_names(args.queues),
         "concurrency": _number("--concurrency", args.concurrency, int, 1),
         "loglevel": args.loglevel or "WARNING",
         "optimization": args.optimization,
-        "prefetch_multiplier": _number("--prefetch-multiplier", args.prefetch_multiplier, int, 0),
+        # At least 1: Celery reads 0 as "unlimited prefetch", which configure() refuses (prefetched messages
+        # sit unacked behind running tasks; Redis redelivers them): the command line must not bypass that.
+        "prefetch_multiplier": _number("--prefetch-multiplier", args.prefetch_multiplier, int, 1),
         "soft_time_limit": _number("--soft-time-limit", args.soft_time_limit, float, 0),
         "time_limit": _number("--time-limit", args.time_limit, float, 0),
         "max_tasks_per_child": _number("--max-tasks-per-child", args.max_tasks_per_child, int, 0),
@@ -81,6 +101,11 @@ def worker_options(args: argparse.Namespace) -> dict:
     }
     if args.optimization not in (None, "default", "fair"):
         raise ValueError(f"--optimization={args.optimization!r} must be default or fair")
+    if args.loglevel is not None and args.loglevel.upper() not in LOG_LEVELS:
+        # Celery looks the name up deep in the worker's start: a KeyError traceback.
+        raise ValueError(f"--loglevel={args.loglevel!r} is not a log level (valid: {', '.join(LOG_LEVELS)})")
+    if args.pool is not None and args.pool not in POOLS and ":" not in args.pool:
+        raise ValueError(f"--pool={args.pool!r} is not a pool (valid: {', '.join(POOLS)}, or module:Class)")
     return {key: value for key, value in options.items() if value is not None}
 
 
@@ -126,7 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     from celery.utils.nodenames import default_nodename, host_format
 
     sys.path.insert(0, os.getcwd())  # `celery -A` imports the app from the working directory too
-    app = find_app(args.app)
+    try:
+        app = find_app(args.app)
+    except ModuleNotFoundError as exc:
+        if not exc.name or not args.app.split(":")[0].startswith(exc.name):
+            raise  # an import inside the user's own module failed: its traceback is what they need
+        print(f"taskherd worker: --app={args.app!r}: no module named {exc.name!r} (valid: a module path as for "
+              f"`celery -A`, e.g. myproject.celery or myproject.celery:app)", file=sys.stderr)
+        return 2
     # As `celery worker -P`: the app's worker_pool unless a pool is named on the command line.
     options["pool_cls"] = concurrency.get_implementation(args.pool or app.conf.worker_pool)
     options["hostname"] = host_format(default_nodename(args.hostname))  # %h, %n, %d as `celery -n` expands
