@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import celery
 import psycopg
 import redis
 from celery import Celery
@@ -102,6 +103,34 @@ def fails_while_flag(key, flag):
 @app.task(name="core.kill_worker")
 def kill_worker(key):
     """A message that kills its process every time (think: segfault or OOM kill)."""
+    record(key)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DatabaseTask(celery.Task):
+    """A base class of the app's own, as Celery's guide writes one (``from celery import Task``):
+    tests/worker/test_user_base_class.py checks that its tasks keep taskherd's promises."""
+
+    def on_success(self, retval, task_id, args, kwargs):
+        record(args[0] + ":on_success")
+
+
+@app.task(name="core.based_flaky", bind=True, base=DatabaseTask)
+def based_flaky(self, key):
+    """Fails with a transient error on its first run, then succeeds."""
+    record(key, str(self.request.retries))
+    if self.request.retries == 0:
+        raise ConnectionResetError("upstream reset the connection")
+
+
+@app.task(name="core.based_validation", base=DatabaseTask)
+def based_validation(key):
+    record(key)
+    raise ValueError("not a valid order")
+
+
+@app.task(name="core.based_kill_worker", base=DatabaseTask)
+def based_kill_worker(key):
     record(key)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -171,6 +171,10 @@ INTERNALS: tuple[Internal, ...] = (
              why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
     Internal("celery", "celery.app.amqp:AMQP.as_task_v2", "callable", parameters=("task_id", "name", "time_limit"),
              why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
+    # A task created with base= (taskherd.worker.components.task_class): Celery makes that class its
+    # only base, leaving out the app's default Task class.
+    Internal("celery", "celery.app.base:Celery._task_from_fun", "callable", parameters=("fun", "name", "base"),
+             why="give a task created with base= taskherd's Task class too"),
 )
 
 
@@ -243,6 +247,19 @@ def task_message_creator(app: Any):
 
 def set_task_message_creator(app: Any, create) -> None:
     app.amqp.create_task_message = create  # a cached_property: the instance attribute wins
+
+
+def set_task_base_chooser(app: Any, choose: Callable[[Any], Any]) -> None:
+    """Every task ``app`` creates from a function (``@app.task``, ``@shared_task``) gets the base
+    class ``choose(base)`` returns for the ``base=`` it was given (None: the app's default)."""
+    create = app._task_from_fun
+    create = getattr(create, "taskherd_unchosen", create)  # configure() ran before: replace the chooser
+
+    def created(fun: Any, name: Any = None, base: Any = None, **options: Any) -> Any:
+        return create(fun, name=name, base=choose(base), **options)
+
+    created.taskherd_unchosen = create
+    app._task_from_fun = created
 
 
 def set_redis_qos_class(qos_class: type) -> None:
