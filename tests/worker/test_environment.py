@@ -128,3 +128,40 @@ def test_the_charts_dead_letter_queues_are_where_the_worker_dead_letters(
     assert letter.envelope.task_id == result.id and letter.envelope.reason == "permanent-error"
     assert dead_letters(broker_url, unique_name) == [], f"nothing in {unique_name}.dlq"
     producer.close()
+
+
+@pytest.mark.parametrize("env,says,named", [
+    ({"TASKHERD_SOFT_TIME_LIMIT": "300"}, "soft_time_limit=300.0 must be less than time_limit=300 (valid: 0 < "
+                                          "soft_time_limit < 300)", "TASKHERD_SOFT_TIME_LIMIT='300'"),
+    ({"TASKHERD_TIME_LIMIT": "200", "TASKHERD_SOFT_TIME_LIMIT": "100", "TASKHERD_VISIBILITY_TIMEOUT": "150"},
+     "visibility_timeout=150.0 must be greater than time_limit=200.0",
+     "TASKHERD_TIME_LIMIT='200', TASKHERD_VISIBILITY_TIMEOUT='150'"),
+    ({"TASKHERD_QUEUES": "orders,orders"}, "queues=['orders', 'orders'] names 'orders' more than once",
+     "TASKHERD_QUEUES='orders,orders'"),
+])
+def test_a_contradiction_the_environment_made_names_the_variables_as_written(monkeypatch, redis_url, env, says,
+                                                                             named):
+    """Legal alone, contradictory together: the user wrote TASKHERD_*, so the error says which."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ProfileError) as error:
+        configure(Celery("env-test", broker=redis_url))
+    assert f"{says}" in str(error.value)
+    assert f"[from the environment: {named}]" in str(error.value)
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("TASKHERD_BROKER_TYPE", "Redis", "TASKHERD_BROKER_TYPE='Redis' is invalid: expected redis or rabbitmq"),
+    ("TASKHERD_BROKER_URL", "redis://:hunter2@127.0.0.1:99999/0",
+     "TASKHERD_BROKER_URL='redis://:***@127.0.0.1:99999/0' is invalid: Port out of range"),
+    ("TASKHERD_DELIVERY_COUNTER_URL", "redis://127.0.0.1:6390/counts", "the Redis database 'counts' is not a number"),
+    ("TASKHERD_TIME_LIMIT", "1e309", "TASKHERD_TIME_LIMIT='1e309' is invalid: expected a number of seconds > 0"),
+    ("TASKHERD_VISIBILITY_TIMEOUT", "nan", "TASKHERD_VISIBILITY_TIMEOUT='nan' is invalid"),
+    ("TASKHERD_MAX_TASKS_PER_CHILD", "true", "TASKHERD_MAX_TASKS_PER_CHILD='true' is invalid: expected a whole number"),
+])
+def test_a_bad_variable_is_refused_by_name_and_never_printed_with_its_password(monkeypatch, redis_url, name, value,
+                                                                               says):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ProfileError) as error:  # TASKHERD_BROKER_TYPE='Redis' was a KeyError
+        configure(Celery("env-test", broker=redis_url))
+    assert says in str(error.value) and "hunter2" not in str(error.value)

@@ -181,3 +181,43 @@ def test_the_source_queue_is_found_from_the_delivery_info():
     assert queue_of(app, profile, {"exchange": "", "routing_key": "mail"}) == "mail"
     assert queue_of(app, profile, {"exchange": "shop", "routing_key": "orders.eu"}) == "orders"
     assert queue_of(app, profile, {}) == "orders"
+
+
+#: (setting, value, what the error says): values of the wrong type or not finite, each refused by
+#: its own name with the valid range (a str for a float was a TypeError traceback; True, inf, nan
+#: and a bare str for a list were accepted and broke the worker later).
+WRONG_ALONE = [
+    ("time_limit", "300", "time_limit='300' must be > 0 seconds (valid: a finite int or float); got a str"),
+    ("soft_time_limit", True, "soft_time_limit=True must be > 0 seconds (valid: a finite int or float); got a bool"),
+    ("time_limit", float("inf"), "time_limit=inf must be > 0 seconds (valid: a finite int or float)"),
+    ("time_limit", 1e309, "time_limit=inf must be > 0 seconds"),
+    ("time_limit", -0.0, "time_limit=-0.0 must be > 0 seconds"),
+    ("visibility_timeout", float("nan"), "visibility_timeout=nan must be > 0 seconds"),
+    ("broker_heartbeat", "30", "broker_heartbeat='30' must be >= 0 seconds (0 disables it"),
+    ("backoff_cap", float("inf"), "backoff_cap=inf must be > 0 seconds"),
+    ("max_retries", True, "max_retries=True must be an integer >= 0 (not a bool); got a bool"),
+    ("max_deliveries", 2.0, "max_deliveries=2.0 must be an integer >= 1"),
+    ("prefetch_multiplier", True, "prefetch_multiplier=True must be an integer >= 1"),
+    ("max_tasks_per_child", True, "max_tasks_per_child=True must be None (no limit) or an integer >= 1"),
+    ("queues", "orders", "queues='orders' must be a list of queue names, e.g. ['orders'], or None"),
+    ("queues", ["orders", ""], "queues=['orders', ''] must be a list of queue names"),
+    ("queues", ["orders", "orders"], "queues=['orders', 'orders'] names 'orders' more than once"),
+    ("dead_letter_queue", "{queue}.{dlq}", "dead_letter_queue='{queue}.{dlq}' is not a valid pattern"),
+    ("accept_content", "json", "accept_content='json' must be a list of content types (valid: ['json'])"),
+    ("delivery_counter_url", "redis://:99999", "delivery_counter_url='redis://:99999' must be a redis:// URL "
+                                               "with a port in 1..65535"),
+    ("transient_errors", [ValueError()], "transient_errors=[ValueError()] must be a list of exception classes"),
+]
+
+
+@pytest.mark.parametrize("setting,value,says", WRONG_ALONE, ids=[f"{s}={v!r}" for s, v, _ in WRONG_ALONE])
+def test_a_value_of_the_wrong_type_or_not_finite_is_refused_by_name(setting, value, says):
+    message = _error(**{setting: value})
+    assert says in message
+    assert message.count(f"{setting}=") == 1, "reported once, not again by each rule that combines it"
+
+
+def test_rabbitmq_consumer_timeout_that_is_not_a_finite_number_is_refused():
+    for value in (True, float("inf"), "1800"):
+        assert f"rabbitmq_consumer_timeout={value!r} must be a number of seconds > 0, or None" in _error(
+            broker=AMQP, rabbitmq_consumer_timeout=value)

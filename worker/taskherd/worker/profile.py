@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -62,7 +63,7 @@ from taskherd import compat, contract
 from taskherd.contract import broker_kind
 
 from .backoff import Rng
-from .components import Component, default_components, missing_requirements
+from .components import Component, default_components, is_seconds, is_whole, missing_requirements
 from .components import install as install_components
 from .transient import ErrorClassifier, make_classifier
 
@@ -216,62 +217,133 @@ def _non_json(values: Any) -> list[str]:
     return [v for v in values if str(v).lower() not in _JSON_ALIASES]
 
 
+def _names(value: Any) -> bool:
+    """A list or tuple of non-empty strings: a bare str would be split into one queue per character."""
+    return isinstance(value, (list, tuple)) and all(isinstance(name, str) and name.strip() for name in value)
+
+
+def _exception_classes(value: Any) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset)) and all(
+        isinstance(cls, type) and issubclass(cls, BaseException) for cls in value)
+
+
+#: setting -> (does its value alone fit, the valid range in words). Checked before the rules that
+#: combine settings, which then only see values of the right type (no TypeError from '300' > 0).
+_FIELD_RULES: dict[str, tuple[Any, str]] = {
+    "soft_time_limit": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
+    "time_limit": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
+    "visibility_timeout": (lambda v: v is None or (is_seconds(v) and v > 0),
+                           "> 0 seconds (valid: a finite int or float, or None to derive it)"),
+    "broker_heartbeat": (lambda v: is_seconds(v) and v >= 0,
+                         ">= 0 seconds (0 disables it; valid: a finite int or float)"),
+    "backoff_base": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
+    "backoff_cap": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
+    "rabbitmq_consumer_timeout": (lambda v: v is None or (is_seconds(v) and v > 0),
+                                  "a number of seconds > 0, or None when consumer_timeout is disabled on the "
+                                  "broker (valid: a finite int or float, or None)"),
+    "prefetch_multiplier": (lambda v: is_whole(v) and v >= 1,
+                            "an integer >= 1 (0 means unlimited prefetch); valid: 1"),
+    "max_retries": (lambda v: is_whole(v) and v >= 0, "an integer >= 0 (not a bool)"),
+    "max_deliveries": (lambda v: is_whole(v) and v >= 1, "an integer >= 1 (not a bool)"),
+    "max_tasks_per_child": (lambda v: v is None or (is_whole(v) and v >= 1),
+                            "None (no limit) or an integer >= 1 (not a bool)"),
+    "max_memory_per_child_kb": (lambda v: v is None or (is_whole(v) and v >= 1),
+                                "None (no limit) or an integer >= 1 (not a bool)"),
+    "queue_type": (lambda v: isinstance(v, str) and v in QUEUE_TYPES, f"one of {list(QUEUE_TYPES)!r}"),
+    "queues": (lambda v: v is None or _names(v), "a list of queue names, e.g. ['orders'], or None"),
+    "dead_letter_queue": (lambda v: isinstance(v, str), "a str containing '{queue}', e.g. '{queue}.dlq'"),
+    "dead_letter_queues": (lambda v: v is None or _names(v),
+                           "a list of queue names, one per queue, e.g. ['orders.failed'], or None"),
+    "delivery_counter_url": (lambda v: v is None or (isinstance(v, str) and broker_kind(v) == "redis"
+                                                     and not contract.url_problem(v)),
+                             "a redis:// URL with a port in 1..65535, or None"),
+    "accept_content": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(c, str) for c in v),
+                       "a list of content types (valid: ['json'])"),
+    "transient_errors": (_exception_classes, "a list of exception classes, e.g. [ConnectionError]"),
+    "permanent_errors": (_exception_classes, "a list of exception classes, e.g. [ValueError]"),
+}
+
+
+def field_problems(settings: Settings) -> dict[str, str]:
+    """{setting: problem} for each setting whose value is wrong on its own (type, range, nan, inf)."""
+    problems = {}
+    for name, (fits, valid) in _FIELD_RULES.items():
+        value = getattr(settings, name)
+        if not fits(value):
+            expects_text = name in ("queue_type", "dead_letter_queue", "delivery_counter_url")
+            wrong_type = isinstance(value, bool) or (isinstance(value, str) and not expects_text)
+            got = f"; got a {type(value).__name__}" if wrong_type else ""
+            problems[name] = f"{name}={value!r} must be {valid}{got}"
+    return problems
+
+
+def _name_the_variables(errors: Sequence[str], overrides: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """``errors`` where each setting the pod's environment set is also named as the user wrote it
+    (``soft_time_limit=300.0 must be less than time_limit=300 …`` says nothing to whoever set
+    TASKHERD_SOFT_TIME_LIMIT=300 in the chart)."""
+    variable_of = {setting: name for name, setting in ENVIRONMENT.items() if setting in overrides}
+    named = []
+    for error in errors:
+        mentioned = [f"{variable}={environ[variable].strip()!r}" for setting, variable in variable_of.items()
+                     if re.search(rf"(?<![\w.]){setting}[=:]", error)]
+        named.append(f"{error} [from the environment: {', '.join(mentioned)}]" if mentioned else error)
+    return named
+
+
 def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
              app_serialization: Mapping[str, Any], parks_delayed_messages: bool = False) -> tuple[list[str], list[str]]:
     """Every problem with the combination (errors, warnings); pure, so tests call it directly.
 
+    Each setting is checked on its own first (:func:`field_problems`); a rule combining settings is
+    checked only when all of them passed, so one wrong value is reported once, by its own name.
+
     ``parks_delayed_messages``: the DelayedMessages component is installed, so on Redis a retry's
     countdown is spent in the delay set rather than unacknowledged in a worker."""
     s = settings
-    errors: list[str] = []
+    bad = field_problems(s)
+    errors: list[str] = list(bad.values())
     warns: list[str] = []
     kind = broker_kind(broker_url)
 
-    if not s.time_limit > 0:
-        errors.append(f"time_limit={s.time_limit!r} must be > 0 seconds")
-    if not s.soft_time_limit > 0:
-        errors.append(f"soft_time_limit={s.soft_time_limit!r} must be > 0 seconds")
-    elif s.soft_time_limit >= s.time_limit:
+    def ok(*names: str) -> bool:
+        return not any(name in bad for name in names)
+
+    if ok("soft_time_limit", "time_limit") and s.soft_time_limit >= s.time_limit:
         errors.append(f"soft_time_limit={s.soft_time_limit!r} must be less than time_limit={s.time_limit!r} "
                       f"(valid: 0 < soft_time_limit < {s.time_limit!r}); the soft limit lets the task "
                       f"clean up before the hard limit kills its process")
     visibility = s.visibility_timeout if kind == "redis" else None
-    if visibility is not None and s.time_limit > 0 and visibility <= s.time_limit:
-        errors.append(f"visibility_timeout={visibility!r} must be greater than time_limit={s.time_limit!r} "
-                      f"(valid: > {s.time_limit!r}, derived default "
-                      f"{derived_visibility_timeout(time_limit=s.time_limit, backoff_cap=max(s.backoff_cap, 0))!r}); "
-                      f"otherwise Redis redelivers a task that is still running")
-    elif (visibility is not None and s.time_limit > 0 and visibility < s.time_limit + s.backoff_cap
-          and not parks_delayed_messages):
-        warns.append(f"visibility_timeout={visibility!r} is less than time_limit + backoff_cap = "
-                     f"{s.time_limit + s.backoff_cap!r}: a retry waiting for its countdown may be redelivered "
-                     f"and run twice")
+    if visibility is not None and ok("visibility_timeout", "time_limit", "backoff_cap"):
+        if visibility <= s.time_limit:
+            errors.append(f"visibility_timeout={visibility!r} must be greater than time_limit={s.time_limit!r} "
+                          f"(valid: > {s.time_limit!r}, derived default "
+                          f"{derived_visibility_timeout(time_limit=s.time_limit, backoff_cap=s.backoff_cap)!r}); "
+                          f"otherwise Redis redelivers a task that is still running")
+        elif visibility < s.time_limit + s.backoff_cap and not parks_delayed_messages:
+            warns.append(f"visibility_timeout={visibility!r} is less than time_limit + backoff_cap = "
+                         f"{s.time_limit + s.backoff_cap!r}: a retry waiting for its countdown may be redelivered "
+                         f"and run twice")
     consumer_timeout = s.rabbitmq_consumer_timeout if kind == "amqp" else None
-    if consumer_timeout is not None and not (isinstance(consumer_timeout, (int, float)) and consumer_timeout > 0):
-        errors.append(f"rabbitmq_consumer_timeout={consumer_timeout!r} must be a number of seconds > 0, or None "
-                      f"when consumer_timeout is disabled on the broker")
-    elif consumer_timeout is not None and s.time_limit > 0 and s.time_limit >= consumer_timeout:
-        errors.append(f"time_limit={s.time_limit!r} is not below rabbitmq_consumer_timeout={consumer_timeout!r}: "
-                      f"RabbitMQ closes the channel of a task that runs that long and redelivers it while it runs "
-                      f"(valid: time_limit < {consumer_timeout!r}); or raise consumer_timeout in rabbitmq.conf "
-                      f"(milliseconds there) and pass its value here, in seconds")
-    elif consumer_timeout is not None and s.time_limit > 0 and s.time_limit + s.backoff_cap >= consumer_timeout:
-        warns.append(f"time_limit + backoff_cap = {s.time_limit + s.backoff_cap!r} is not below "
-                     f"rabbitmq_consumer_timeout={consumer_timeout!r}: a retry waiting for its countdown, held "
-                     f"unacknowledged by a busy worker, may be redelivered by RabbitMQ and run twice")
-    bad_accept = _non_json(s.accept_content)
+    if consumer_timeout is not None and ok("rabbitmq_consumer_timeout", "time_limit", "backoff_cap"):
+        if s.time_limit >= consumer_timeout:
+            errors.append(f"time_limit={s.time_limit!r} is not below rabbitmq_consumer_timeout={consumer_timeout!r}: "
+                          f"RabbitMQ closes the channel of a task that runs that long and redelivers it while it "
+                          f"runs (valid: time_limit < {consumer_timeout!r}); or raise consumer_timeout in "
+                          f"rabbitmq.conf (milliseconds there) and pass its value here, in seconds")
+        elif s.time_limit + s.backoff_cap >= consumer_timeout:
+            warns.append(f"time_limit + backoff_cap = {s.time_limit + s.backoff_cap!r} is not below "
+                         f"rabbitmq_consumer_timeout={consumer_timeout!r}: a retry waiting for its countdown, held "
+                         f"unacknowledged by a busy worker, may be redelivered by RabbitMQ and run twice")
+    bad_accept = _non_json(s.accept_content) if ok("accept_content") else []
     if bad_accept:
         errors.append(f"accept_content={list(s.accept_content)!r} accepts non-JSON content {bad_accept!r} "
                       f"(valid: ['json']); pickle and friends from the broker are remote code execution")
     for setting, value in app_serialization.items():
-        bad = _non_json(value)
-        if bad:
+        bad_serialization = _non_json(value)
+        if bad_serialization:
             errors.append(f"{setting}={value!r} is not JSON (valid: 'json'); the profile accepts and "
                           f"produces JSON only")
-    if not (isinstance(s.prefetch_multiplier, int) and s.prefetch_multiplier >= 1):
-        errors.append(f"prefetch_multiplier={s.prefetch_multiplier!r} must be an integer >= 1 "
-                      f"(0 means unlimited prefetch); valid: 1")
-    elif s.prefetch_multiplier > 1:
+    if ok("prefetch_multiplier") and s.prefetch_multiplier > 1:
         why = (f"prefetch_multiplier={s.prefetch_multiplier!r} with late acks: prefetched messages sit unacked "
                f"behind running tasks")
         if kind == "redis":
@@ -279,27 +351,17 @@ def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
                           f"(duplicates); valid: 1")
         else:
             warns.append(f"{why}, adding latency and hiding backlog from the ready count; 1 is recommended")
-    for name in ("max_tasks_per_child", "max_memory_per_child_kb"):
-        value = getattr(s, name)
-        if value is not None and not (isinstance(value, int) and value >= 1):
-            errors.append(f"{name}={value!r} must be None (no limit) or an integer >= 1")
-    if not s.broker_heartbeat >= 0:
-        errors.append(f"broker_heartbeat={s.broker_heartbeat!r} must be >= 0 seconds (0 disables it)")
-    elif s.broker_heartbeat == 0 and kind == "amqp":
+    if ok("broker_heartbeat") and s.broker_heartbeat == 0 and kind == "amqp":
         warns.append("broker_heartbeat=0 on RabbitMQ: a dead connection may take minutes to notice")
-    if not (isinstance(s.max_retries, int) and s.max_retries >= 0):
-        errors.append(f"max_retries={s.max_retries!r} must be an integer >= 0")
-    if not s.backoff_base > 0:
-        errors.append(f"backoff_base={s.backoff_base!r} must be > 0 seconds")
-    elif not s.backoff_cap >= s.backoff_base:
+    if ok("backoff_base", "backoff_cap") and not s.backoff_cap >= s.backoff_base:
         errors.append(f"backoff_cap={s.backoff_cap!r} must be >= backoff_base={s.backoff_base!r}")
-    if not (isinstance(s.max_deliveries, int) and s.max_deliveries >= 1):
-        errors.append(f"max_deliveries={s.max_deliveries!r} must be an integer >= 1")
-    if s.queue_type not in QUEUE_TYPES:
-        errors.append(f"queue_type={s.queue_type!r} must be one of {list(QUEUE_TYPES)!r}")
+    duplicates = sorted({name for name in queues if list(queues).count(name) > 1}) if ok("queues") else []
     if not queues:
         errors.append("queues=[] must name at least one work queue")
-    else:
+    elif duplicates:
+        errors.append(f"queues={list(queues)!r} names {', '.join(map(repr, duplicates))} more than once "
+                      f"(valid: each queue once)")
+    elif ok("queues", "dead_letter_queue", "dead_letter_queues"):
         try:
             contract.dead_letter_queues(queues, s.dead_letter_queues, s.dead_letter_queue,
                                         source="dead_letter_queues" if s.dead_letter_queues else "dead_letter_queue")
@@ -358,9 +420,14 @@ def _from_environment(explicit: Mapping[str, Any], environ: Mapping[str, str]) -
 
 def _broker_url(app: Any, environ: Mapping[str, str]) -> tuple[str, list[str]]:
     values, problems = contract.read((BROKER_URL_VARIABLE, BROKER_TYPE_VARIABLE), environ)
+    if problems:  # an invalid variable has no value: report it rather than check the app's URL against it
+        return app.conf.broker_url or "", problems
     if values[BROKER_URL_VARIABLE]:
         app.conf.broker_url = values[BROKER_URL_VARIABLE]
     broker_url = app.conf.broker_url or ""
+    problem = contract.url_problem(broker_url)
+    if problem:  # the app's own broker_url (the variable's was checked by contract.read)
+        problems.append(f"broker_url={broker_url.partition('://')[0]}://…: {problem}")
     wanted = values[BROKER_TYPE_VARIABLE]
     if wanted and broker_kind(broker_url) != _BROKER_TYPE_KINDS[wanted]:
         problems.append(f"{BROKER_TYPE_VARIABLE}={wanted!r} but the broker URL is "
@@ -446,7 +513,7 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     more_errors, warns = validate(wanted, broker_url=broker_url, queues=queue_names,
                                   app_serialization=app_serialization,
                                   parks_delayed_messages=any(isinstance(c, DelayedMessages) for c in resolved))
-    errors += more_errors
+    errors += _name_the_variables(more_errors, overrides, environ)
     if errors:
         raise ProfileError(errors)
 

@@ -17,12 +17,24 @@ run workers (a producer), or replace them with subclasses.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Iterable, Mapping
 
 from taskherd import contract
 
 #: Attribute of a Celery app: {component class name: the installed component}.
 INSTALLED_ATTRIBUTE = "taskherd_components"
+
+
+def is_seconds(value: Any) -> bool:
+    """A duration setting: an int or float, finite. ``'5'`` would raise TypeError in a comparison, nan
+    and inf (or 1e309) are no duration, and bool is an int in Python but ``interval=True`` is a mistake."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_whole(value: Any) -> bool:
+    """A count or a port: an int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

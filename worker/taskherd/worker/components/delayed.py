@@ -12,7 +12,7 @@ from typing import Any
 
 from taskherd.contract import broker_kind
 
-from . import Component
+from . import Component, is_seconds
 from .recovery import first_broker_url, key_prefix
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class DelayedMessages(Component):
     interval: float = 1.0
 
     def problems(self) -> list[str]:
-        if not self.interval > 0:
+        if not (is_seconds(self.interval) and self.interval > 0):
             return [f"DelayedMessages(interval={self.interval!r}) must be > 0 seconds"]
         return []
 

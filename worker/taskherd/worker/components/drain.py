@@ -35,7 +35,7 @@ from celery.worker import state as worker_state
 
 from taskherd.pod import shared_files
 
-from . import Component, installed
+from . import Component, installed, is_seconds
 from .heartbeat import Heartbeat, HeartbeatStep
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Drain(Component):
     poll: float = DEFAULT_POLL
 
     def problems(self) -> list[str]:
-        if not (isinstance(self.poll, (int, float)) and self.poll > 0):
+        if not (is_seconds(self.poll) and self.poll > 0):
             return [f"Drain(poll={self.poll!r}) must be a positive number of seconds"]
         return []
 

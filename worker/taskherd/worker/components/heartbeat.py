@@ -31,7 +31,7 @@ from celery.worker import state as worker_state
 
 from taskherd.pod import shared_files
 
-from . import Component, installed
+from . import Component, installed, is_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Heartbeat(Component):
         return shared_files.heartbeat_dir(self.directory)
 
     def problems(self) -> list[str]:
-        if not (isinstance(self.interval, (int, float)) and self.interval > 0):
+        if not (is_seconds(self.interval) and self.interval > 0):
             return [f"Heartbeat(interval={self.interval!r}) must be a positive number of seconds"]
         return []
 

@@ -57,7 +57,7 @@ from taskherd import compat, contract
 from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
-from . import Component, installed
+from . import Component, installed, is_whole
 from .heartbeat import Heartbeat
 from .probes import ProbeEndpoints, serve
 from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
@@ -338,7 +338,7 @@ class Metrics(Component):
     directory: str | None = None
 
     def problems(self) -> list[str]:
-        if not (isinstance(self.port, int) and 0 <= self.port <= 65535):
+        if not (is_whole(self.port) and 0 <= self.port <= 65535):
             return [f"Metrics(port={self.port!r}) is not a port number (valid: 0-65535, 0 disables the server)"]
         return []
 

@@ -81,7 +81,7 @@ from taskherd.contract import broker_kind
 
 from .. import deliveries
 
-from . import Component
+from . import Component, is_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +128,9 @@ class FastRecovery(Component):
     timeout: float = DEFAULT_TIMEOUT
 
     def problems(self) -> list[str]:
-        if not self.heartbeat_interval > 0:
+        if not (is_seconds(self.heartbeat_interval) and self.heartbeat_interval > 0):
             return [f"FastRecovery(heartbeat_interval={self.heartbeat_interval!r}) must be > 0 seconds"]
-        if not self.timeout >= 2 * self.heartbeat_interval:
+        if not (is_seconds(self.timeout) and self.timeout >= 2 * self.heartbeat_interval):
             return [f"FastRecovery(timeout={self.timeout!r}) must be at least twice heartbeat_interval="
                     f"{self.heartbeat_interval!r} (>= {2 * self.heartbeat_interval!r} s), so that one late "
                     f"refresh does not declare a live worker dead"]
