@@ -1,0 +1,48 @@
+"""The Python a reader pastes from the guides to set up an app: every ```python block of README.md
+and docs/{your-app,reliability,runtime,effects}.md that calls configure(), run as it is.
+
+Found by a newcomer's app: runtime.md's way to replace the heartbeat appended the new Heartbeat after
+Drain, and configure() refused that list ("Drain needs Heartbeat before it in the list"). The sh
+blocks of your-app.md have their own test (test_your_app_doc.py); these blocks ran nowhere.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDES = ("README.md", "docs/your-app.md", "docs/reliability.md", "docs/runtime.md", "docs/effects.md")
+_PYTHON = re.compile(r"^```python\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: what the snippets take for granted: an app (runtime.md's block configures "your app")
+PRELUDE = 'from celery import Celery\napp = Celery("snippet", broker="redis://127.0.0.1:1/0")\n'
+
+
+def configure_snippets() -> list[tuple[str, str]]:
+    found = []
+    for guide in GUIDES:
+        text = (REPO / guide).read_text()
+        for match in _PYTHON.finditer(text):
+            if "configure(" in match.group("body"):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append((f"{guide}:{line}", match.group("body")))
+    return found
+
+
+def test_the_guides_show_configure_snippets():
+    where = [place.split(":")[0] for place, _ in configure_snippets()]
+    assert {"README.md", "docs/your-app.md", "docs/reliability.md", "docs/runtime.md"} <= set(where)
+
+
+@pytest.mark.parametrize("place,body", configure_snippets(), ids=[p for p, _ in configure_snippets()])
+def test_a_configure_snippet_runs_as_pasted(place, body):
+    # A fresh interpreter per snippet, without the TASKHERD_* variables of whoever runs the tests
+    # (a pod's environment overrides what the code says).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKHERD_")}
+    done = subprocess.run([sys.executable, "-c", PRELUDE + body], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0, f"{place}: the snippet fails as pasted:\n{done.stderr[-2000:]}"
