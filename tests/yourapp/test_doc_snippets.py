@@ -46,3 +46,34 @@ def test_a_configure_snippet_runs_as_pasted(place, body):
     done = subprocess.run([sys.executable, "-c", PRELUDE + body], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=60)
     assert done.returncode == 0, f"{place}: the snippet fails as pasted:\n{done.stderr[-2000:]}"
+
+
+def test_the_postgres_decorator_snippet_commits_the_key_with_the_effect(pg_dsn):
+    """effects.md's `@idempotent(PostgresStore(), connection=...)` example: the effect runs once per
+    key, and a body that fails after its effect leaves neither the key nor the effect."""
+    import psycopg
+
+    text = (REPO / "docs/effects.md").read_text()
+    (body,) = [m.group("body") for m in _PYTHON.finditer(text) if "connection=lambda" in m.group("body")]
+    namespace = {"DSN": pg_dsn}
+    exec(PRELUDE + "import psycopg\nfrom taskherd.worker import configure\nfrom taskherd.worker.idempotency "
+         "import PostgresStore, idempotent\nconfigure(app)\npg = PostgresStore()\n" + body, namespace)
+    with psycopg.connect(pg_dsn) as conn:
+        namespace["pg"].create_table(conn)
+        conn.execute("create table shipments (order_id text)")
+    ship_once = namespace["ship_once"]
+    assert ship_once.apply(args=("o1",)).get() == {"shipped": "o1"}
+    assert ship_once.apply(args=("o1",)).get() == {"shipped": "o1"}, "the duplicate gets the stored result"
+
+    def fails_after_the_effect(task, order_id, conn):
+        conn.execute("insert into shipments (order_id) values (%s)", (order_id,))
+        raise ConnectionResetError("the worker lost its database after the insert")
+
+    namespace["_ship"] = namespace["idempotent"](
+        namespace["pg"], key=lambda task, order_id, conn: f"ship:{order_id}",
+        connection=lambda task, order_id, conn: conn)(fails_after_the_effect)
+    with pytest.raises(ConnectionResetError):
+        ship_once.apply(args=("o2",), throw=True).get()
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("select order_id from shipments order by 1").fetchall() == [("o1",)]
+        assert conn.execute("select key from taskherd_idempotency").fetchall() == [("ship:o1",)]
