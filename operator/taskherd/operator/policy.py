@@ -8,6 +8,7 @@ decision later. The corpus of bad pools in tests/operator runs through both.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -125,9 +126,22 @@ def _number(spec: Mapping[str, Any], key: str, default: Any, kind: type = int, *
     value = spec.get(key, default)
     if value is None:
         return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or value == int(value))
-    _check(ok, within + key, value, "a whole number" if kind is int else "a number")
+    # finite first: int(inf) is an OverflowError, int(nan) a ValueError (the API server's JSON has
+    # neither, but a unit test's or a stored pool's spec may)
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (kind is float or value == int(value)))
+    _check(ok, within + key, value, "a whole number" if kind is int else "a finite number")
     return kind(value)
+
+
+def _object(parent: Mapping[str, Any], key: str, within: str = "") -> Mapping[str, Any]:
+    """``parent[key]`` as a mapping ({} when absent): `scaleTargetRef: workers` is a clear error, not an
+    AttributeError from ``"workers".get``."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    _check(isinstance(value, Mapping), within + key, value, "an object (a YAML mapping of its fields)")
+    return value
 
 
 def _name(value: Any, key: str, what: str) -> str:
@@ -147,13 +161,17 @@ def _http_url(value: Any, key: str) -> str | None:
         return None
     valid = "an http:// or https:// URL with a host and no spaces"
     _check(isinstance(value, str) and not any(c.isspace() for c in value), key, value, valid)
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        parts.port  # ':abc' or ':99999' raise here, else in the HTTP client at the first page
+    except ValueError as exc:  # also 'http://[::1' (an unclosed IPv6 host)
+        _check(False, key, value, f"{valid} ({exc}; a port is 1..65535)")
     _check(parts.scheme in ("http", "https") and bool(parts.hostname), key, value, valid)
     return value
 
 
 def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
-    target = spec.get("scaleTargetRef") or {}
+    target = _object(spec, "scaleTargetRef")
     api_version, kind = target.get("apiVersion", "apps/v1"), target.get("kind", "Deployment")
     _check(isinstance(api_version, str) and bool(API_VERSION.match(api_version)), "scaleTargetRef.apiVersion",
            api_version, "group/version of an API, e.g. apps/v1")
@@ -164,20 +182,24 @@ def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
 
 
 def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
-    broker = spec.get("broker") or {}
+    broker = _object(spec, "broker")
     kind = broker.get("type")
     _check(kind in BROKER_TYPES, "broker.type", kind, f"one of {', '.join(BROKER_TYPES)}")
-    secret = broker.get("secretRef") or {}
+    secret = _object(broker, "secretRef", "broker.")
     management_key = secret.get("managementUrlKey")
     _check(management_key is None or kind == "rabbitmq", "broker.secretRef.managementUrlKey", management_key,
            "unset for a redis broker (it names the RabbitMQ management API URL)")
     prefix = broker.get("globalKeyprefix", "")
+    _check(isinstance(prefix, str), "broker.globalKeyprefix", prefix, "a string, e.g. 'shop:'")
     _check(not prefix or kind == "redis", "broker.globalKeyprefix", prefix,
            "unset for a rabbitmq broker (it is kombu's Redis key prefix)")
     queues = broker.get("queues") or []
     _check(isinstance(queues, list) and len(queues) > 0 and all(isinstance(q, str) and q for q in queues),
            "broker.queues", queues, "a non-empty list of queue names")
     explicit = broker.get("deadLetterQueues")
+    # a bare string would be read letter by letter ("names 6 dead-letter queues"), numbers kept as queue names
+    _check(explicit is None or (isinstance(explicit, list) and all(isinstance(q, str) and q for q in explicit)),
+           "broker.deadLetterQueues", explicit, "a list of dead-letter queue names, one per queue")
     try:
         dead_letter_queues = contract.dead_letter_queues(
             queues, explicit, source="spec.broker.deadLetterQueues" if explicit else "spec.broker.queues")
@@ -196,7 +218,7 @@ def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
 
 
 def _dead_letter(spec: Mapping[str, Any]) -> DeadLetterSpec:
-    dl = spec.get("deadLetter") or {}
+    dl = _object(spec, "deadLetter")
     alertmanager = _http_url(dl.get("alertmanagerUrl"), "deadLetter.alertmanagerUrl")
     webhook = _http_url(dl.get("webhookUrl"), "deadLetter.webhookUrl")
     _check(not (alertmanager and webhook), "deadLetter.webhookUrl", webhook,
