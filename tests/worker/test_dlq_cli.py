@@ -170,3 +170,24 @@ def test_redrive_to_a_queue_that_does_not_exist_keeps_the_dead_letter(broker_url
     assert code == 1 and "redriven" not in out
     assert f"there is no queue '{q}-typo' on the broker" in err and "it stays in the DLQ" in err
     assert [letter.task_id for letter in dead_letters(broker_url, q)] == [task.id]
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_redis_redrive_to_a_typo_is_stranded_and_the_documented_redrive_brings_it_back(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """Redis has no mandatory publish: reliability.md says a typo in --to is redriven into a list no
+    worker reads, and that `taskherd dlq redrive --dlq TYPO --all --to QUEUE` sends it back."""
+    q = unique_name
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    task = producer.send_task("core.validation", args=("stranded", -1), queue=q)
+    wait_for("the dead letter", lambda: dead_letters(broker_url, q), timeout=30)
+
+    code, out, _ = dlq("redrive", task.id, "--broker", broker_url, "--queue", q, "--to", f"{q}-typo")
+    assert code == 0 and f"redriven {task.id}" in out, "no check on Redis (documented)"
+    assert redis.Redis.from_url(broker_url).llen(f"{q}-typo") == 1 and dead_letters(broker_url, q) == []
+
+    code, out, _ = dlq("redrive", "--all", "--broker", broker_url, "--dlq", f"{q}-typo", "--to", q)
+    assert code == 0 and f"redriven {task.id}" in out
+    wait_for("the task to run again", lambda: len(recorded("stranded")), timeout=30, equals=2)
+    (letter,) = wait_for("its dead letter again", lambda: dead_letters(broker_url, q), timeout=30)
+    assert letter.envelope.queue == q, "it ran from the work queue, not from the typo"
