@@ -172,6 +172,27 @@ def test_redrive_to_a_queue_that_does_not_exist_keeps_the_dead_letter(broker_url
     assert [letter.task_id for letter in dead_letters(broker_url, q)] == [task.id]
 
 
+def test_items_that_are_not_kombu_messages_are_listed_not_a_traceback_and_purge_still_works(redis_url, unique_name):
+    """A raw LPUSH, a body that is not base64, an envelope header over a body that is not JSON: each was a
+    JSONDecodeError (or binascii.Error) traceback that hid every other dead letter and blocked purge."""
+    key = f"{unique_name}.dlq"
+    client = redis.Redis.from_url(redis_url)
+    client.lpush(key, b"garbage",
+                 json.dumps({"body": "abc", "properties": {"body_encoding": "base64"}}),
+                 json.dumps({"headers": {"taskherd_envelope": 1}, "body": "bm90IGpzb24=",
+                             "properties": {"body_encoding": "base64"}}))
+    where = ["-b", redis_url, "-Q", unique_name]
+    code, out, err = dlq("list", "--json", *where)
+    reasons = [json.loads(line)["reason"] for line in out.splitlines()]
+    assert code == 0 and err == ""
+    assert reasons[0].startswith("undecodable: JSONDecodeError") and reasons[1].startswith("undecodable: Error")
+    assert reasons[2].startswith("unreadable-envelope: JSONDecodeError")
+    code, out, err = dlq("redrive", "--all", *where)  # no queue to send them to: they stay
+    assert code == 1 and "original queue unknown; pass --to QUEUE" in err and client.llen(key) == 3
+    code, out, _ = dlq("purge", "--force", *where)
+    assert code == 0 and "purged 3 message(s)" in out and client.llen(key) == 0
+
+
 @pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
 def test_a_redis_redrive_to_a_typo_is_stranded_and_the_documented_redrive_brings_it_back(
         broker_url, record_url, recorded, producer, unique_name, worker_factory):

@@ -12,7 +12,6 @@ Import-light on purpose (standard library only, no dataclasses or typing): `task
 every pod every few seconds and reads its settings here.
 """
 import os
-import re as _re
 
 # -- ports -----------------------------------------------------------------------------------------
 # The Prometheus exporter range (9100-9999) is fully allocated; these avoid the defaults of what
@@ -164,7 +163,9 @@ def broker_type(raw):
 
 def redact(url):
     """``url`` with its password replaced by ``***``: error messages must not print credentials."""
-    return _re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
+    import re  # here, not at the top: `taskherd probe` imports this module and never needs re
+
+    return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
 
 
 def url_problem(url):

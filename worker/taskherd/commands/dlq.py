@@ -104,8 +104,13 @@ def parse(body: bytes, headers: dict | None, content_type: str | None, content_e
     headers = dict(headers or {})
     common = dict(body=body, headers=headers, content_type=content_type, content_encoding=content_encoding,
                   handle=handle)
+    envelope, unreadable = None, None
     if ENVELOPE_HEADER in headers:
-        envelope = Envelope.from_dict(json.loads(body))
+        try:
+            envelope = Envelope.from_dict(json.loads(body))
+        except (ValueError, TypeError, AttributeError) as exc:  # not JSON, not an object, fields missing
+            unreadable = f"unreadable-envelope: {type(exc).__name__}: {exc}"
+    if envelope is not None:
         return DeadLetter(ref=envelope.task_id or _digest(body), kind="envelope", task=envelope.task,
                           task_id=envelope.task_id, reason=envelope.reason, queue=envelope.queue,
                           dead_lettered_at=envelope.dead_lettered_at, attempts=envelope.attempts,
@@ -125,8 +130,8 @@ def parse(body: bytes, headers: dict | None, content_type: str | None, content_e
                           attempts=sum(int(d.get("count", 1)) for d in deaths if isinstance(d, dict)),
                           envelope=None, **common)
     return DeadLetter(ref=task_id or _digest(body), kind="unknown", task=task, task_id=task_id,
-                      reason="unknown", queue=None, dead_lettered_at=None, attempts=None, envelope=None,
-                      **common)
+                      reason=unreadable or "unknown", queue=None, dead_lettered_at=None, attempts=None,
+                      envelope=None, **common)
 
 
 def _digest(body: bytes) -> str:
@@ -170,11 +175,21 @@ class RedisDeadLetters:
         raws = self.client.lrange(self.key, 0, -1)[::-1]  # oldest first
         letters = []
         for raw in raws[:limit] if limit else raws:
-            payload = json.loads(raw)
-            props = payload.get("properties") or {}
-            body = payload.get("body") or ""
-            body = base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
-            letters.append(parse(body, payload.get("headers"), payload.get("content-type"),
+            try:
+                payload = json.loads(raw)
+                props = payload.get("properties") or {}
+                body = payload.get("body") or ""
+                body = base64.b64decode(body) if props.get("body_encoding") == "base64" else body.encode()
+                headers = payload.get("headers")
+            except (ValueError, TypeError, AttributeError) as exc:
+                # Not a kombu message (a raw LPUSH, a bad base64 body): listed as it is, so that one
+                # bad item does not hide the others or stop a purge; its ref is the item's digest.
+                letters.append(DeadLetter(ref=_digest(raw), kind="unknown", task=None, task_id=None,
+                                          reason=f"undecodable: {type(exc).__name__}: {exc}", queue=None,
+                                          dead_lettered_at=None, attempts=None, envelope=None, body=raw,
+                                          headers={}, content_type=None, content_encoding=None, handle=raw))
+                continue
+            letters.append(parse(body, headers, payload.get("content-type"),
                                  payload.get("content-encoding"), handle=raw))
         return letters
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -176,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     registry.register(poller)
     poller.poll()  # the first scrape already has figures
-    start_http_server(args.port, addr=args.address, registry=registry)
+    try:
+        start_http_server(args.port, addr=args.address, registry=registry)
+    except OSError as exc:  # port taken, address not of this host or not resolvable: one line, no traceback
+        print(f"taskherd exporter: cannot serve /metrics on --address={args.address!r} --port={args.port}: {exc}",
+              file=sys.stderr)
+        return 1
     logger.info("serving %d queue(s) on %s:%d, polling every %.0f s", len(args.queues), args.address, args.port,
                 args.interval)
     stop = threading.Event()

@@ -31,8 +31,10 @@ def seconds(name: str, value: object, *, zero_allowed: bool = False) -> float:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-    if number < 0 or (number == 0 and not zero_allowed):
-        raise ValueError(f"{name}={value!r} must be a positive number of seconds")
+    # not (number >= 0): nan compares false with everything; --max-age nan would make liveness never fail
+    if not (number >= 0) or number == float("inf") or (number == 0 and not zero_allowed):
+        raise ValueError(f"{name}={value!r} must be a positive number of seconds{' or 0' if zero_allowed else ''} "
+                         f"(finite: not nan or inf)")
     return number
 
 
