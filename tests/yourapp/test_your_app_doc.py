@@ -43,6 +43,30 @@ def test_the_guide_shows_the_mailers_own_files():
     assert "# requirements.txt\n" + (APP / "requirements.txt").read_text() in guide
 
 
+def test_the_python_the_guide_shows_is_the_mailers_own_code():
+    """Each ```python block headed `# mailer/<file>.py` is an excerpt of that file: its lines, in order,
+    with `...` for what it leaves out. (The tasks block once used `store.keys` and `store.connect()`
+    without showing the store: a newcomer pasting it had neither.)"""
+    guide = GUIDE.read_text()
+    excerpts = [m.group("body") for m in _SHOWN.finditer(guide) if m.group("info").strip() == "python"
+                and re.match(r"# mailer/\w+\.py", m.group("body"))]
+    assert len(excerpts) >= 3, "app.py, store.py and tasks.py are shown"
+    for excerpt in excerpts:
+        name = re.match(r"# (mailer/\w+\.py)", excerpt).group(1)
+        source = [line.strip() for line in (APP / name).read_text().splitlines()]
+        shown = [line.strip() for line in excerpt.splitlines()[1:]
+                 if line.strip() and not line.strip().startswith("#") and line.strip() != "..."]
+        at = 0
+        for line in shown:
+            assert line in source[at:], f"docs/your-app.md shows {name} with a line it does not have (in " \
+                                        f"this order): {line!r}"
+            at = source.index(line, at) + 1
+        for imported in re.findall(r"^(?:from \S+ )?import (\w+)", (APP / name).read_text(), re.MULTILINE):
+            if re.search(rf"\b{imported}\.", excerpt) or re.search(rf"\b{imported}\b\(", excerpt):
+                assert re.search(rf"^(from \S+ )?import {imported}\b", excerpt, re.MULTILINE), \
+                    f"docs/your-app.md: the {name} excerpt uses {imported} without showing its import"
+
+
 def test_the_guide_has_steps_and_a_cleanup():
     found = blocks(GUIDE.read_text())
     assert [b.role for b in found].count("cleanup") == 1 and found[-1].role == "cleanup"
