@@ -112,3 +112,19 @@ def test_a_key_whose_holder_died_is_taken_over_after_its_lease_not_dead_lettered
     assert [value for _, _, value in recorded("held")] == ["effect"]
     runs = recorded("held:runs")
     assert runs[-1][0] - runs[0][0] >= 9.5, "the run that took the key over came after the lease"
+
+
+def test_a_task_of_its_own_autoretry_for_is_dead_lettered_when_celery_gives_up_saying_after_how_many(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """`autoretry_for=(KeyError,)`: Celery retries (its countdown, the task's max_retries=2); the last
+    KeyError reaches taskherd, for which it is permanent. The envelope said "KeyError is permanent:
+    not retried" after three runs; it now says which attempt it was."""
+    env = core_env(broker_url, unique_name, record_url, max_retries=5)
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    result = producer.send_task("core.autoretry", args=("auto",), queue=unique_name)
+
+    (letter,) = wait_for("the DLQ envelope", lambda: dead_letters(broker_url, unique_name), timeout=60)
+    assert [value for _, _, value in recorded("auto")] == ["0", "1", "2"], "Celery's own 2 retries"
+    env = letter.envelope
+    assert env.task_id == result.id and env.reason == "permanent-error" and env.attempts == 3
+    assert env.detail == "KeyError is permanent: not retried (attempt 3, after 2 retries)"

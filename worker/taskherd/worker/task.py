@@ -239,6 +239,10 @@ class Task(celery.Task):
                 f"exceeded its soft time limit ({profile.soft_time_limit}s); not retried")
         else:
             reason, detail = Reason.PERMANENT_ERROR, f"{type(exc).__name__} is permanent: not retried"
+            if retries:
+                # This run was itself a retry (of an earlier transient error, or the task's own
+                # autoretry_for giving up): "not retried" alone read as if the task had run once.
+                detail += f" (attempt {attempts}, after {retries} retries)"
         self._send_to_dlq(profile, reason=reason, detail=detail, attempts=attempts, exc=exc,
                           first_failure_at=float(first_failure), failed_at=failed_at)
 
