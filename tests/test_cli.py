@@ -96,7 +96,12 @@ BAD_INPUT = [
     (["outbox", "relay", "--dsn", "postgresql://127.0.0.1:1/x", "-b", REDIS, "--poll-interval", "inf"], {}, 2,
      "--poll-interval='inf' is not a number of seconds > 0"),
     (["outbox", "status", "--dsn", "notadsn"], {}, 2, "--dsn='notadsn' is not a PostgreSQL DSN"),
-    (["outbox", "status"], {"TASKHERD_OUTBOX_DSN": "nodsn"}, 2, "TASKHERD_OUTBOX_DSN='nodsn' is invalid"),
+    (["outbox", "status"], {"TASKHERD_OUTBOX_DSN": "nodsn"}, 2, "TASKHERD_OUTBOX_DSN='nodsn' is not a PostgreSQL DSN"),
+    # libpq's own forms are DSNs too (urllib cannot parse a multi-host URI): they get as far as connecting
+    (["outbox", "status"], {"TASKHERD_OUTBOX_DSN": "postgresql://127.0.0.1:1,127.0.0.1:2/x"}, 1,
+     "taskherd outbox status: cannot use the database: OperationalError"),
+    (["outbox", "status"], {"TASKHERD_OUTBOX_DSN": "host=127.0.0.1 port=1 dbname=x"}, 1,
+     "taskherd outbox status: cannot use the database: OperationalError"),
     (["outbox", "status", "--dsn", "postgresql://127.0.0.1:1/x"], {}, 1,
      "taskherd outbox status: cannot use the database: OperationalError"),
     (["outbox", "relay", "--dsn", "postgresql://127.0.0.1:1/x", "-b", "redis://:99999"], {}, 2,

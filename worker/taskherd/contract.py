@@ -297,7 +297,10 @@ VARIABLES = (
              readers=("taskherd exporter", "taskherd dlq", "taskherd recover"), chart=(),
              doc="Redis: kombu's global_keyprefix transport option, if the app sets one"),
     # The transactional outbox.
-    Variable("TASKHERD_OUTBOX_DSN", url, "a PostgreSQL DSN (postgresql://…)", readers=("taskherd outbox",),
+    # text, not url: libpq takes 'host=… dbname=…' and multi-host URIs (h1:5432,h2:5432) that
+    # urllib cannot parse; `taskherd outbox` has psycopg check it, naming the variable.
+    Variable("TASKHERD_OUTBOX_DSN", text, "a PostgreSQL DSN (postgresql://… or 'host=… dbname=…')",
+             readers=("taskherd outbox",),
              chart=(), doc="the database of the outbox table (then DATABASE_URL)"),
     # The operator.
     Variable("TASKHERD_WATCH_NAMESPACES", names, "a comma-separated list of namespaces",

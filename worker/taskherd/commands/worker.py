@@ -39,12 +39,6 @@ OPTIONS = {
 }
 
 
-#: what -l/--loglevel takes (celery.utils.log.LOG_LEVELS, whose names Celery accepts in any case)
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL")
-#: what -P/--pool takes besides a module:Class path (celery.concurrency.ALIASES)
-POOLS = ("prefork", "processes", "threads", "solo", "eventlet", "gevent")
-
-
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(
         prog="taskherd worker", description=__doc__.split("\n\n")[0],
@@ -101,9 +95,14 @@ def worker_options(args: argparse.Namespace) -> dict:
     }
     if args.optimization not in (None, "default", "fair"):
         raise ValueError(f"--optimization={args.optimization!r} must be default or fair")
-    if args.loglevel is not None and args.loglevel.upper() not in LOG_LEVELS:
-        # Celery looks the name up deep in the worker's start: a KeyError traceback.
-        raise ValueError(f"--loglevel={args.loglevel!r} is not a log level (valid: {', '.join(LOG_LEVELS)})")
+    # Celery's own tables (the worker imports both modules anyway): Celery looks a log level up deep
+    # in the worker's start (a KeyError traceback) and a pool alias at the pool's start.
+    from celery.concurrency import ALIASES as POOLS
+    from celery.utils.log import LOG_LEVELS
+
+    levels = sorted((name for name in LOG_LEVELS if isinstance(name, str) and name != "NOTSET"), key=LOG_LEVELS.get)
+    if args.loglevel is not None and args.loglevel.upper() not in levels:
+        raise ValueError(f"--loglevel={args.loglevel!r} is not a log level (valid: {', '.join(levels)}, in any case)")
     if args.pool is not None and args.pool not in POOLS and ":" not in args.pool:
         raise ValueError(f"--pool={args.pool!r} is not a pool (valid: {', '.join(POOLS)}, or module:Class)")
     return {key: value for key, value in options.items() if value is not None}
