@@ -6,6 +6,8 @@ Found by a newcomer's app written from the docs."""
 
 import celery
 from celery import Celery, shared_task
+from celery.utils.imports import symbol_by_name
+from celery.worker.request import Request
 
 from e2e.lib.waiting import wait_for
 from taskherd.worker import Task, configure
@@ -69,6 +71,27 @@ def test_a_base_class_of_the_apps_own_gets_taskherds_task_first(redis_url):
         return None
 
     assert type(app.tasks["user.later"]).__mro__[1] is type(refund).__mro__[1]
+
+
+class TimeoutRequest(Request):
+    """Celery's guide: a Request of one's own, for on_timeout/on_failure hooks in the main process."""
+
+
+class WithItsOwnRequest(celery.Task):
+    Request = TimeoutRequest
+
+
+def test_a_base_class_with_a_request_of_its_own_keeps_it_after_taskherds(redis_url):
+    app = Celery("user-request", broker=redis_url, set_as_current=False)
+    configure(app, queues=["user-request"])
+
+    @app.task(base=WithItsOwnRequest, name="user.timed")
+    def _timed():
+        return None
+
+    request = symbol_by_name(type(app.tasks["user.timed"]).Request)
+    mro = request.__mro__
+    assert mro.index(symbol_by_name(Task.Request)) < mro.index(TimeoutRequest), "taskherd's hooks run, then its own"
 
 
 def test_a_task_with_a_base_class_of_its_own_retries_dead_letters_and_bounds_poison(

@@ -29,9 +29,9 @@ def with_taskherd_task(base: type | None, task_class: type) -> type | None:
     ``task_class`` (or is None: Celery then uses the app's default), else a subclass of both.
 
     taskherd's Task comes first: its ``__call__`` (retries, dead letters, the poison bound) runs the
-    base's own ``__call__`` in turn, and its Request and Strategy are the ones the worker uses. The
-    base's hooks (``on_success``, ``before_start`` …) and options (``autoretry_for`` …) still apply,
-    taskherd's Task defining none of them."""
+    base's own ``__call__`` in turn, and its Request (combined with the base's own, if any) and
+    Strategy are the ones the worker uses. The base's hooks (``on_success``, ``before_start`` …) and
+    options (``autoretry_for`` …) still apply, taskherd's Task defining none of them."""
     import celery
 
     if base is None or not isinstance(base, type) or issubclass(base, task_class) \
@@ -39,11 +39,28 @@ def with_taskherd_task(base: type | None, task_class: type) -> type | None:
         return base
     combined = _COMBINED.get((base, task_class))
     if combined is None:
-        combined = type(base.__name__, (task_class, base), {
-            "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__})
+        attributes = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+        request = _combined_request(base, task_class)
+        if request is not None:
+            attributes["Request"] = request
+        combined = type(base.__name__, (task_class, base), attributes)
         _COMBINED[(base, task_class)] = combined
     return combined
+
+
+def _combined_request(base: type, task_class: type) -> type | None:
+    """A base with a Request class of its own (Celery's guide: ``Request = MyRequest`` for its own
+    ``on_timeout``/``on_failure``) would lose it to taskherd's; both then, taskherd's first: each of
+    its hooks calls ``super()``, so the base's run too. None when the base keeps Celery's."""
+    from celery.utils.imports import symbol_by_name
+    from celery.worker.request import Request as CeleryRequest
+
+    theirs, ours = symbol_by_name(base.Request), symbol_by_name(task_class.Request)
+    if theirs is CeleryRequest or not isinstance(theirs, type) or issubclass(theirs, ours) \
+            or not issubclass(theirs, CeleryRequest):
+        return None
+    return type(theirs.__name__, (ours, theirs), {"__module__": theirs.__module__,
+                                                  "__qualname__": theirs.__qualname__})
 
 
 def tasks_without(app: Any, task_class: type) -> list[str]:
