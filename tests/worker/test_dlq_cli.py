@@ -52,7 +52,8 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
     assert shown[0]["envelope"]["args"] == ["a", "bug"]
     assert shown[0]["envelope"]["exception_type"] == "taskherd.worker.transient.PermanentError"
     code, out, _ = dlq("show", first.id, *where)  # for a person: fields, then the traceback
-    assert code == 0 and "reason:           \"permanent-error\"" in out
+    assert code == 0 and "reason:            \"permanent-error\"" in out
+    assert "exception_message: bug is set" in out, "every label has a space before its value"
     assert "traceback:" in out and "PermanentError: bug is set" in out
     code, _, err = dlq("show", "no-such-id", *where)
     assert code == 1 and "no-such-id is not in" in err

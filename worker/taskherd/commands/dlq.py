@@ -283,6 +283,11 @@ def _print_table(letters: list[DeadLetter], out) -> None:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
 
 
+#: the labels of `dlq show`, the longest (exception_message:) with a space after it: at 18 it was
+#: printed glued to its value ("exception_message:order 42 …")
+_LABEL_WIDTH = len("exception_message:") + 1
+
+
 def _print_letter(letter: DeadLetter, out) -> None:
     """`dlq show` for a person: the fields of `list`, then the exception and traceback."""
     full = letter.full()
@@ -290,15 +295,15 @@ def _print_letter(letter: DeadLetter, out) -> None:
     for key, value in full.items():
         if value is not None and key not in ("body", "body_b64", "headers"):
             shown = _format_time(value) if key.endswith("_at") else json.dumps(value, default=str)
-            print(f"{key + ':':<18}{shown}", file=out)
+            print(f"{key + ':':<{_LABEL_WIDTH}}{shown}", file=out)
     for key in ("exception_type", "exception_message", "hostname"):
         if envelope.get(key):
-            print(f"{key + ':':<18}{envelope[key]}", file=out)
+            print(f"{key + ':':<{_LABEL_WIDTH}}{envelope[key]}", file=out)
     if envelope.get("traceback"):
         print("traceback:", file=out)
         print("  " + envelope["traceback"].rstrip().replace("\n", "\n  "), file=out)
     if "body" in full or "body_b64" in full:
-        print(f"{'body:':<18}{json.dumps(full.get('body', full.get('body_b64')), default=str)}", file=out)
+        print(f"{'body:':<{_LABEL_WIDTH}}{json.dumps(full.get('body', full.get('body_b64')), default=str)}", file=out)
     print("", file=out)
 
 
