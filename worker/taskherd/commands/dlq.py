@@ -409,15 +409,48 @@ def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
                      stderr=stderr) or (1 if missing else 0))
 
 
+#: kombu's Redis transport: the separator of a binding's fields (routing key, pattern, queue)
+_REDIS_BINDING_SEPARATOR = "\x06\x16"
+
+
+def redis_queue_declared(broker_url: str, queue: str, *, keyprefix: str = "") -> bool:
+    """Whether a worker or producer has declared ``queue`` on this Redis. Redis has no mandatory
+    publish, and a list exists only while it holds messages: what says a queue is read is kombu's
+    binding set ``_kombu.binding.<exchange>``, whose members end with the queue's name."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in keyprefix) + "_kombu.binding.*"
+    try:
+        for key in client.scan_iter(match=pattern):
+            for member in client.smembers(key):
+                if member.decode("utf-8", "replace").rpartition(_REDIS_BINDING_SEPARATOR)[2] == queue:
+                    return True
+        return False
+    finally:
+        client.close()
+
+
 def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, keyprefix: str, stdout,
              stderr) -> int:
     failed = 0
+    declared: dict[str, bool] = {}
     for letter in letters:
         queue = to or letter.queue
         if not queue:
             print(f"taskherd dlq: {letter.ref}: original queue unknown; pass --to QUEUE", file=stderr)
             failed += 1
             continue
+        if broker_kind(broker_url) == "redis":
+            if queue not in declared:
+                declared[queue] = redis_queue_declared(broker_url, queue, keyprefix=keyprefix)
+            if not declared[queue]:
+                # Published anyway, it would wait in a list no worker reads, gone from the DLQ.
+                print(f"taskherd dlq: {letter.ref}: there is no queue {queue!r} on the broker (no worker or "
+                      f"producer declared it on this Redis{' with prefix ' + repr(keyprefix) if keyprefix else ''}); "
+                      f"not redriven, it stays in the DLQ — check --to and --global-keyprefix", file=stderr)
+                failed += 1
+                continue
         try:
             publish_back(broker_url, letter, queue, keyprefix=keyprefix)  # confirmed before the DLQ copy goes
         except Unroutable:
