@@ -74,3 +74,37 @@ def test_a_hard_limit_at_or_above_rabbitmqs_consumer_timeout_is_refused(broker_u
     configure(app, soft_time_limit=1700, time_limit=1800, rabbitmq_consumer_timeout=None,
               delivery_counter_url="redis://127.0.0.1:1/0")  # consumer_timeout disabled on the broker
     app.close()
+
+
+def test_the_workers_own_time_limit_and_prefetch_options_are_checked_like_configures(
+        broker_url, record_url, unique_name, worker_factory):
+    """`celery worker --time-limit … --prefetch-multiplier …` override the profile. A newcomer's
+    `--time-limit 600` on Redis (visibility timeout 74 s) started without a word; now the worker
+    refuses what configure() would have refused, and only warns on RabbitMQ about the prefetch."""
+    from taskherd.worker.components.broker_check import worker_option_findings
+
+    env = core_env(broker_url, unique_name, record_url, soft_time_limit=8, time_limit=10,
+                   visibility_timeout=30)
+    refused = "--time-limit=600.0, not below " + ("visibility_timeout=30.0" if broker_url.startswith("redis")
+                                                   else "rabbitmq_consumer_timeout=1800.0")
+    options = ["--time-limit", "600" if broker_url.startswith("redis") else "1800", "--prefetch-multiplier", "4"]
+    if broker_url.startswith("amqp"):
+        refused = refused.replace("600.0", "1800.0")
+    with pytest.raises(AssertionError, match=r"worker exited \(1\)") as exited:
+        worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env, extra_args=options)
+    said = str(exited.value)
+    assert refused in said, said[-3000:]
+    refusal = next(line for line in said.splitlines() if "refuses to start" in line)
+    assert ("--prefetch-multiplier=4" in refusal) == broker_url.startswith("redis"), "an error on Redis only"
+    assert "--prefetch-multiplier=4" in said, "a warning on RabbitMQ"
+
+    # Options equal to the profile's (the chart passes --time-limit too) start as before.
+    worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env,
+                            extra_args=["--time-limit", "10", "--soft-time-limit", "8"])
+    assert "refuses to start" not in worker.log()
+    amqp = configure(Celery("options", broker=broker_url), queues=[unique_name], rabbitmq_consumer_timeout=None) \
+        if broker_url.startswith("amqp") else None
+    if amqp is not None:
+        found = worker_option_findings(time_limit=0, prefetch_multiplier=2, profile=amqp)
+        assert found.errors == [] and "--prefetch-multiplier=2" in found.warnings[0], \
+            "no consumer timeout on the broker: no hard limit is fine; the prefetch is a warning"

@@ -27,6 +27,8 @@ logs, at start, a warning naming the server version and the value it assumed.
 Tasks: a task's own ``time_limit`` (``@app.task(time_limit=…)``) not below the Redis visibility
 timeout, or RabbitMQ's consumer timeout, is **refused**: such a run is delivered a second time
 while it still runs. (A per-call ``apply_async(time_limit=…)`` is refused at publish, by the profile.)
+So is the worker's own ``--time-limit`` (it overrides the profile's), and on Redis its
+``--prefetch-multiplier`` above 1 (a warning on RabbitMQ), as configure() refuses them.
 """
 from __future__ import annotations
 
@@ -117,6 +119,35 @@ def task_limit_findings(tasks: Mapping[str, Any], *, limit: float | None, what: 
     return findings
 
 
+def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any) -> Findings:
+    """The worker's own options (``celery worker --time-limit … --prefetch-multiplier …``) override
+    the settings configure() checked; the same rules, applied to what this worker will really use.
+
+    A newcomer's ``--time-limit 600`` on Redis, with a visibility timeout of 74 s, started without a
+    word: every task running longer than 74 s would have been delivered a second time while it ran."""
+    findings = Findings()
+    if profile.broker_is_redis:
+        limit, what = profile.visibility_timeout, "visibility_timeout"
+    else:
+        limit, what = profile.rabbitmq_consumer_timeout, "rabbitmq_consumer_timeout"
+    if limit is not None and not (isinstance(time_limit, (int, float)) and 0 < time_limit < limit):
+        given = "no hard time limit (--time-limit 0)" if not time_limit else f"--time-limit={time_limit!r}"
+        findings.errors.append(
+            f"the worker runs with {given}, not below {what}={limit!r}: a task running that long is delivered "
+            f"a second time while it still runs (valid: 0 < --time-limit < {limit!r}; or leave the option out: "
+            f"configure() set time_limit={profile.time_limit!r})")
+    if isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1:
+        why = (f"the worker runs with --prefetch-multiplier={prefetch_multiplier}: with late acks prefetched "
+               f"messages sit unacked behind running tasks")
+        if profile.broker_is_redis:
+            findings.errors.append(f"{why}, and Redis redelivers them after visibility_timeout while still held "
+                                   f"(duplicates); valid: 1 (leave the option out: configure() set 1)")
+        else:
+            findings.warnings.append(f"{why}, adding latency and hiding backlog from the ready count; 1 is "
+                                     f"recommended")
+    return findings
+
+
 def _read_redis(url: str) -> tuple[dict | None, str | None, str | None]:
     import redis
 
@@ -194,7 +225,11 @@ class BrokerCheck(Component):
             def start(self, worker):
                 from taskherd.worker.profile import get_profile
 
-                findings = check(worker.app, get_profile(worker.app))
+                profile = get_profile(worker.app)
+                findings = check(worker.app, profile)
+                findings.extend(worker_option_findings(time_limit=worker.time_limit,
+                                                       prefetch_multiplier=worker.prefetch_multiplier,
+                                                       profile=profile))
                 for warning in findings.warnings:
                     logger.warning("taskherd broker check: %s", warning)
                 for error in findings.errors:
