@@ -48,12 +48,7 @@ def make_app(left_out: tuple[str, ...] | None):
     if left_out is None:
         make_vanilla(app)
     else:
-        from taskherd.worker.components import metrics
-
         configure_without(app, left_out, queues=["q"])
-        # What the Metrics component does at worker_init, before the pool forks.
-        metrics.prepare_multiprocess_dir(base=tempfile.mkdtemp(prefix="profile-cost-"))
-        metrics._default = metrics.TaskMetrics(registry=None)
 
     @app.task(name="profile_cost.noop", ignore_result=True)
     def noop():
@@ -67,8 +62,14 @@ def child_cpu_per_task(variant: str, tasks: int) -> float:
     """µs of CPU per no-op task in Celery's tracer, as a pool child runs it."""
     from celery.app.trace import build_tracer
 
-    app = make_app(VARIANTS[variant])
+    left_out = VARIANTS[variant]
+    app = make_app(left_out)
     task = app.tasks["profile_cost.noop"]
+    if left_out is not None and "Metrics" not in left_out:
+        from taskherd.worker.components import metrics
+
+        # What the Metrics component does at worker_init, its tasks imported, before the pool forks.
+        metrics.start_recording(app, base=tempfile.mkdtemp(prefix="profile-cost-"))
     trace = build_tracer(task.name, task, app=app, eager=False, propagate=False)
     requests = []
     for _ in range(tasks + tasks // 10):

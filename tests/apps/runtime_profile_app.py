@@ -5,6 +5,7 @@ TASKHERD_METRICS_PORT.
 """
 import os
 
+import celery
 from celery import Celery
 
 from taskherd.worker import PermanentError
@@ -23,3 +24,16 @@ def add(x: int, y: int) -> int:
 @app.task(name="runtime_profile.refuse")
 def refuse() -> None:
     raise PermanentError("never succeeds")
+
+
+class PlainTask(celery.Task):
+    """A task class of the app's own registered as an instance, so no taskherd Task: its metrics
+    come from Celery's signals while the app's other tasks record their own."""
+
+    name = "runtime_profile.plain"
+
+    def run(self) -> str:
+        return "plain"
+
+
+app.register_task(PlainTask())

@@ -1,4 +1,5 @@
 """The runtime installers alongside taskherd's reliability profile, configured through the environment."""
+import celery
 import httpx
 from celery import Celery
 
@@ -19,15 +20,60 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
     producer = Celery(broker=redis_url)
     producer.send_task("runtime_profile.add", args=(2, 3), queue=unique_name)
     producer.send_task("runtime_profile.refuse", queue=unique_name)
+    producer.send_task("runtime_profile.plain", queue=unique_name)
 
     def counted():
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         return [line for line in text.splitlines() if line.startswith("taskherd_tasks_total{")]
 
     # A permanent failure is dead-lettered: it counts as failed (Celery's signal) and as dead_lettered.
-    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 3)
+    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 4)
     assert sorted(lines) == [
         'taskherd_tasks_total{outcome="dead_lettered",task="runtime_profile.refuse"} 1.0',
         'taskherd_tasks_total{outcome="failed",task="runtime_profile.refuse"} 1.0',
-        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0']
+        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0',
+        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.plain"} 1.0']
+    # Each run timed once and out of flight: the taskherd Tasks time themselves, the plain one is
+    # timed by Celery's signals (connected because it is there), and neither counts twice.
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for task in ("add", "refuse", "plain"):
+        assert f'taskherd_task_runtime_seconds_count{{task="runtime_profile.{task}"}} 1.0' in text, task
+        assert f'taskherd_tasks_in_flight{{task="runtime_profile.{task}"}} 0.0' in text, task
     producer.close()
+
+
+def _connected() -> set[str]:
+    """The per-task signals the Metrics component's receivers are connected to (by dispatch_uid)."""
+    from celery import signals
+
+    return {signal.name for signal in (signals.task_prerun, signals.task_postrun)
+            if any(key[0] == f"taskherd.metrics.{signal.name}" for key, _ in signal.receivers)}
+
+
+def test_per_task_signals_are_dispatched_only_for_tasks_that_do_not_time_themselves():
+    """Celery's tracer dispatches task_prerun/task_postrun (a few µs each per task) only when they
+    have a receiver: with every task a taskherd Task, the worker connects none."""
+    from taskherd.worker.components import metrics
+    from taskherd.worker.profile import configure
+
+    app = Celery("only_taskherd_tasks", set_as_current=False)
+    configure(app, queues=["q"])
+
+    @app.task(name="only.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    class Plain(celery.Task):
+        name = "only.plain"
+
+        def run(self) -> None:
+            return None
+
+    assert _connected() == {"task_prerun", "task_postrun"}, "connected at install, decided at worker_init"
+    try:
+        metrics._per_task_signals(app)
+        assert not _connected(), "no receiver is needed: every task times itself"
+    finally:
+        app.register_task(Plain())
+        metrics._per_task_signals(app)  # and back, for the tests after this one in this process
+    assert _connected() == {"task_prerun", "task_postrun"}

@@ -7,7 +7,8 @@ Metrics (all labelled by ``task`` name):
   ``retried`` only); ``rejected`` from ``task_rejected``/``task_unknown``. Modules that decide an
   outcome Celery does not signal call ``record_outcome(task_name, "dead_lettered")`` (or
   ``"rejected"``). A failure that is then dead-lettered counts once in each.
-- ``taskherd_task_runtime_seconds`` — histogram, task_prerun to task_postrun in the pool child.
+- ``taskherd_task_runtime_seconds`` — histogram, the task's run (its body, retries and failures
+  included) timed in the pool child.
 - ``taskherd_task_queue_wait_seconds`` — histogram, start of execution minus the publish stamp
   (header ``taskherd_published_at``, epoch seconds, set by taskherd.worker.stamping); messages
   without the stamp are skipped.
@@ -112,8 +113,10 @@ class TaskMetrics:
 
 
 _default: TaskMetrics | None = None
-#: task id -> monotonic start, in the pool child running it.
-_started: dict[str, float] = {}
+#: Set at worker_init (main process, inherited by the pool children): the Metrics component is on.
+_recording = False
+#: task id -> monotonic start, in the pool child running it (tasks timed by the signals).
+_started: dict[str, float | None] = {}
 
 
 def default_metrics() -> TaskMetrics:
@@ -276,26 +279,88 @@ def _task_name(sender: Any, task: Any = None) -> str:
     return getattr(task or sender, "name", None) or "unknown"
 
 
+def recording() -> bool:
+    """Whether this process is a worker's (or its pool child's) with the Metrics component."""
+    return _recording
+
+
+def task_started(task: Any) -> float | None:
+    """In the process running the task, as its body starts: one more in flight, and its queue
+    wait. Returns the start (monotonic) for `task_ended`; None if the samples could not be written
+    (logged: a metric never fails a task). The taskherd Task calls this and `task_ended` itself
+    (taskherd.worker.task), so Celery's task_prerun and task_postrun have no receiver and the tracer
+    does not dispatch them (`_per_task_signals`)."""
+    try:
+        metrics, name = default_metrics(), task.name
+        metrics.labelled("in_flight", name).inc()
+        stamp = published_at(task.request)
+        if stamp is not None:
+            metrics.labelled("queue_wait", name).observe(max(0.0, time.time() - stamp))
+        return time.monotonic()
+    except Exception:
+        logger.exception("taskherd: could not record the start of %s in its metrics", getattr(task, "name", task))
+        return None
+
+
+def task_ended(task: Any, started: float | None, *, succeeded: bool) -> None:
+    """In the process running the task, as its body ended (raised or returned) after `task_started`."""
+    if started is None:
+        return
+    try:
+        metrics, name = default_metrics(), task.name
+        if succeeded:
+            metrics.labelled("tasks", name, "succeeded").inc()
+        metrics.labelled("runtime", name).observe(time.monotonic() - started)
+        metrics.labelled("in_flight", name).dec()
+    except Exception:
+        logger.exception("taskherd: could not record the end of %s in its metrics", getattr(task, "name", task))
+
+
+def records_its_own_metrics(task: Any) -> bool:
+    """Whether `task` calls `task_started`/`task_ended` itself (a taskherd Task run by a worker)."""
+    return bool(getattr(task, "records_its_own_metrics", False))
+
+
+# The same two records from Celery's signals, for tasks that do not record their own (a class of
+# the app's own that is no taskherd Task): connected only while such a task is registered.
 def _on_prerun(sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    metrics, name = default_metrics(), _task_name(sender, task)
-    _started[task_id] = time.monotonic()
-    metrics.labelled("in_flight", name).inc()
-    stamp = published_at(getattr(task or sender, "request", None))
-    if stamp is not None:
-        metrics.labelled("queue_wait", name).observe(max(0.0, time.time() - stamp))
+    task = task or sender
+    if _recording and task is not None and not records_its_own_metrics(task):
+        _started[task_id] = task_started(task)
 
 
 def _on_postrun(sender: Any = None, task_id: str | None = None, task: Any = None, state: str | None = None,
                 **_: Any) -> None:
-    metrics, name = default_metrics(), _task_name(sender, task)
-    # Successes are counted here rather than on task_success: a signal nobody listens to is not
-    # sent at all (celery.app.trace), and its dispatch cost as much as the count.
-    if state == SUCCESS:
-        metrics.labelled("tasks", name, "succeeded").inc()
+    task = task or sender
     started = _started.pop(task_id, None)
-    if started is not None:
-        metrics.labelled("runtime", name).observe(time.monotonic() - started)
-        metrics.labelled("in_flight", name).dec()
+    if task is not None and started is not None:
+        task_ended(task, started, succeeded=state == SUCCESS)
+
+
+def start_recording(app: Celery, *, base: str | None = None) -> str:
+    """What the Metrics component does at worker_init, in the main process before the pool forks:
+    a fresh multiprocess directory (returned), the process's metric objects, and the per-task
+    records switched on. The children inherit all three."""
+    global _default, _recording
+    directory = prepare_multiprocess_dir(base=base)
+    _default = TaskMetrics(registry=None)
+    _recording = True
+    _per_task_signals(app)
+    return directory
+
+
+def _per_task_signals(app: Celery) -> None:
+    """Connects task_prerun/task_postrun only if a task of `app` does not record its own metrics:
+    each dispatch costs a few µs per task even when its receiver returns at once. Called in the
+    main process at worker_init, after the app's task modules were imported and before the pool
+    forks, so the children inherit the choice."""
+    connect = any(not records_its_own_metrics(task) for task in app.tasks.values())
+    for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun)):
+        uid = f"taskherd.metrics.{signal.name}"
+        if connect:
+            signal.connect(handler, weak=False, dispatch_uid=uid)
+        else:
+            signal.disconnect(handler, dispatch_uid=uid)
 
 
 def _on_failure(sender: Any = None, **_: Any) -> None:
@@ -349,9 +414,7 @@ class Metrics(Component):
         def on_worker_init(sender: Any = None, **_: Any) -> None:  # main process, before the pool forks
             if getattr(sender, "app", app) is not app:
                 return
-            global _default
-            state["directory"] = prepare_multiprocess_dir(base=directory)
-            _default = TaskMetrics(registry=None)
+            state["directory"] = start_recording(app, base=directory)
 
         def on_worker_ready(sender: Any = None, **_: Any) -> None:  # main process, consumer connected
             if getattr(sender, "app", app) is not app or not port or "server" in state or "directory" not in state:
