@@ -44,9 +44,8 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, Time
 from celery.worker.request import Request as CeleryRequest
 
 from . import child_deaths, deliveries, soft_limit
-from .components import recovery
 from .backoff import backoff_delay
-from .components import metrics
+from .components import metrics, recovery
 from .components.metrics import record_outcome
 from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
