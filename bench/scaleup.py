@@ -19,9 +19,9 @@ Each round scales 1 -> N (6) and times, per new pod (host clock; the local clust
 Pod events come from a `kubectl get pods --watch`, the worker's own timestamps from
 bench/cluster_app.py. Variants (the pool's values): the chart's former defaults as the baseline
 (exec probes, startup every 5 s, readiness every 10 s; Celery's mingle and gossip on), HTTP probes
-with mingle and gossip, the chart's defaults (HTTP probes every second, `--without-mingle
---without-gossip`), then `taskherd worker` instead of Celery's command line. Medians over rounds;
-"all N" is the last of the new pods.
+with mingle and gossip, the chart's defaults (HTTP probes every second, `taskherd worker
+--without-mingle --without-gossip`), and those through Celery's command line (`celery worker`, the
+chart's command before `taskherd worker`). Medians over rounds; "all N" is the last of the new pods.
 
 By default the pods run THIS checkout's worker package: its modules are compiled here and mounted
 over the image's (a ConfigMap of sourceless .pyc files first on PYTHONPATH), so a change to the
@@ -52,9 +52,9 @@ from autoscaling import measured_starts_path
 from cluster_bench import Release
 
 QUEUE = "scaleup"
-#: `celery worker`'s options as the chart renders them for this pool (for the variants that replace the command)
-WORKER_OPTIONS = ["--app=cluster_app", f"--queues={QUEUE}", "--concurrency=2", "--loglevel=INFO",
-                  "--soft-time-limit=20", "--time-limit=30", "--max-tasks-per-child=1000"]
+#: the worker's options as the chart renders them for this pool (for the variant that replaces the command)
+WORKER_OPTIONS = [f"--queues={QUEUE}", "--concurrency=2", "--loglevel=INFO", "--soft-time-limit=20",
+                  "--time-limit=30", "--max-tasks-per-child=1000", "--without-mingle", "--without-gossip"]
 #: pool values of each variant (merged over the chart's defaults)
 VARIANTS = {
     "exec probes 5 s / 10 s with mingle and gossip (before)": {
@@ -62,8 +62,8 @@ VARIANTS = {
         "probes": {"type": "exec", "startup": {"periodSeconds": 5, "failureThreshold": 60},
                    "readiness": {"periodSeconds": 10}}},
     "HTTP probes with mingle and gossip": {"mingle": True, "gossip": True},
-    "chart defaults": {},  # HTTP probes every second, without mingle and gossip
-    "+ taskherd worker": {"command": ["taskherd", "worker", *WORKER_OPTIONS, "--without-mingle", "--without-gossip"]},
+    "chart defaults": {},  # HTTP probes every second, `taskherd worker` without mingle and gossip
+    "celery command line": {"command": ["celery", "--app=cluster_app", "worker", *WORKER_OPTIONS]},
 }
 PHASES = (("schedule", "scale_call", "bound"), ("container start", "bound", "process_started"),
           ("imports", "process_started", "worker_init"), ("broker connect", "worker_init", "connected"),

@@ -24,10 +24,12 @@ HTTP probe asks) first answered 200, polled every 20 ms.
 
 Variants, alternated within each round so the machine's noise hits all alike: vanilla Celery (the
 same app without configure(), Celery's command line, the chart's options) as the baseline; the
-chart's default command (`celery --app=... worker ...`); `taskherd worker` with the same options;
-and that without mingle and gossip. Medians over rounds. `--variants "taskherd worker,taskherd worker
-without GcFreeze"` measures what a component costs or saves. (The host's virtualenv has PyYAML, for the
-tests; the worker image does not: kombu imports it when present, ~30 ms of CPU the pod does not pay.)
+taskherd app through Celery's command line (`celery --app=... worker`, the chart's command until
+this variant showed what it cost); the chart's command as it renders now (`taskherd worker ...`);
+and that with mingle and gossip (a pool's `mingle: true`, `gossip: true`). Medians over rounds.
+`--variants "chart command,chart command without GcFreeze"` measures what a component costs or
+saves. (The host's virtualenv has PyYAML, for the tests; the worker image does not: kombu imports
+it when present, ~30 ms of CPU the pod does not pay.)
 
     source scripts/services.sh env && .venv/bin/python bench/worker_boot.py [--rounds 7] [--variants ...]
     .venv/bin/python bench/worker_boot.py --imports [--rounds 7]   # what the worker imports, by CPU
@@ -67,7 +69,7 @@ PHASES = (("interpreter, CLI, Celery", None, "celery_imported"), ("taskherd impo
 #: the pool as bench/scaleup.py deploys it (concurrency 2, the limits its tasks need)
 POOL = {"name": "boot", "app": APP, "queues": [QUEUE], "concurrency": 2, "logLevel": "INFO",
         "timeLimits": {"softSeconds": 20, "hardSeconds": 30}}
-VARIANTS = ("vanilla celery", "chart command", "taskherd worker", "taskherd worker (no mingle/gossip)")
+VARIANTS = ("vanilla celery", "celery command line", "chart command", "chart command with mingle and gossip")
 
 
 def chart_container() -> tuple[list[str], dict[str, str]]:
@@ -96,17 +98,20 @@ def variant_command(variant: str, chart_command: list[str]) -> tuple[list[str], 
         base, left_out = variant.rsplit(" without ", 1)
         argv, extra = variant_command(base, chart_command)
         return argv, {**extra, "WORKER_BOOT_WITHOUT": left_out.replace("+", ",")}
-    celery_options = chart_command[chart_command.index("worker") + 1:]
-    app = [a for a in chart_command if a.startswith("--app=")]
+    options = chart_command[chart_command.index("worker") + 1:]
+    app = [a for a in options if a.startswith("--app=")]
+    celery_options = [a for a in options if not a.startswith("--app=")]
     if variant == "vanilla celery":
         return [sys.executable, "-m", "celery", *app, "worker", *celery_options], {"WORKER_BOOT_VANILLA": "1"}
+    if variant == "celery command line":
+        return [sys.executable, "-m", "celery", *app, "worker", *celery_options], {}
+    # The chart's command, run by this checkout's interpreter: `taskherd` is taskherd.cli's entry point.
+    module = {"taskherd": "taskherd.cli", "celery": "celery"}[chart_command[0]]
+    chart = [sys.executable, "-m", module, *chart_command[1:]]
     if variant == "chart command":
-        return [sys.executable, "-m", "celery", *chart_command[1:]], {}
-    taskherd = [sys.executable, "-m", "taskherd.cli", "worker", *app, *celery_options]
-    if variant == "taskherd worker":
-        return taskherd, {}
-    if variant == "taskherd worker (no mingle/gossip)":
-        return [*taskherd, "--without-mingle", "--without-gossip"], {}
+        return chart, {}
+    if variant == "chart command with mingle and gossip":
+        return [a for a in chart if a not in ("--without-mingle", "--without-gossip")], {}
     raise SystemExit(f"--variants: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
 
 

@@ -94,7 +94,7 @@ def test_worker_pod_drains_probes_the_heartbeat_and_reads_the_broker_from_the_se
         assert "emptyDir" in volumes[mounts[path]], path
     assert {"name": "metrics", "containerPort": 9891, "protocol": "TCP"} in c["ports"]
     assert env["TASKHERD_METRICS_PORT"] == "9891"
-    assert c["command"][:4] == ["celery", "--app=tasks", "worker", "--queues=celery"]
+    assert c["command"][:4] == ["taskherd", "worker", "--app=tasks", "--queues=celery"]
     # Workers never talk to the API server: no token in their pods.
     assert pod["automountServiceAccountToken"] is False
 
@@ -546,3 +546,26 @@ def test_workers_boot_without_mingle_and_gossip_unless_a_pool_asks_for_them():
     assert "--without-mingle" not in revokes and "--without-gossip" in revokes
     refused = render_error(values={**BROKER, "workerPools": [{"name": "p", "app": "a", "extraArgs": ["--without-mingle"]}]})
     assert 'workerPools[0].extraArgs[0]="--without-mingle" is refused: set mingle instead' in refused
+
+
+def test_taskherd_worker_takes_every_option_the_chart_renders():
+    # `taskherd worker` hands a command line with an option it does not know to Celery's own (and
+    # its start-up cost): nothing the chart derives from values may send every pod down that path.
+    from taskherd.commands.worker import parser, worker_options
+
+    values = {**BROKER, "workerPools": [
+        {"name": "every", "app": "shop.tasks:app", "queues": ["a", "b"], "concurrency": 3, "logLevel": "DEBUG",
+         "maxTasksPerChild": 50, "maxMemoryPerChildKb": 200000, "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
+        {"name": "chatty", "app": "shop.tasks", "queues": ["c"], "mingle": True, "gossip": True,
+         "extraArgs": ["-O", "fair", "--without-heartbeat"]}]}
+    deployments = by_kind(render(values=values), "Deployment")
+    every = container(deployments["th-taskherd-every"], WORKER)["command"]
+    chatty = container(deployments["th-taskherd-chatty"], WORKER)["command"]
+    for command in (every, chatty):
+        assert command[:2] == ["taskherd", "worker"]
+        args, unknown = parser().parse_known_args(command[2:])
+        assert unknown == [], command
+    assert worker_options(parser().parse_args(every[2:])) == {
+        "queues": ["a", "b"], "concurrency": 3, "loglevel": "DEBUG", "soft_time_limit": 50.0, "time_limit": 60.0,
+        "max_tasks_per_child": 50, "max_memory_per_child": 200000, "without_mingle": True, "without_gossip": True}
+    assert worker_options(parser().parse_args(chatty[2:]))["optimization"] == "fair"
