@@ -41,8 +41,8 @@ tag:
   re: '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$'
   valid: 'an image tag: at most 128 letters, digits, "_", "." and "-", not starting with "." or "-"'
 queue:
-  re: '^[^,\s]+$'
-  valid: 'a queue name without commas or whitespace (the chart joins queue names with commas)'
+  re: '^[^,\s\p{Z}\p{Cc}]+$'
+  valid: 'a queue name without commas, whitespace or control characters (the chart joins queue names with commas and writes them into YAML)'
 celeryApp:
   re: '^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)?$'
   valid: 'a Python module path, optionally with :attribute (myproject.celery or myproject.celery:app)'
