@@ -79,3 +79,40 @@ def test_a_deleted_pods_child_deaths_stay_listed():
     deps.clock.t += TERMINATIONS_EVERY_SECONDS
     status = pool.poll()
     assert [(t["pod"], t["count"]) for t in status["recentTerminations"]] == [("w0", 3)]
+
+
+class CountingKube(FakeKube):
+    event_lists = 0
+
+    async def list_pod_events(self, namespace):
+        self.event_lists += 1
+        return await super().list_pod_events(namespace)
+
+
+def test_a_pod_the_scale_down_removes_has_its_deaths_listed_first():
+    # An idle pod whose pool processes were just killed is the one a scale-down removes first
+    # (lowest deletion cost); if its deaths waited for the next 30 s report they would go with it.
+    # The busyness reading before the scale-down reads them (the same /metrics text).
+    readings: dict[str, list] = {}
+    broker = FakeBroker(Observation(ready=15, unacked=0))
+    kube = CountingKube(replicas={"workers": 3}, pods=[running_pod("w0"), running_pod("w1"), running_pod("w2")])
+    deps = make_deps(kube, broker, child_deaths=readings, clock=Clock(T0))
+    pool = PolledPool(deps, pool_body(minReplicas=0, scaleDownStabilizationSeconds=0))
+    status = pool.poll()  # 3 workers for 15 messages; the first report (nothing died)
+    assert status["recentTerminations"] == [] and kube.event_lists == 1
+
+    readings["w0"] = [ChildDeaths("mailer.send", "SIGKILL", 2, T0 + 3)]
+    broker.observation = Observation(ready=0, unacked=0)
+    deps.clock.t += 5  # long before the next report is due
+    status = pool.poll()
+    assert kube.scale_calls == [0], "the queue is empty: the pool scales down"
+    assert [(t["pod"], t["process"], t["reason"], t["count"]) for t in status["recentTerminations"]] == [
+        ("w0", "pool-child", "SIGKILL", 2)]
+    assert [e[1] for e in kube.posted_events if e[1].startswith("PoolChild")] == ["PoolChildDied"]
+    assert kube.event_lists == 1, "the pods' Events are still listed every 30 s only"
+
+    kube.pods, readings = [], {}
+    deps.clock.t += TERMINATIONS_EVERY_SECONDS
+    status = pool.poll()  # the full report, the pod gone: its deaths stay listed, announced once
+    assert [(t["pod"], t["count"]) for t in status["recentTerminations"]] == [("w0", 2)]
+    assert len([e for e in kube.posted_events if e[1].startswith("PoolChild")]) == 1

@@ -2,7 +2,7 @@
 
 Reads the spec, the queues (through the broker Secret), the scale subresource of the target, and
 the worker pods when they matter (their busyness before a possible scale-down, their terminations
-and the pool-child deaths their workers counted every TERMINATIONS_EVERY_SECONDS). A failed read
+every TERMINATIONS_EVERY_SECONDS, and the pool-child deaths their workers counted at both). A failed read
 becomes a `Problem` in the snapshot, never an exception: the plan turns it into a condition.
 """
 from __future__ import annotations
@@ -77,10 +77,14 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
             read["busyness"] = tuple(await read_busyness(pods, deps.busyness))
             read["cost_annotations"] = {p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(ANNOTATION)
                                         for p in pods}
-        if pods is not None and want_terminations:
+        # Pool-child deaths are read with every busyness reading too (the same /metrics text): a
+        # pod this poll may remove would take its unreported deaths with it, and an idle pod whose
+        # children were just killed is the one a scale-down removes first.
+        if pods is not None and (want_terminations or want_busyness):
             try:
-                read["pod_events"] = tuple(await deps.kube.list_pod_events(namespace))
-                read["pods"] = tuple(pods)
+                if want_terminations:
+                    read["pod_events"] = tuple(await deps.kube.list_pod_events(namespace))
+                    read["pods"] = tuple(pods)
                 if deps.child_deaths is not None:  # a pod that cannot be read is left out
                     read["child_deaths"] = {pod: tuple(deaths) for pod, deaths in
                                             (await read_child_deaths(pods, deps.child_deaths)).items()}

@@ -60,7 +60,7 @@ class Snapshot:
     #: worker pods and their Events, when the termination report was due and could be read.
     pods: tuple[Mapping[str, Any], ...] | None = None
     pod_events: tuple[Mapping[str, Any], ...] = ()
-    #: running pod name -> the pool-child deaths its worker counted, read with the pods
+    #: running pod name -> the pool-child deaths its worker counted, read with the pods or the busyness
     child_deaths: Mapping[str, tuple[ChildDeaths, ...]] = field(default_factory=dict)
     #: what could not be read, by kind (the `kind` label of taskherd_operator_errors_total).
     errors: tuple[str, ...] = ()
@@ -217,7 +217,7 @@ def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
 
     if snapshot.scale is not None:
         _plan_scale(result, spec, snapshot, memory)
-    if snapshot.pods is not None:
+    if snapshot.pods is not None or snapshot.child_deaths:
         _plan_terminations(result, snapshot)
     _plan_pages(result, spec, observation, now)
     if observation is not None:
@@ -275,9 +275,12 @@ def _plan_terminations(result: Plan, snapshot: Snapshot) -> None:
     """The termination report, and a Warning Event for each pool child's death it lists for the first
     time (the kubelet's own Events already tell of container terminations)."""
     before = {termination_key(t) for t in result.memory.terminations}
-    report = recent_terminations(snapshot.pods, snapshot.pod_events, result.memory.terminations,
+    report = recent_terminations(snapshot.pods or (), snapshot.pod_events, result.memory.terminations,
                                  pool_children=child_death_entries(snapshot.child_deaths))
-    result.memory = replace(result.memory, terminations_read_at=snapshot.now, terminations=report)
+    # Only the whole report (pods and their Events) restarts its cadence; deaths read with the
+    # busyness alone do not.
+    read_at = snapshot.now if snapshot.pods is not None else result.memory.terminations_read_at
+    result.memory = replace(result.memory, terminations_read_at=read_at, terminations=report)
     for entry in reversed(report):  # oldest first, as they happened
         if entry.get("process") and termination_key(entry) not in before:
             result.events.append(EventSpec("Warning", *describe(entry)))
