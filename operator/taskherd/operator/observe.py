@@ -2,8 +2,9 @@
 
 Reads the spec, the queues (through the broker Secret), the scale subresource of the target, and
 the worker pods when they matter (their busyness before a possible scale-down, their terminations
-every TERMINATIONS_EVERY_SECONDS, and the pool-child deaths their workers counted at both). A failed read
-becomes a `Problem` in the snapshot, never an exception: the plan turns it into a condition.
+every TERMINATIONS_EVERY_SECONDS, and the pool-child deaths their workers counted at both). A
+failed read becomes a `Problem` in the snapshot, never an exception: the plan turns it into a
+condition.
 """
 from __future__ import annotations
 
