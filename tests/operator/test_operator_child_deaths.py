@@ -111,7 +111,8 @@ def test_a_pod_the_scale_down_removes_has_its_deaths_listed_first():
     assert [e[1] for e in kube.posted_events if e[1].startswith("PoolChild")] == ["PoolChildDied"]
     assert kube.event_lists == 1, "the pods' Events are still listed every 30 s only"
 
-    kube.pods, readings = [], {}
+    kube.pods = []
+    readings.clear()
     deps.clock.t += TERMINATIONS_EVERY_SECONDS
     status = pool.poll()  # the full report, the pod gone: its deaths stay listed, announced once
     assert [(t["pod"], t["count"]) for t in status["recentTerminations"]] == [("w0", 2)]
