@@ -101,10 +101,11 @@ def variant_command(variant: str, chart_command: list[str]) -> tuple[list[str], 
     options = chart_command[chart_command.index("worker") + 1:]
     app = [a for a in options if a.startswith("--app=")]
     celery_options = [a for a in options if not a.startswith("--app=")]
+    celery = [sys.executable, "-m", "celery", *app, "worker", *celery_options]
     if variant == "vanilla celery":
-        return [sys.executable, "-m", "celery", *app, "worker", *celery_options], {"WORKER_BOOT_VANILLA": "1"}
+        return celery, {"WORKER_BOOT_VANILLA": "1"}
     if variant == "celery command line":
-        return [sys.executable, "-m", "celery", *app, "worker", *celery_options], {}
+        return celery, {}
     # The chart's command, run by this checkout's interpreter: `taskherd` is taskherd.cli's entry point.
     module = {"taskherd": "taskherd.cli", "celery": "celery"}[chart_command[0]]
     chart = [sys.executable, "-m", module, *chart_command[1:]]

@@ -563,7 +563,7 @@ def test_taskherd_worker_takes_every_option_the_chart_renders():
     chatty = container(deployments["th-taskherd-chatty"], WORKER)["command"]
     for command in (every, chatty):
         assert command[:2] == ["taskherd", "worker"]
-        args, unknown = parser().parse_known_args(command[2:])
+        _, unknown = parser().parse_known_args(command[2:])
         assert unknown == [], command
     assert worker_options(parser().parse_args(every[2:])) == {
         "queues": ["a", "b"], "concurrency": 3, "loglevel": "DEBUG", "soft_time_limit": 50.0, "time_limit": 60.0,
