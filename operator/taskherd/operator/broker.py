@@ -9,9 +9,10 @@ only serialise. The observer is injectable: the observe step of a poll takes any
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from taskherd.queues import REDIS_SCHEMES
@@ -24,6 +25,8 @@ from .status import redact
 
 if TYPE_CHECKING:
     from taskherd.queues import QueueStats
+
+log = logging.getLogger("taskherd.operator")
 
 ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
 #: a Secret is re-read at most this often (a rotated URL is picked up within this delay).
@@ -80,19 +83,21 @@ class BrokerObserver:
         """`taskherd.queues.inspect_queues`, except that Redis clients are kept between polls:
         a new connection per poll cost 2 ms of the 3 ms CPU of a poll (bench/operator_scale.py)."""
         if urlsplit(url).scheme in KEPT_CLIENT_SCHEMES:
-            import redis
-
             from taskherd.queues.redis import inspect_redis
-            with self._lock:
-                client = self._redis_clients.get(url)
-                if client is None:
-                    if len(self._redis_clients) >= MAX_REDIS_CLIENTS:  # a rotated URL leaves its old client
-                        self._redis_clients.pop(next(iter(self._redis_clients))).close()
-                    client = self._redis_clients[url] = redis.Redis.from_url(
-                        url, socket_timeout=10, socket_connect_timeout=5)
-            return inspect_redis(url, queues, global_keyprefix=global_keyprefix, client=client)
+            return inspect_redis(url, queues, global_keyprefix=global_keyprefix, client=self._redis_client(url))
         from taskherd.queues import inspect_queues
         return inspect_queues(url, queues, management_url=management_url, global_keyprefix=global_keyprefix)
+
+    def _redis_client(self, url: str) -> Any:
+        import redis
+        with self._lock:
+            client = self._redis_clients.get(url)
+            if client is None:
+                if len(self._redis_clients) >= MAX_REDIS_CLIENTS:  # a rotated URL leaves its old client
+                    self._redis_clients.pop(next(iter(self._redis_clients))).close()
+                client = self._redis_clients[url] = redis.Redis.from_url(
+                    url, socket_timeout=10, socket_connect_timeout=5)
+            return client
 
     async def _secret(self, namespace: str, name: str) -> dict[str, str]:
         cached = self._secrets.get((namespace, name))
@@ -108,13 +113,43 @@ class BrokerObserver:
         self._secrets[(namespace, name)] = (self._clock(), data)
         return data
 
-    async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
+    async def _address(self, namespace: str, broker: BrokerSpec) -> BrokerAddress:
         secret = await self._secret(namespace, broker.secret_name)
         if broker.secret_key not in secret:
             raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} "
                                    f"(keys: {sorted(secret)})", reason="SecretKeyMissing")
         management = secret.get(broker.management_url_key) if broker.management_url_key else None
-        address = BrokerAddress(secret[broker.secret_key], management, broker.global_keyprefix)
+        return BrokerAddress(secret[broker.secret_key], management, broker.global_keyprefix)
+
+    async def ready_counts(self, pools: Sequence[tuple[str, BrokerSpec]]) -> list[int | None]:
+        """The ready messages of each pool's work queues (namespace, broker), for the early notice
+        (early_notice.py): one command per Redis broker for all of its pools, with the clients the
+        polls keep. None for a pool this cannot count cheaply (RabbitMQ: a request per queue, what
+        a poll costs) or whose broker did not answer: its regular poll reports why."""
+        addresses = await asyncio.gather(*(self._address(ns, broker) for ns, broker in pools), return_exceptions=True)
+        by_address: dict[BrokerAddress, list[int]] = {}
+        for index, address in enumerate(addresses):
+            if isinstance(address, BrokerAddress) and urlsplit(address.url).scheme in KEPT_CLIENT_SCHEMES:
+                by_address.setdefault(address, []).append(index)
+        counts: list[int | None] = [None] * len(pools)
+
+        async def count(address: BrokerAddress, indexes: list[int]) -> None:
+            from taskherd.queues.redis import ready_counts
+            queues = list(dict.fromkeys(q for i in indexes for q in pools[i][1].queues))
+            try:
+                ready = await asyncio.to_thread(ready_counts, self._redis_client(address.url), queues,
+                                                global_keyprefix=address.global_keyprefix)
+            except Exception:  # noqa: BLE001 - the pool's own poll observes and reports it
+                log.debug("early notice: Redis at %s not counted", redact(address.url), exc_info=True)
+                return
+            for i in indexes:
+                counts[i] = sum(ready[q] for q in pools[i][1].queues)
+
+        await asyncio.gather(*(count(address, indexes) for address, indexes in by_address.items()))
+        return counts
+
+    async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
+        address = await self._address(namespace, broker)
         queues = list(broker.queues) + list(broker.dead_letter_queues)
         try:
             # the URLs inspect_queues reads with one Redis pipeline (its own scheme list, not the contract's)

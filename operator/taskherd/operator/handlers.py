@@ -47,13 +47,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     writer = kube.DryRunKube(api) if config.dry_run else api
     # One request per pod and poll, for the few series the two readers use.
     worker_metrics = WorkerMetrics(port=config.worker_metrics_port, names=READING_SAMPLES + DEATH_SAMPLES)
-    deps = Deps(kube=writer, observe=BrokerObserver(kube=api),
+    observer = BrokerObserver(kube=api)
+    deps = Deps(kube=writer, observe=observer,
                 busyness=MetricsBusynessReader(worker_metrics),
                 child_deaths=MetricsChildDeathReader(worker_metrics),
                 poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
                 default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector
-    memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading)
+    memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading,
+                                   ready_counts=observer.ready_counts)
     memo.tasks = [asyncio.create_task(elector.run()), asyncio.create_task(memo.scheduler.run())]
     logger.info("taskherd operator %s watching %s (leader election %s%s)", config.identity, config.namespaces,
                 "on" if isinstance(elector, LeaderElector) else "off", ", DRY RUN" if config.dry_run else "")

@@ -53,6 +53,8 @@ class PollResult:
     scaled: bool = False
     paged: int = 0
     errors: list[str] = field(default_factory=list)
+    #: the target's replicas after this poll (None when they could not be read)
+    replicas: int | None = None
 
 
 async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> PollResult:
@@ -76,5 +78,7 @@ async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> Pol
         log.info("%s: scaled %s", where, planned.scale.describe())
     if planned.conditions.transitions:
         log.info("%s: %s", where, "; ".join(planned.conditions.transitions))
+    replicas = (planned.scale.replicas if outcome.scaled and planned.scale is not None
+                else snapshot.scale.replicas if snapshot.scale is not None else None)
     return PollResult(memory=kept, status=None if "status" in errors else status, scaled=outcome.scaled,
-                      paged=outcome.delivered, errors=errors)
+                      paged=outcome.delivered, errors=errors, replicas=replicas)

@@ -6,16 +6,21 @@ handler keeps `upsert`/`remove` in step with the API, and one loop runs whicheve
 a bounded number at a time, only while this replica holds the leader Lease. The polls started
 together form one round, summed up in one log line when the round ends (kube-janitor's
 `completed: k=v` line): `poll completed: pools=3 scaled=1 paged=0 errors=0`.
+
+Between polls, the early notice (early_notice.py) counts the ready messages of the Redis pools
+every second and brings forward the poll of a pool that a burst has outgrown.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .early_notice import PROBE_SECONDS, ReadyCountsFn, candidate, outgrows
 from .plan import PoolMemory
 from .policy import DEFAULT_POLL_INTERVAL_SECONDS
 from .poll import Deps, PollResult, poll_once
@@ -64,13 +69,22 @@ class PoolEntry:
     task: asyncio.Task | None = None
     #: the spec or a pause annotation changed while a poll was running: poll again when it ends.
     changed: bool = False
+    #: the target's replicas after the last poll (None until a poll read them)
+    replicas: int | None = None
+    #: when the early notice last brought this pool's poll forward
+    brought_forward_at: float = -math.inf
 
 
 class PoolScheduler:
     def __init__(self, *, deps: Deps, is_leading: Callable[[], bool] = lambda: True,
                  concurrency: int = DEFAULT_CONCURRENCY, tick: float = TICK_SECONDS,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 ready_counts: ReadyCountsFn | None = None) -> None:
         self.deps = deps
+        #: the early notice's count (early_notice.py); None: pools wait for their polls
+        self.ready_counts = ready_counts
+        self._probe: asyncio.Task | None = None
+        self._probed_at = -math.inf
         self.is_leading = is_leading
         self.tick = tick
         self._monotonic = monotonic
@@ -109,6 +123,7 @@ class PoolScheduler:
                 result = None
             else:
                 entry.memory = result.memory
+                entry.replicas = result.replicas
                 if result.status is not None:
                     # Our own status write comes back as a watch event later; use it now.
                     entry.body["status"] = merge_patch(entry.body.get("status") or {}, result.status)
@@ -143,7 +158,40 @@ class PoolScheduler:
                 polls.append(entry.task)
         return [asyncio.create_task(self._round(polls))] if polls else []
 
+    def start_probe(self) -> asyncio.Task | None:
+        """Start the early notice's count if it is time and the last one ended; returns it."""
+        now = self._monotonic()
+        if (self.ready_counts is None or not self._was_leading or now - self._probed_at < PROBE_SECONDS
+                or (self._probe is not None and not self._probe.done())):
+            return None
+        self._probed_at = now
+        self._probe = asyncio.create_task(self._bring_forward(now))
+        return self._probe
+
+    async def _bring_forward(self, now: float) -> None:
+        """Count the candidates' ready messages; a pool they outgrow is polled on the next tick."""
+        chosen = []
+        for entry in self.pools.values():
+            running = entry.task is not None and not entry.task.done()
+            found = None if running else candidate(
+                entry.body, replicas=entry.replicas, next_due=entry.next_due,
+                brought_forward_at=entry.brought_forward_at, interval=poll_interval(entry.body), now=now)
+            if found is not None:
+                chosen.append((entry, found))
+        if not chosen:
+            return
+        try:
+            counts = await self.ready_counts([(found.namespace, found.broker) for _, found in chosen])
+        except Exception:  # noqa: BLE001 - the regular polls go on and report the broker
+            log.debug("early notice: count failed", exc_info=True)
+            return
+        for (entry, found), ready in zip(chosen, counts):
+            # a poll that started meanwhile read the queues itself
+            if ready is not None and (entry.task is None or entry.task.done()) and outgrows(ready, found.replicas, found.policy):
+                entry.next_due = entry.brought_forward_at = self._monotonic()
+
     async def run(self) -> None:
         while True:
             self.start_due()
+            self.start_probe()
             await asyncio.sleep(self.tick)

@@ -47,6 +47,28 @@ end
 return out
 """
 
+#: The ready count of each queue (its priority lists summed) by one command, for the operator's
+#: early notice (operator/early_notice.py): ARGV = prefix, separator, steps, then the queue names.
+#: The keys are built here rather than sent (a queue's four keys packed by redis-py cost 2.5x the
+#: CPU of its name: 7.7 vs 3.1 ms for 1,000 queues); kombu's Redis transport is standalone Redis,
+#: where undeclared keys are allowed. It only reads.
+READY_COUNTS_SCRIPT = """
+local prefix, sep = ARGV[1], ARGV[2]
+local steps = {}
+for step in string.gmatch(ARGV[3], '%d+') do steps[#steps + 1] = step end
+local out = {}
+for i = 4, #ARGV do
+  local n = 0
+  for _, step in ipairs(steps) do
+    local key = prefix .. ARGV[i]
+    if step ~= '0' then key = key .. sep .. step end
+    n = n + redis.call('LLEN', key)
+  end
+  out[#out + 1] = n
+end
+return out
+"""
+
 
 def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
     """The Redis keys holding ``queue``'s ready messages, one per priority step."""
@@ -144,6 +166,29 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
             oldest_age_error_seconds=0.0 if published is not None else None,
         )
     return result
+
+
+def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keyprefix: str = "",
+                 priority_steps: Iterable[int] = PRIORITY_STEPS) -> dict[str, int]:
+    """Each queue's ready messages (all its priority lists) in one round trip: the length part of
+    `inspect_redis`, without ages or unacknowledged messages."""
+    steps = tuple(priority_steps)
+    try:
+        try:
+            counts = client.eval(READY_COUNTS_SCRIPT, 0, global_keyprefix, SEP,
+                                 ",".join(str(step) for step in steps), *queues)
+        except redis_client.ResponseError:
+            # Scripting refused (an ACL without @scripting, a managed Redis) or a key of the wrong
+            # type: one LLEN per list, which raises the error that was not the script's.
+            with client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    for key in priority_list_keys(queue, steps=steps, prefix=global_keyprefix):
+                        pipe.llen(key)
+                lengths = pipe.execute()
+            counts = [sum(lengths[i * len(steps):(i + 1) * len(steps)]) for i in range(len(queues))]
+    except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
+        raise BrokerUnreachable(f"Redis: {exc}") from exc
+    return dict(zip(queues, (int(n) for n in counts)))
 
 
 def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):

@@ -1,0 +1,139 @@
+"""The early notice: between polls, a burst on a Redis pool brings its poll forward (early_notice.py).
+
+The rule and the choice of pools are pure; the scheduler runs them against in-memory fakes; the
+count itself against the REAL Redis, where it must agree with what a poll reads."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from celery import Celery
+
+from fakes import FakeBroker, FakeKube, make_deps, pool_body
+from taskherd.operator.broker import BrokerObserver
+from taskherd.operator.early_notice import PROBE_SECONDS, candidate, outgrows
+from taskherd.operator.policy import BrokerSpec, ScalingPolicy
+from taskherd.operator.scaling import Observation
+from taskherd.operator.scheduler import PoolScheduler
+from taskherd.queues.redis import inspect_redis
+from test_operator_services import SecretKube
+
+POLICY = ScalingPolicy(min_replicas=0, max_replicas=10, target_depth_per_worker=5)
+
+
+@pytest.mark.parametrize("ready, replicas, expected", [
+    (0, 0, False),     # nothing waits
+    (1, 0, True),      # a pool at zero: one message asks for a worker
+    (10, 2, False),    # 10 messages at 5 per worker: the 2 workers there are
+    (11, 2, True),     # one more: 3 workers
+    (500, 10, False),  # at maxReplicas: a poll could not add any
+])
+def test_a_count_brings_a_poll_forward_only_when_the_depth_rule_asks_for_more(ready, replicas, expected):
+    assert outgrows(ready, replicas, POLICY) is expected
+
+
+def choose(body=None, **kwargs):
+    args = dict(replicas=2, next_due=100.0, brought_forward_at=-1e9, interval=5.0, now=96.0)
+    args.update(kwargs)
+    return candidate(body or pool_body(), **args)
+
+
+def test_only_pools_whose_count_could_change_something_are_counted():
+    found = choose()
+    assert (found.namespace, found.broker.queues, found.replicas) == ("ns", ("celery",), 2)
+    paused = pool_body()
+    paused["metadata"]["annotations"] = {"taskherd.io/paused": "true"}
+    rabbit = pool_body(broker={"type": "rabbitmq", "secretRef": {"name": "broker"}, "queues": ["celery"]})
+    not_counted = {
+        "replicas not read yet": choose(replicas=None),
+        "its poll is due within a probe": choose(next_due=96.0 + PROBE_SECONDS / 2),
+        "brought forward within its interval": choose(brought_forward_at=93.0),
+        "paused": choose(paused),
+        "RabbitMQ": choose(rabbit),
+        "at maxReplicas": choose(replicas=10),
+        "invalid spec": choose(pool_body(minReplicas=20)),
+    }
+    assert {why: found for why, found in not_counted.items() if found is not None} == {}
+
+
+class Counts:
+    """The early notice's count, as the observer would answer it."""
+
+    def __init__(self):
+        self.ready, self.asked = 0, []
+
+    async def __call__(self, pools):
+        self.asked.append([(namespace, broker.queues) for namespace, broker in pools])
+        return [self.ready for _ in pools]
+
+
+def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll():
+    async def scenario():
+        kube = FakeKube(replicas={"workers": 0})
+        broker = FakeBroker(Observation(ready=0, unacked=0))
+        counts = Counts()
+        t = [0.0]
+        scheduler = PoolScheduler(deps=make_deps(kube, broker), monotonic=lambda: t[0], ready_counts=counts)
+        scheduler.upsert(pool_body(pollIntervalSeconds=60))
+
+        async def tick(at):
+            t[0] = at
+            await asyncio.gather(*scheduler.start_due())
+            probe = scheduler.start_probe()
+            if probe:
+                await probe
+            await asyncio.gather(*scheduler.start_due())
+
+        await tick(0.0)  # the first poll: nothing waits, the pool stays at zero
+        await tick(1.0)
+        assert kube.scale_calls == [] and counts.asked == [[("ns", ("celery",))]] * 2
+        broker.observation = Observation(ready=23, unacked=0)
+        counts.ready = 23
+        await tick(2.0)  # the burst is counted, and its poll runs now instead of at t=60
+        assert kube.scale_calls == [5]
+        counts.ready, broker.observation = 400, Observation(ready=400, unacked=0)
+        await tick(3.0)  # more, but this pool was brought forward within its interval: not counted
+        assert kube.scale_calls == [5], "a pool is brought forward at most once per poll interval"
+        await tick(62.0)  # its regular poll
+        assert kube.scale_calls == [5, 10]
+        await tick(63.0)  # at maxReplicas: not counted any more
+        return counts.asked
+
+    asked = asyncio.run(scenario())
+    assert len(asked) == 3, asked  # t = 0 (after its poll), 1, 2
+
+
+def test_the_count_is_what_a_poll_reads_on_a_real_redis_in_one_command_per_broker(redis_url, unique_name):
+    first, second, prefixed = unique_name + "-a", unique_name + "-b", unique_name + "-p"
+    app = Celery(broker=redis_url)
+    for priority in (0, 3, 5, 9, None):  # every priority list of the queue
+        app.send_task("t.noop", queue=first, priority=priority)
+    app.send_task("t.noop", queue=second)
+    app.close()
+    prefix_app = Celery(broker=redis_url, broker_transport_options={"global_keyprefix": "tenant:"})
+    for _ in range(3):
+        prefix_app.send_task("t.noop", queue=prefixed)
+    prefix_app.close()
+
+    observer = BrokerObserver(kube=SecretKube(redis_url))
+    pools = [("ns", BrokerSpec(type="redis", secret_name="s", queues=(first, second))),
+             ("ns", BrokerSpec(type="redis", secret_name="s", queues=(second,), dead_letter_queues=(first,))),
+             ("ns", BrokerSpec(type="redis", secret_name="s", queues=(prefixed,), global_keyprefix="tenant:")),
+             ("ns", BrokerSpec(type="redis", secret_name="s", queues=(unique_name + "-empty",)))]
+    client, commands = observer._redis_client(redis_url), []
+    send = client.eval
+    client.eval = lambda *args: commands.append(args) or send(*args)
+    counts = asyncio.run(observer.ready_counts(pools))
+    assert len(commands) == 2, "one command for the three pools without a key prefix, one for the prefixed"
+    polled = inspect_redis(redis_url, [first, second])
+    assert counts == [polled[first].ready + polled[second].ready, 1, 3, 0] == [6, 1, 3, 0]
+
+
+def test_pools_that_cannot_be_counted_cheaply_are_left_to_their_polls(redis_url, unique_name):
+    rabbit = ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(unique_name,)))
+    counts = asyncio.run(BrokerObserver(kube=SecretKube("amqp://guest:guest@127.0.0.1:1//")).ready_counts([rabbit]))
+    assert counts == [None]
+    unreachable = BrokerObserver(kube=SecretKube("redis://:hunter2@127.0.0.1:1/3"))
+    missing_key = ("ns", BrokerSpec(type="redis", secret_name="s", secret_key="absent", queues=(unique_name,)))
+    redis_pool = ("ns", BrokerSpec(type="redis", secret_name="s", queues=(unique_name,)))
+    assert asyncio.run(unreachable.ready_counts([redis_pool, missing_key])) == [None, None]
