@@ -9,7 +9,10 @@ messages per pod, at most 40 pods). Scalers:
   (5 s, random phase), with the pool's maxOldestMessageAgeSeconds (30 s) and the busy pods the
   operator reads from the workers' metrics; scale-down removes idle pods first (pod-deletion-cost).
   "+ Little's law" also reads the workers' finished-task counters, at the polls where the
-  operator reads them (`taskherd.operator.throughput.reading_due`).
+  operator reads them (`taskherd.operator.throughput.reading_due`). Between polls the operator's
+  early notice counts the ready messages every second (a Redis pool's; the real
+  `taskherd.operator.early_notice.outgrows`) and, when they outgrow the pool, polls on the
+  scheduler's next tick (0.25 s); "no early" is the operator before it.
 - **KEDA + HPA, defaults**, modelled from their source (kedacore/keda pkg/scalers,
   kubernetes pkg/controller/podautoscaler): KEDA polls its scaler every `pollingInterval` (30 s)
   and alone does 0 -> 1 (activation: metric > activationValue 0) and N -> 0 (not active for
@@ -50,9 +53,11 @@ from repo_paths import ROOT  # first: the shared helpers below live in the repos
 
 from tracesim import IDLE_FIRST, NEWEST_FIRST, Result, Simulation, Trace, View
 
+from taskherd.operator.early_notice import PROBE_SECONDS, outgrows
 from taskherd.operator.policy import ScalingPolicy
 from taskherd.operator.scaling import (THROUGHPUT_WINDOW_SECONDS, Observation, Recommendation,
                                        WorkSample, desired_replicas, estimate_throughput, prune_history)
+from taskherd.operator.scheduler import TICK_SECONDS
 from taskherd.operator.throughput import reading_due
 
 CONCURRENCY = 2
@@ -140,8 +145,12 @@ class Taskherd:
     poll_seconds: float = 5.0
     name: str = "taskherd"
     removal: str = IDLE_FIRST
+    #: count the ready messages between polls (early_notice.py), as the operator does on Redis
+    early_notice: bool = True
     history: list[Recommendation] = field(default_factory=list)
     samples: list[WorkSample] = field(default_factory=list)
+    next_poll: float = 0.0
+    poll_now: bool = False
 
     def first_poll(self, rng: random.Random) -> float:
         # An operator that has watched the pool for a while: its history covers the scale-down
@@ -168,12 +177,27 @@ class Taskherd:
         return dataclasses.replace(observation, throughput=throughput)
 
     def poll(self, view: View) -> tuple[int | None, float]:
+        if self.early_notice and not self.poll_now and view.now < self.next_poll:
+            return None, self._count(view)
+        self.poll_now = False
         decision = desired_replicas(self.policy, self.observe(view), view.replicas, view.busy_pods,
                                     self.history, view.now)
         self.history = prune_history(self.history + [decision.recommendation], view.now,
                                      self.policy.scale_down_stabilization_seconds)
         changed = decision.replicas if decision.replicas != view.replicas else None
-        return changed, view.now + self.poll_seconds
+        self.next_poll = view.now + self.poll_seconds
+        if self.early_notice:
+            return changed, min(self.next_poll, view.now + PROBE_SECONDS)
+        return changed, self.next_poll
+
+    def _count(self, view: View) -> float:
+        """The early notice's count between polls (early_notice.candidate's conditions); returns when
+        this scaler runs next."""
+        counted = self.next_poll - view.now > PROBE_SECONDS
+        if counted and outgrows(view.ready_messages, view.replicas, self.policy):
+            self.poll_now = True
+            return view.now + TICK_SECONDS  # polled on the scheduler's next tick
+        return min(self.next_poll, view.now + PROBE_SECONDS)
 
 
 @dataclass
@@ -241,6 +265,7 @@ def scalers(min_replicas: int, target: int = TARGET_PER_POD) -> list:
     policy = ScalingPolicy(min_replicas=min_replicas, max_replicas=MAX_PODS, target_depth_per_worker=target,
                            max_oldest_message_age_seconds=AGE_LIMIT, scale_down_stabilization_seconds=DOWN_WINDOW)
     return [Taskherd(policy, throughput=False, name="taskherd (depth, age)"),
+            Taskherd(policy, early_notice=False, name="taskherd + L's law, no early"),
             Taskherd(policy, name="taskherd + Little's law"),
             Taskherd(policy, poll_seconds=1.0, name="taskherd + L's law, 1 s polls"),
             KedaHpa("KEDA default (Redis)", min_replicas=min_replicas, target=target),
@@ -336,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<30}" + "".join(f"{fmt.format(medians[label]):>14}" for label, _, fmt in FIGURES))
     if "burst" in args.traces.split(","):
         theirs = summary[("burst", "KEDA default (Redis)")]
-        for name in ("taskherd + Little's law", "taskherd + L's law, 1 s polls"):
+        for name in ("taskherd + Little's law", "taskherd + L's law, no early", "taskherd + L's law, 1 s polls"):
             ours = summary[("burst", name)]
             ratio = theirs["p99 wait s"] / ours["p99 wait s"] if ours["p99 wait s"] > 0 else math.inf
             met = ratio >= 5 and ours["replica-s"] <= theirs["replica-s"]

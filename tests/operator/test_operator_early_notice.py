@@ -12,7 +12,7 @@ from celery import Celery
 from fakes import FakeBroker, FakeKube, make_deps, pool_body
 from taskherd.operator.broker import BrokerObserver
 from taskherd.operator.early_notice import PROBE_SECONDS, candidate, outgrows
-from taskherd.operator.policy import BrokerSpec, ScalingPolicy
+from taskherd.operator.policy import BrokerSpec, InvalidSpec, ScalingPolicy, parse_spec
 from taskherd.operator.scaling import Observation
 from taskherd.operator.scheduler import PoolScheduler
 from taskherd.queues.redis import inspect_redis
@@ -33,9 +33,14 @@ def test_a_count_brings_a_poll_forward_only_when_the_depth_rule_asks_for_more(re
 
 
 def choose(body=None, **kwargs):
-    args = dict(replicas=2, next_due=100.0, brought_forward_at=-1e9, interval=5.0, now=96.0)
+    body = body or pool_body()
+    try:
+        spec = parse_spec(body["spec"])
+    except InvalidSpec:
+        spec = None
+    args = dict(namespace="ns", replicas=2)
     args.update(kwargs)
-    return candidate(body or pool_body(), **args)
+    return candidate(spec, body["metadata"].get("annotations"), **args)
 
 
 def test_only_pools_whose_count_could_change_something_are_counted():
@@ -45,9 +50,7 @@ def test_only_pools_whose_count_could_change_something_are_counted():
     paused["metadata"]["annotations"] = {"taskherd.io/paused": "true"}
     rabbit = pool_body(broker={"type": "rabbitmq", "secretRef": {"name": "broker"}, "queues": ["celery"]})
     not_counted = {
-        "replicas not read yet": choose(replicas=None),
-        "its poll is due within a probe": choose(next_due=96.0 + PROBE_SECONDS / 2),
-        "brought forward within its interval": choose(brought_forward_at=93.0),
+        "replicas not read, or its last poll failed": choose(replicas=None),
         "paused": choose(paused),
         "RabbitMQ": choose(rabbit),
         "at maxReplicas": choose(replicas=10),
@@ -76,8 +79,10 @@ def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll
         scheduler = PoolScheduler(deps=make_deps(kube, broker), monotonic=lambda: t[0], ready_counts=counts)
         scheduler.upsert(pool_body(pollIntervalSeconds=60))
 
-        async def tick(at):
+        async def tick(at, ready=None):
             t[0] = at
+            if ready is not None:
+                counts.ready, broker.observation = ready, Observation(ready=ready, unacked=0)
             await asyncio.gather(*scheduler.start_due())
             probe = scheduler.start_probe()
             if probe:
@@ -85,22 +90,67 @@ def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll
             await asyncio.gather(*scheduler.start_due())
 
         await tick(0.0)  # the first poll: nothing waits, the pool stays at zero
-        await tick(1.0)
-        assert kube.scale_calls == [] and counts.asked == [[("ns", ("celery",))]] * 2
-        broker.observation = Observation(ready=23, unacked=0)
-        counts.ready = 23
-        await tick(2.0)  # the burst is counted, and its poll runs now instead of at t=60
+        await tick(1.0)  # nothing counted
+        assert kube.scale_calls == [] and len(counts.asked) == 2
+        await tick(2.0, ready=23)  # the burst is counted, and its poll runs now instead of at t=60
         assert kube.scale_calls == [5]
-        counts.ready, broker.observation = 400, Observation(ready=400, unacked=0)
-        await tick(3.0)  # more, but this pool was brought forward within its interval: not counted
-        assert kube.scale_calls == [5], "a pool is brought forward at most once per poll interval"
-        await tick(62.0)  # its regular poll
-        assert kube.scale_calls == [5, 10]
-        await tick(63.0)  # at maxReplicas: not counted any more
+        await tick(3.0)  # 23 messages need the 5 workers there are: no poll
+        await tick(4.0, ready=40)  # the burst grows: polled again
+        assert kube.scale_calls == [5, 8]
+        await tick(5.0, ready=400)
+        assert kube.scale_calls == [5, 8, 10]
+        await tick(6.0)  # at maxReplicas: not counted any more
         return counts.asked
 
     asked = asyncio.run(scenario())
-    assert len(asked) == 3, asked  # t = 0 (after its poll), 1, 2
+    assert asked == [[("ns", ("celery",))]] * 6, asked  # t = 0 (after its poll) to 5, not 6
+
+
+def test_a_pool_whose_poll_is_due_within_a_count_is_not_counted():
+    async def scenario():
+        counts = Counts()
+        counts.ready = 23
+        t = [0.0]
+        scheduler = PoolScheduler(deps=make_deps(FakeKube(replicas={"workers": 0}), FakeBroker(Observation(ready=0, unacked=0))),
+                                  monotonic=lambda: t[0], ready_counts=counts)
+        scheduler.upsert(pool_body(pollIntervalSeconds=PROBE_SECONDS))
+        for at in range(5):
+            t[0] = float(at)
+            await asyncio.gather(*scheduler.start_due())
+            probe = scheduler.start_probe()
+            if probe:
+                await probe
+        return counts.asked
+
+    assert asyncio.run(scenario()) == [], "polled every PROBE_SECONDS: its polls read the queues themselves"
+
+
+def test_a_pool_whose_scale_call_failed_is_left_to_its_regular_polls():
+    async def scenario():
+        kube = FakeKube(replicas={"workers": 0})
+        deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0)))
+        counts = Counts()
+        counts.ready = 23
+        t = [0.0]
+        scheduler = PoolScheduler(deps=deps, monotonic=lambda: t[0], ready_counts=counts)
+        scheduler.upsert(pool_body(pollIntervalSeconds=60))
+        failures = []
+
+        async def refused(namespace, target, replicas):
+            failures.append(replicas)
+            raise RuntimeError("403 Forbidden")
+
+        kube.set_scale = refused
+        for at in range(4):
+            t[0] = float(at)
+            await asyncio.gather(*scheduler.start_due())
+            probe = scheduler.start_probe()
+            if probe:
+                await probe
+        return failures, counts.asked
+
+    failures, asked = asyncio.run(scenario())
+    assert failures == [5] and asked == [], "one poll, at t=0; no count brings the failing one forward"
 
 
 def test_the_count_is_what_a_poll_reads_on_a_real_redis_in_one_command_per_broker(redis_url, unique_name):

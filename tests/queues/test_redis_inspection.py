@@ -139,3 +139,35 @@ def test_a_redis_that_refuses_scripts_is_inspected_one_command_at_a_time(redis_u
     finally:
         admin.acl_deluser(user)
         admin.close()
+
+
+def test_ready_counts_agree_with_the_inspection_for_any_queue_name_with_or_without_scripts(redis_url, unique_name):
+    """The operator's early notice counts with one script whose queue names travel as one string:
+    names holding the separator characters, newlines or non-ASCII text are counted as themselves,
+    and a Redis that refuses scripts gets the same counts from LLEN."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from taskherd.queues.redis import ready_counts
+
+    names = [f"{unique_name}:a", f"{unique_name}\nb,c", f"{unique_name}-ü-3:x", f"{unique_name}-empty"]
+    app = producer(redis_url, "")
+    for index, name in enumerate(names[:3]):
+        for priority in (0, 9)[:index + 1]:
+            app.send_task("t.a", queue=name, priority=priority)
+    app.close()
+    expected = {name: stats.ready for name, stats in inspect_queues(redis_url, names).items()}
+    assert list(expected.values()) == [1, 2, 2, 0]
+    client = redis.Redis.from_url(redis_url)
+    assert ready_counts(client, names) == expected
+    assert ready_counts(client, []) == {}
+    admin = redis.Redis.from_url(redis_url)
+    user, password = f"noscripts-{unique_name}"[:60], uuid.uuid4().hex
+    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
+                      commands=["+@all", "-@scripting"])
+    try:
+        parts = urlsplit(redis_url)
+        limited = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+        assert ready_counts(redis.Redis.from_url(limited), names) == expected
+    finally:
+        admin.acl_deluser(user)
+        admin.close()

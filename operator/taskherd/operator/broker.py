@@ -126,9 +126,15 @@ class BrokerObserver:
         (early_notice.py): one command per Redis broker for all of its pools, with the clients the
         polls keep. None for a pool this cannot count cheaply (RabbitMQ: a request per queue, what
         a poll costs) or whose broker did not answer: its regular poll reports why."""
-        addresses = await asyncio.gather(*(self._address(ns, broker) for ns, broker in pools), return_exceptions=True)
+        # most pools share a few Secrets: each is looked up once (a task each cost more than the count)
+        secrets = {(ns, broker.secret_name, broker.secret_key, broker.global_keyprefix): (ns, broker)
+                   for ns, broker in pools}
+        found = await asyncio.gather(*(self._address(ns, broker) for ns, broker in secrets.values()),
+                                     return_exceptions=True)
+        addresses = dict(zip(secrets, found))
         by_address: dict[BrokerAddress, list[int]] = {}
-        for index, address in enumerate(addresses):
+        for index, (ns, broker) in enumerate(pools):
+            address = addresses[(ns, broker.secret_name, broker.secret_key, broker.global_keyprefix)]
             if isinstance(address, BrokerAddress) and urlsplit(address.url).scheme in KEPT_CLIENT_SCHEMES:
                 by_address.setdefault(address, []).append(index)
         counts: list[int | None] = [None] * len(pools)

@@ -99,24 +99,16 @@ def parse_reading(text: str) -> PodReading | None:
 
 def _sample(line: str) -> tuple[str, float | None]:
     """(name, value) of one sample line `name{labels} value [timestamp]`; the value is None when
-    the line does not parse. Label values are quoted and may hold spaces, braces and escapes."""
+    the line does not parse. Label values are quoted and may hold spaces, braces and escapes, but
+    the value and the timestamp hold no brace: the line's last `}` closes the label set (found
+    from the end instead of walking the labels character by character, a third of a reading's CPU)."""
     brace = line.find("{")
     space = line.find(" ")
     if brace == -1 or (space != -1 and space < brace):
         name, rest = (line[:space], line[space:]) if space != -1 else (line, "")
     else:
-        name, position, quoted = line[:brace], brace + 1, False
-        while position < len(line):
-            char = line[position]
-            if quoted and char == "\\":
-                position += 2
-                continue
-            if char == '"':
-                quoted = not quoted
-            elif char == "}" and not quoted:
-                break
-            position += 1
-        rest = line[position + 1:]
+        name, close = line[:brace], line.rfind("}")
+        rest = line[close + 1:] if close > brace else ""
     fields = rest.split()
     try:
         return name, float(fields[0])

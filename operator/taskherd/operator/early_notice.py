@@ -10,10 +10,12 @@ for 1,000 pools), and brings a pool's poll forward when those messages alone alr
 depth rule for more workers than the pool has. The poll then decides as always
 (scaling.desired_replicas): the count only changes when it runs.
 
+While a burst grows, a pool is brought forward again at each count that finds it outgrown (as if
+polled every second): each such poll scales up, so there are at most maxReplicas of them.
 Not counted: RabbitMQ pools (their count is an HTTP request per queue, what a poll costs), paused
-pools, pools at maxReplicas, pools whose spec is invalid or whose replicas no poll has read yet.
-A pool is brought forward at most once per poll interval, so a scale-up that keeps failing costs
-at most twice its polls.
+pools, pools at maxReplicas, pools whose spec is invalid, and pools whose last poll could not
+read the queues or the target or scale it (PollResult.replicas is None: bringing that poll forward
+would only fail again sooner).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from .pause import pause_from
-from .policy import BrokerSpec, InvalidSpec, ScalingPolicy, parse_spec_cached
+from .policy import BrokerSpec, PoolSpec, ScalingPolicy
 
 #: how often the ready messages are counted.
 PROBE_SECONDS = 1.0
@@ -49,18 +51,15 @@ class Candidate:
     replicas: int
 
 
-def candidate(body: Mapping[str, Any], *, replicas: int | None, next_due: float,
-              brought_forward_at: float, interval: float, now: float) -> Candidate | None:
-    """The pool `body` as a Candidate, or None when counting its messages could not change
-    anything (module docstring)."""
-    if replicas is None or next_due - now < PROBE_SECONDS or now - brought_forward_at < interval:
-        return None
-    if pause_from((body.get("metadata") or {}).get("annotations")) is not None:
-        return None
-    try:
-        spec = parse_spec_cached(body.get("spec") or {})
-    except InvalidSpec:
+def candidate(spec: PoolSpec | None, annotations: Mapping[str, Any] | None, *, namespace: str,
+              replicas: int | None) -> Candidate | None:
+    """A pool (its parsed spec, None when invalid) as a Candidate, or None when counting its
+    messages could not change anything (module docstring). The scheduler also leaves out the pools
+    whose poll runs or is due within PROBE_SECONDS: they read the queues themselves."""
+    if spec is None or replicas is None:
         return None
     if spec.broker.type != "redis" or not spec.broker.queues or replicas >= spec.scaling.max_replicas:
         return None
-    return Candidate((body.get("metadata") or {}).get("namespace", ""), spec.broker, spec.scaling, replicas)
+    if pause_from(annotations) is not None:
+        return None
+    return Candidate(namespace, spec.broker, spec.scaling, replicas)

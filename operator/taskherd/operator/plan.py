@@ -280,7 +280,9 @@ def _plan_terminations(result: Plan, snapshot: Snapshot) -> None:
     # Only the whole report (pods and their Events) restarts its cadence; deaths read with the
     # busyness alone do not.
     read_at = snapshot.now if snapshot.pods is not None else result.memory.terminations_read_at
-    result.memory = replace(result.memory, terminations_read_at=read_at, terminations=report)
+    if (read_at, report) != (result.memory.terminations_read_at, result.memory.terminations):
+        # most polls change nothing here: a copy of the memory is a tenth of a poll's CPU
+        result.memory = replace(result.memory, terminations_read_at=read_at, terminations=report)
     for entry in reversed(report):  # oldest first, as they happened
         if entry.get("process") and termination_key(entry) not in before:
             result.events.append(EventSpec("Warning", *describe(entry)))
@@ -291,7 +293,8 @@ def _plan_pages(result: Plan, spec: PoolSpec, observation: Observation | None, n
     state, pages = step(result.memory.paging or PagingState(),
                         None if observation is None else observation.dead_letters,
                         threshold=dl.threshold, resend_interval=dl.resend_interval_seconds, now=now)
-    result.memory = replace(result.memory, paging=state)
+    if state != result.memory.paging:
+        result.memory = replace(result.memory, paging=state)
     result.pages = pages
     result.delivery = Delivery(alertmanager_url=dl.alertmanager_url, webhook_url=dl.webhook_url,
                                severity=dl.severity, threshold=dl.threshold)

@@ -53,7 +53,8 @@ class PollResult:
     scaled: bool = False
     paged: int = 0
     errors: list[str] = field(default_factory=list)
-    #: the target's replicas after this poll (None when they could not be read)
+    #: the target's replicas after this poll (None when the queues or the target could not be
+    #: read, or the target not scaled)
     replicas: int | None = None
 
 
@@ -78,7 +79,9 @@ async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> Pol
         log.info("%s: scaled %s", where, planned.scale.describe())
     if planned.conditions.transitions:
         log.info("%s: %s", where, "; ".join(planned.conditions.transitions))
-    replicas = (planned.scale.replicas if outcome.scaled and planned.scale is not None
-                else snapshot.scale.replicas if snapshot.scale is not None else None)
+    # What the early notice compares a count with; None after a poll that could not read the
+    # queues or the target, or could not scale it: no poll is brought forward to fail again.
+    replicas = (None if {"broker", "scale"} & set(errors) or snapshot.scale is None
+                else planned.scale.replicas if planned.scale is not None else snapshot.scale.replicas)
     return PollResult(memory=kept, status=None if "status" in errors else status, scaled=outcome.scaled,
                       paged=outcome.delivered, errors=errors, replicas=replicas)

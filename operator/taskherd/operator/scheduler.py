@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .early_notice import PROBE_SECONDS, ReadyCountsFn, candidate, outgrows
+from .early_notice import PROBE_SECONDS, Candidate, ReadyCountsFn, candidate, outgrows
 from .plan import PoolMemory
-from .policy import DEFAULT_POLL_INTERVAL_SECONDS
+from .policy import DEFAULT_POLL_INTERVAL_SECONDS, InvalidSpec, parse_spec_cached
 from .poll import Deps, PollResult, poll_once
 
 log = logging.getLogger("taskherd.operator")
@@ -69,10 +69,23 @@ class PoolEntry:
     task: asyncio.Task | None = None
     #: the spec or a pause annotation changed while a poll was running: poll again when it ends.
     changed: bool = False
-    #: the target's replicas after the last poll (None until a poll read them)
+    #: the target's replicas after the last poll (PollResult.replicas; None before the first)
     replicas: int | None = None
-    #: when the early notice last brought this pool's poll forward
-    brought_forward_at: float = -math.inf
+    _candidate: tuple[dict[str, Any], int | None, Candidate | None] | None = None
+
+    def candidate(self) -> Candidate | None:
+        """early_notice.candidate for this body and these replicas, worked out again only when
+        either changes: the early notice asks for every pool every second."""
+        cached = self._candidate
+        if cached is None or cached[0] is not self.body or cached[1] != self.replicas:
+            try:
+                spec = parse_spec_cached(self.body.get("spec") or {})
+            except InvalidSpec:
+                spec = None
+            metadata = self.body["metadata"]
+            cached = self._candidate = (self.body, self.replicas, candidate(
+                spec, metadata.get("annotations"), namespace=metadata["namespace"], replicas=self.replicas))
+        return cached[2]
 
 
 class PoolScheduler:
@@ -116,6 +129,7 @@ class PoolScheduler:
             try:
                 result = await poll_once(entry.body, entry.memory, self.deps)
             except Exception:  # noqa: BLE001 - poll_once handles the expected; this is a bug
+                entry.replicas = None
                 metadata = entry.body["metadata"]
                 self.deps.metrics.errors.labels(metadata.get("namespace"), metadata.get("name"), "internal").inc()
                 log.exception("poll of %s/%s failed", entry.body["metadata"].get("namespace"),
@@ -172,12 +186,11 @@ class PoolScheduler:
         """Count the candidates' ready messages; a pool they outgrow is polled on the next tick."""
         chosen = []
         for entry in self.pools.values():
-            running = entry.task is not None and not entry.task.done()
-            found = None if running else candidate(
-                entry.body, replicas=entry.replicas, next_due=entry.next_due,
-                brought_forward_at=entry.brought_forward_at, interval=poll_interval(entry.body), now=now)
-            if found is not None:
-                chosen.append((entry, found))
+            # a poll that runs or is due within a count reads the queues itself
+            if (entry.task is None or entry.task.done()) and entry.next_due - now > PROBE_SECONDS:
+                found = entry.candidate()
+                if found is not None:
+                    chosen.append((entry, found))
         if not chosen:
             return
         try:
@@ -188,7 +201,7 @@ class PoolScheduler:
         for (entry, found), ready in zip(chosen, counts):
             # a poll that started meanwhile read the queues itself
             if ready is not None and (entry.task is None or entry.task.done()) and outgrows(ready, found.replicas, found.policy):
-                entry.next_due = entry.brought_forward_at = self._monotonic()
+                entry.next_due = self._monotonic()
 
     async def run(self) -> None:
         while True:

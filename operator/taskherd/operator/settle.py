@@ -44,7 +44,8 @@ def settle(snapshot: Snapshot, planned: Plan, outcome: Outcome) -> tuple[dict[st
     paging = memory.paging or PagingState()
     for queue in outcome.undelivered:
         paging = paging.unsent(queue)
-    memory = replace(memory, paging=paging)
+    if paging != memory.paging:
+        memory = replace(memory, paging=paging)
 
     threshold = spec.dead_letter.threshold
     if paging.firing:
