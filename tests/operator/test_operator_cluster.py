@@ -181,6 +181,26 @@ def test_backlog_scales_up_within_two_polls_and_idle_workers_go_first(
     assert row.split()[:3] == ["pool", "0", "4"] and row.split()[-3:-1] == ["True", "Idle"], row
 
 
+def test_a_burst_between_two_polls_is_scaled_for_within_seconds_not_at_the_next_poll(
+        cluster, namespace, test_image, redis_url, unique_name, operator_factory):
+    """The early notice (early_notice.py): a pool polled once a minute still scales a burst within
+    a couple of seconds, because its ready messages are counted every second."""
+    ns, queue = namespace, unique_name
+    pool_on_redis(cluster, ns, test_image, redis_url, queue, pollIntervalSeconds=60)
+    operator_factory(ns)
+    cluster.wait("the first poll", lambda: pool_status(cluster, ns).get("conditions"), timeout=60, interval=0.5)
+    first_poll = time.monotonic()
+    assert replicas(cluster, ns) == 0
+
+    push(redis_url, queue, 18)
+    burst = time.monotonic()
+    cluster.wait("scale-up to 4", lambda: replicas(cluster, ns), timeout=30, interval=0.2, equals=4)
+    reaction = time.monotonic() - burst
+    print(f"\nburst -> Deployment scaled (seen by kubectl): {reaction:.2f} s at 60 s polls")
+    assert reaction <= 5.0 and time.monotonic() - first_poll < 60, f"scale-up took {reaction:.1f}s"
+    assert pool_status(cluster, ns)["lastScaleReason"].startswith("0 -> 4: depth 18")
+
+
 def test_a_backlogs_workers_go_once_it_is_drained_when_the_workers_counters_say_the_arrivals_need_fewer(
         cluster, namespace, test_image, redis_url, unique_name, operator_factory):
     """Little's law from the workers' /metrics, read by the operator over the pod network: four

@@ -190,18 +190,20 @@ class PoolScheduler:
             if (entry.task is None or entry.task.done()) and entry.next_due - now > PROBE_SECONDS:
                 found = entry.candidate()
                 if found is not None:
-                    chosen.append((entry, found))
+                    chosen.append((entry, found, entry.next_due))
         if not chosen:
             return
         try:
-            counts = await self.ready_counts([(found.namespace, found.broker) for _, found in chosen])
+            counts = await self.ready_counts([(found.namespace, found.broker) for _, found, _ in chosen])
         except Exception:  # noqa: BLE001 - the regular polls go on and report the broker
             log.debug("early notice: count failed", exc_info=True)
             return
-        for (entry, found), ready in zip(chosen, counts):
-            # a poll that started meanwhile read the queues itself
-            if ready is not None and (entry.task is None or entry.task.done()) and outgrows(ready, found.replicas, found.policy):
+        for (entry, found, due), ready in zip(chosen, counts):
+            # a poll that started meanwhile (its next_due moved) read the queues itself
+            if ready is not None and entry.next_due == due and outgrows(ready, found.replicas, found.policy):
                 entry.next_due = self._monotonic()
+                log.info("%s/%s: %d ready messages outgrow %d replicas: polled now (early notice)",
+                         found.namespace, entry.body["metadata"].get("name"), ready, found.replicas)
 
     async def run(self) -> None:
         while True:
