@@ -62,32 +62,42 @@ def test_only_pools_whose_count_could_change_something_are_counted():
 class Counts:
     """The early notice's count, as the observer would answer it."""
 
-    def __init__(self):
-        self.ready, self.asked = 0, []
+    def __init__(self, ready: int = 0):
+        self.ready, self.asked = ready, []
 
     async def __call__(self, pools):
         self.asked.append([(namespace, broker.queues) for namespace, broker in pools])
         return [self.ready for _ in pools]
 
 
+class Scheduled:
+    """One pool in a PoolScheduler on a clock the test moves, with the early notice's count."""
+
+    def __init__(self, kube: FakeKube, broker: FakeBroker, counts: Counts, **spec):
+        self.t = 0.0
+        self.scheduler = PoolScheduler(deps=make_deps(kube, broker), monotonic=lambda: self.t, ready_counts=counts)
+        self.scheduler.upsert(pool_body(**spec))
+
+    async def tick(self, at: float) -> None:
+        """What the scheduler's loop does at `at`: due polls, the count, and the polls it brought forward."""
+        self.t = at
+        await asyncio.gather(*self.scheduler.start_due())
+        probe = self.scheduler.start_probe()
+        if probe:
+            await probe
+        await asyncio.gather(*self.scheduler.start_due())
+
+
 def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll():
+    kube, broker, counts = FakeKube(replicas={"workers": 0}), FakeBroker(Observation(ready=0, unacked=0)), Counts()
+
     async def scenario():
-        kube = FakeKube(replicas={"workers": 0})
-        broker = FakeBroker(Observation(ready=0, unacked=0))
-        counts = Counts()
-        t = [0.0]
-        scheduler = PoolScheduler(deps=make_deps(kube, broker), monotonic=lambda: t[0], ready_counts=counts)
-        scheduler.upsert(pool_body(pollIntervalSeconds=60))
+        pool = Scheduled(kube, broker, counts, pollIntervalSeconds=60)
 
         async def tick(at, ready=None):
-            t[0] = at
             if ready is not None:
                 counts.ready, broker.observation = ready, Observation(ready=ready, unacked=0)
-            await asyncio.gather(*scheduler.start_due())
-            probe = scheduler.start_probe()
-            if probe:
-                await probe
-            await asyncio.gather(*scheduler.start_due())
+            await pool.tick(at)
 
         await tick(0.0)  # the first poll: nothing waits, the pool stays at zero
         await tick(1.0)  # nothing counted
@@ -100,57 +110,39 @@ def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll
         await tick(5.0, ready=400)
         assert kube.scale_calls == [5, 8, 10]
         await tick(6.0)  # at maxReplicas: not counted any more
-        return counts.asked
 
-    asked = asyncio.run(scenario())
-    assert asked == [[("ns", ("celery",))]] * 6, asked  # t = 0 (after its poll) to 5, not 6
+    asyncio.run(scenario())
+    assert counts.asked == [[("ns", ("celery",))]] * 6, counts.asked  # t = 0 (after its poll) to 5, not 6
 
 
 def test_a_pool_whose_poll_is_due_within_a_count_is_not_counted():
-    async def scenario():
-        counts = Counts()
-        counts.ready = 23
-        t = [0.0]
-        scheduler = PoolScheduler(deps=make_deps(FakeKube(replicas={"workers": 0}), FakeBroker(Observation(ready=0, unacked=0))),
-                                  monotonic=lambda: t[0], ready_counts=counts)
-        scheduler.upsert(pool_body(pollIntervalSeconds=PROBE_SECONDS))
-        for at in range(5):
-            t[0] = float(at)
-            await asyncio.gather(*scheduler.start_due())
-            probe = scheduler.start_probe()
-            if probe:
-                await probe
-        return counts.asked
+    counts = Counts(ready=23)
 
-    assert asyncio.run(scenario()) == [], "polled every PROBE_SECONDS: its polls read the queues themselves"
+    async def scenario():
+        pool = Scheduled(FakeKube(replicas={"workers": 0}), FakeBroker(Observation(ready=0, unacked=0)), counts,
+                         pollIntervalSeconds=PROBE_SECONDS)
+        for at in range(5):
+            await pool.tick(float(at))
+
+    asyncio.run(scenario())
+    assert counts.asked == [], "polled every PROBE_SECONDS: its polls read the queues themselves"
 
 
 def test_a_pool_whose_scale_call_failed_is_left_to_its_regular_polls():
+    kube, counts, failures = FakeKube(replicas={"workers": 0}), Counts(ready=23), []
+
+    async def refused(namespace, target, replicas):
+        failures.append(replicas)
+        raise RuntimeError("403 Forbidden")
+
     async def scenario():
-        kube = FakeKube(replicas={"workers": 0})
-        deps = make_deps(kube, FakeBroker(Observation(ready=23, unacked=0)))
-        counts = Counts()
-        counts.ready = 23
-        t = [0.0]
-        scheduler = PoolScheduler(deps=deps, monotonic=lambda: t[0], ready_counts=counts)
-        scheduler.upsert(pool_body(pollIntervalSeconds=60))
-        failures = []
-
-        async def refused(namespace, target, replicas):
-            failures.append(replicas)
-            raise RuntimeError("403 Forbidden")
-
         kube.set_scale = refused
+        pool = Scheduled(kube, FakeBroker(Observation(ready=23, unacked=0)), counts, pollIntervalSeconds=60)
         for at in range(4):
-            t[0] = float(at)
-            await asyncio.gather(*scheduler.start_due())
-            probe = scheduler.start_probe()
-            if probe:
-                await probe
-        return failures, counts.asked
+            await pool.tick(float(at))
 
-    failures, asked = asyncio.run(scenario())
-    assert failures == [5] and asked == [], "one poll, at t=0; no count brings the failing one forward"
+    asyncio.run(scenario())
+    assert failures == [5] and counts.asked == [], "one poll, at t=0; no count brings the failing one forward"
 
 
 def test_the_count_is_what_a_poll_reads_on_a_real_redis_in_one_command_per_broker(redis_url, unique_name):

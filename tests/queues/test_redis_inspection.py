@@ -1,8 +1,10 @@
 """Queue inspection on Redis against real queues with known contents."""
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -115,38 +117,40 @@ def test_unreachable_redis_raises_broker_unreachable():
         inspect_queues("redis://127.0.0.1:1/3", ["q"])
 
 
-def test_a_redis_that_refuses_scripts_is_inspected_one_command_at_a_time(redis_url, unique_name, stamped):
-    """The lists are read by one script; a user whose ACL forbids scripting (common on managed
-    Redis) gets the same figures from the plain commands."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    app = producer(redis_url, "")
-    app.send_task("t.a", queue=unique_name)
-    app.send_task("t.b", queue=unique_name, priority=9)
-    app.close()
+@contextlib.contextmanager
+def redis_without_scripts(redis_url: str, unique_name: str):
+    """The URL of a user whose ACL forbids scripting (common on managed Redis), on the same database."""
     admin = redis.Redis.from_url(redis_url)
     user, password = f"noscripts-{unique_name}"[:60], uuid.uuid4().hex
     admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
                       commands=["+@all", "-@scripting"])
     try:
         parts = urlsplit(redis_url)
-        limited = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+        yield urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+def test_a_redis_that_refuses_scripts_is_inspected_one_command_at_a_time(redis_url, unique_name, stamped):
+    """The lists are read by one script; a user whose ACL forbids scripting (common on managed
+    Redis) gets the same figures from the plain commands."""
+    app = producer(redis_url, "")
+    app.send_task("t.a", queue=unique_name)
+    app.send_task("t.b", queue=unique_name, priority=9)
+    app.close()
+    with redis_without_scripts(redis_url, unique_name) as limited:
         with pytest.raises(redis.exceptions.NoPermissionError):
             redis.Redis.from_url(limited).eval("return 1", 0)
         refused, allowed = inspect_queues(limited, [unique_name])[unique_name], inspect_queues(redis_url, [unique_name])[unique_name]
         assert refused.ready == allowed.ready == 2
         assert refused.oldest_age_seconds is not None and allowed.oldest_age_seconds is not None
-    finally:
-        admin.acl_deluser(user)
-        admin.close()
 
 
 def test_ready_counts_agree_with_the_inspection_for_any_queue_name_with_or_without_scripts(redis_url, unique_name):
     """The operator's early notice counts with one script whose queue names travel as one string:
     names holding the separator characters, newlines or non-ASCII text are counted as themselves,
     and a Redis that refuses scripts gets the same counts from LLEN."""
-    from urllib.parse import urlsplit, urlunsplit
-
     from taskherd.queues.redis import ready_counts
 
     names = [f"{unique_name}:a", f"{unique_name}\nb,c", f"{unique_name}-ü-3:x", f"{unique_name}-empty"]
@@ -160,14 +164,5 @@ def test_ready_counts_agree_with_the_inspection_for_any_queue_name_with_or_witho
     client = redis.Redis.from_url(redis_url)
     assert ready_counts(client, names) == expected
     assert ready_counts(client, []) == {}
-    admin = redis.Redis.from_url(redis_url)
-    user, password = f"noscripts-{unique_name}"[:60], uuid.uuid4().hex
-    admin.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
-                      commands=["+@all", "-@scripting"])
-    try:
-        parts = urlsplit(redis_url)
-        limited = urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
+    with redis_without_scripts(redis_url, unique_name) as limited:
         assert ready_counts(redis.Redis.from_url(limited), names) == expected
-    finally:
-        admin.acl_deluser(user)
-        admin.close()

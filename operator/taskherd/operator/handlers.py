@@ -54,8 +54,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
                 poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
                 default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector
+    # A dry run scales nothing, so a backlog would outgrow its pool at every count: it keeps the
+    # regular polls (and their one log line each).
     memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading,
-                                   ready_counts=observer.ready_counts)
+                                   ready_counts=None if config.dry_run else observer.ready_counts)
     memo.tasks = [asyncio.create_task(elector.run()), asyncio.create_task(memo.scheduler.run())]
     logger.info("taskherd operator %s watching %s (leader election %s%s)", config.identity, config.namespaces,
                 "on" if isinstance(elector, LeaderElector) else "off", ", DRY RUN" if config.dry_run else "")
