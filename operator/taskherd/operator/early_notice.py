@@ -5,7 +5,7 @@ pollIntervalSeconds (5 s by default), which on bench/autoscaling.py's burst trac
 separated taskherd's p99 wait from 1/5 of KEDA's. Polling every pool every second would cost five
 times the operator's CPU (a poll reads the ages, the unacknowledged messages, the DLQs, the
 workers). Instead, every PROBE_SECONDS the scheduler counts the ready messages of every Redis pool
-whose poll is not due anyway, with one Redis command per broker for all its pools (3 ms of CPU
+whose poll is not due anyway, with one Redis command per broker for all its pools (3-5 ms of CPU
 for 1,000 pools), and brings a pool's poll forward when those messages alone already ask the
 depth rule for more workers than the pool has. The poll then decides as always
 (scaling.desired_replicas): the count only changes when it runs.
