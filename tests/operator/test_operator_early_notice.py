@@ -91,8 +91,9 @@ class Scheduled:
 def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll():
     kube, broker, counts = FakeKube(replicas={"workers": 0}), FakeBroker(Observation(ready=0, unacked=0)), Counts()
 
+    pool = Scheduled(kube, broker, counts, pollIntervalSeconds=60)
+
     async def scenario():
-        pool = Scheduled(kube, broker, counts, pollIntervalSeconds=60)
 
         async def tick(at, ready=None):
             if ready is not None:
@@ -113,6 +114,9 @@ def test_a_burst_between_polls_is_scaled_for_within_a_probe_not_at_the_next_poll
 
     asyncio.run(scenario())
     assert counts.asked == [[("ns", ("celery",))]] * 6, counts.asked  # t = 0 (after its poll) to 5, not 6
+    scraped = {sample.name: sample.value for family in pool.scheduler.deps.metrics.early_polls.collect()
+               for sample in family.samples if sample.labels == {"namespace": "ns", "workerpool": "pool"}}
+    assert scraped["taskherd_operator_early_polls_total"] == 3, "each poll the early notice brought forward is counted (t = 2, 4, 5)"
 
 
 def test_a_pool_whose_poll_is_due_within_a_count_is_not_counted():

@@ -202,8 +202,10 @@ class PoolScheduler:
             # a poll that started meanwhile (its next_due moved) read the queues itself
             if ready is not None and entry.next_due == due and outgrows(ready, found.replicas, found.policy):
                 entry.next_due = self._monotonic()
+                name = entry.body["metadata"].get("name")
+                self.deps.metrics.early_polls.labels(found.namespace, name).inc()
                 log.info("%s/%s: %d ready messages outgrow %d replicas: polled now (early notice)",
-                         found.namespace, entry.body["metadata"].get("name"), ready, found.replicas)
+                         found.namespace, name, ready, found.replicas)
 
     async def run(self) -> None:
         while True:
