@@ -73,6 +73,11 @@ class PoolEntry:
     replicas: int | None = None
     _candidate: tuple[dict[str, Any], int | None, Candidate | None] | None = None
 
+    @property
+    def polling(self) -> bool:
+        """A poll of this pool runs now."""
+        return self.task is not None and not self.task.done()
+
     def candidate(self) -> Candidate | None:
         """early_notice.candidate for this body and these replicas, worked out again only when
         either changes: the early notice asks for every pool every second."""
@@ -117,11 +122,11 @@ class PoolScheduler:
         entry.body = body
         if _intent(body) != before:  # a changed spec or pause annotation applies now
             entry.next_due = min(entry.next_due, self._monotonic())
-            entry.changed = entry.task is not None and not entry.task.done()
+            entry.changed = entry.polling
 
     def remove(self, namespace: str, name: str) -> None:
         entry = self.pools.pop((namespace, name), None)
-        if entry and entry.task and not entry.task.done():
+        if entry and entry.polling:
             entry.task.cancel()
 
     async def _poll(self, entry: PoolEntry, round_started: float) -> PollResult | None:
@@ -167,7 +172,7 @@ class PoolScheduler:
         now = self._monotonic()
         polls = []
         for entry in self.pools.values():
-            if entry.next_due <= now and (entry.task is None or entry.task.done()):
+            if entry.next_due <= now and not entry.polling:
                 entry.task = asyncio.create_task(self._poll(entry, now))
                 polls.append(entry.task)
         return [asyncio.create_task(self._round(polls))] if polls else []
@@ -187,7 +192,7 @@ class PoolScheduler:
         chosen = []
         for entry in self.pools.values():
             # a poll that runs or is due within a count reads the queues itself
-            if (entry.task is None or entry.task.done()) and entry.next_due - now > PROBE_SECONDS:
+            if not entry.polling and entry.next_due - now > PROBE_SECONDS:
                 found = entry.candidate()
                 if found is not None:
                     chosen.append((entry, found, entry.next_due))

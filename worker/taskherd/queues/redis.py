@@ -196,7 +196,7 @@ def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keypre
             counts = [sum(lengths[i * len(steps):(i + 1) * len(steps)]) for i in range(len(queues))]
     except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
         raise BrokerUnreachable(f"Redis: {exc}") from exc
-    return dict(zip(queues, (int(n) for n in counts)))
+    return dict(zip(queues, counts))
 
 
 def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
