@@ -127,16 +127,15 @@ class BrokerObserver:
         polls keep. None for a pool this cannot count cheaply (RabbitMQ: a request per queue, what
         a poll costs) or whose broker did not answer: its regular poll reports why."""
         # most pools share a few Secrets: each is looked up once (a task each cost more than the count)
-        secrets = {(ns, broker.secret_name, broker.secret_key, broker.global_keyprefix): (ns, broker)
-                   for ns, broker in pools}
-        found = await asyncio.gather(*(self._address(ns, broker) for ns, broker in secrets.values()),
-                                     return_exceptions=True)
-        addresses = dict(zip(secrets, found))
-        by_address: dict[BrokerAddress, list[int]] = {}
+        by_secret: dict[tuple[str, str, str, str], list[int]] = {}
         for index, (ns, broker) in enumerate(pools):
-            address = addresses[(ns, broker.secret_name, broker.secret_key, broker.global_keyprefix)]
+            by_secret.setdefault((ns, broker.secret_name, broker.secret_key, broker.global_keyprefix), []).append(index)
+        found = await asyncio.gather(*(self._address(*pools[indexes[0]]) for indexes in by_secret.values()),
+                                     return_exceptions=True)
+        by_address: dict[BrokerAddress, list[int]] = {}
+        for address, indexes in zip(found, by_secret.values()):
             if isinstance(address, BrokerAddress) and urlsplit(address.url).scheme in KEPT_CLIENT_SCHEMES:
-                by_address.setdefault(address, []).append(index)
+                by_address.setdefault(address, []).extend(indexes)
         counts: list[int | None] = [None] * len(pools)
 
         async def count(address: BrokerAddress, indexes: list[int]) -> None:
