@@ -6,6 +6,7 @@ import pytest
 from celery import Celery, signals
 
 from taskherd.worker.components import default_components
+from taskherd.worker.components import gc_freeze
 from taskherd.worker.components.gc_freeze import GcFreeze, freeze_once
 
 
@@ -19,9 +20,10 @@ def _tracked_by_collections(obj) -> bool:
 
 
 @pytest.fixture
-def unfrozen():
+def unfrozen(monkeypatch):
     if gc.get_freeze_count():
         pytest.skip("this process's heap was frozen before the test")
+    monkeypatch.setattr(gc_freeze, "_looked", False)  # as in a worker that has not forked yet
     yield
     gc.unfreeze()
 
@@ -51,6 +53,16 @@ def test_later_forks_do_not_freeze_what_tasks_left_behind(unfrozen):
     # freeze would have added the 1000 nodes.
     assert gc.get_freeze_count() <= frozen
     assert all(_tracked_by_collections(node) for node in later[:3])
+
+
+def test_later_forks_do_not_walk_the_frozen_heap(unfrozen, monkeypatch):
+    freeze_once()
+
+    def walks_the_permanent_generation():
+        raise AssertionError("gc.get_freeze_count() walks every frozen object: milliseconds per child replaced")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walks_the_permanent_generation)
+    freeze_once()
 
 
 def test_the_component_hooks_celerys_before_fork_signal(unfrozen):
