@@ -166,3 +166,23 @@ def test_ready_counts_agree_with_the_inspection_for_any_queue_name_with_or_witho
     assert ready_counts(client, []) == {}
     with redis_without_scripts(redis_url, unique_name) as limited:
         assert ready_counts(redis.Redis.from_url(limited), names) == expected
+
+
+def test_the_inspection_reads_any_message_and_queue_name_as_the_plain_commands_do(redis_url, unique_name):
+    """The lists' messages come back in one string of length-prefixed parts: messages holding
+    spaces, newlines, digits after a space or non-ASCII text, queue names holding the separators,
+    and a client that decodes replies all give what the script-less commands give."""
+    now = time.time()
+    names = [f"{unique_name} a", f"{unique_name}\n12 3", f"{unique_name}-ü", f"{unique_name}-empty"]
+    client = redis.Redis.from_url(redis_url)
+    for index, name in enumerate(names[:3]):
+        for step, key in enumerate((name, f"{name}\x06\x163", f"{name}\x06\x169")[:index + 1]):
+            stamp = now - 100 * (index + 1) - step
+            client.lpush(key, f'{{"body": "x y 7 8 ü\\n", "headers": {{"{PUBLISHED_AT}": {stamp}}}}}', "not json 5 6")
+    decoding = urlunsplit(urlsplit(redis_url)._replace(query="decode_responses=True"))
+    with redis_without_scripts(redis_url, unique_name) as limited:
+        readings = [inspect_queues(url, names) for url in (redis_url, decoding, limited)]
+    for reading in readings:
+        assert [reading[name].ready for name in names] == [2, 4, 6, 0]
+        # the oldest message of each list is the JSON one (LPUSH: the last pushed is the newest)
+        assert [round(reading[name].oldest_age_seconds or 0, -1) for name in names] == [100, 200, 300, 0]

@@ -30,7 +30,8 @@ class Conditions:
     def __init__(self, previous: list[Mapping[str, Any]] | None, now: float, generation: int | None = None) -> None:
         self._previous = {c["type"]: dict(c) for c in previous or [] if "type" in c}
         self._items = dict(self._previous)
-        self._now = rfc3339(now)
+        self._now_seconds = now
+        self._now_text: str | None = None  # formatted only when a condition changes: most polls change none
         self._generation = generation
         #: what changed in this poll, for the log.
         self.transitions: list[str] = []
@@ -40,11 +41,16 @@ class Conditions:
         old = self._items.get(type_, {})
         if old.get("status") != status or old.get("reason") != reason:
             self.transitions.append(f"{type_}={status} ({reason}: {message[:200]})")
-        since = old.get("lastTransitionTime") if old.get("status") == status else self._now
+        since = old.get("lastTransitionTime") if old.get("status") == status else None
         self._items[type_] = {"type": type_, "status": status, "reason": reason,
-                              "message": message[:MESSAGE_LIMIT] or reason, "lastTransitionTime": since or self._now}
+                              "message": message[:MESSAGE_LIMIT] or reason, "lastTransitionTime": since or self._now()}
         if self._generation is not None:
             self._items[type_]["observedGeneration"] = self._generation
+
+    def _now(self) -> str:
+        if self._now_text is None:
+            self._now_text = rfc3339(self._now_seconds)
+        return self._now_text
 
     def get(self, type_: str) -> Mapping[str, Any]:
         return self._items.get(type_, {})

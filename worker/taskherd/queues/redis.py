@@ -34,45 +34,74 @@ SCAN_CHUNK = 100
 #: The first read of each list's oldest end is this short: the oldest message is nearly always not
 #: delayed (ETA messages wait in taskherd's delay set, not in the list), and every poll reads it.
 FIRST_CHUNK = 4
-#: Every list of a call read by one command: per key (KEYS), 0 for an empty list, else {length,
-#: its oldest ARGV[1] messages}. redis-py packs and parses each command in Python (~20 µs each,
-#: bench/operator_scale.py), a queue has four priority lists and three are nearly always empty:
-#: one command instead of two per list. It only reads.
-READ_LISTS_SCRIPT = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local length = redis.call('LLEN', key)
-  if length == 0 then out[i] = 0 else out[i] = {length, redis.call('LRANGE', key, -tonumber(ARGV[1]), -1)} end
+#: Lua shared by the scripts below: `each_list(visit)` calls ``visit(i, key)`` for every priority
+#: list of the i-th queue named in ARGV (ARGV[1] the key prefix, ARGV[2] the separator, ARGV[3] the
+#: steps joined by commas, ARGV[4] the names as one string of `<bytes>:<name>`: any name, newlines
+#: included), in the order `priority_list_keys` gives them. One argument instead of one key per
+#: list: redis-py packs every argument in Python (~2 µs each; a queue has four lists). The keys are
+#: built in the script (kombu's Redis transport is standalone Redis, where undeclared keys are
+#: allowed).
+_EACH_LIST = """
+local function each_list(visit)
+  local prefix, sep, names = ARGV[1], ARGV[2], ARGV[4]
+  local steps = {}
+  for step in string.gmatch(ARGV[3], '%d+') do steps[#steps + 1] = step end
+  local at, i = 1, 0
+  while at <= #names do
+    local colon = string.find(names, ':', at, true)
+    local size = tonumber(string.sub(names, at, colon - 1))
+    local name = string.sub(names, colon + 1, colon + size)
+    at, i = colon + size + 1, i + 1
+    for _, step in ipairs(steps) do
+      local key = prefix .. name
+      if step ~= '0' then key = key .. sep .. step end
+      visit(i, key)
+    end
+  end
 end
-return out
+"""
+
+#: Every list of the queues read by one command, with one reply: for each list that is not empty,
+#: its position in each_list's order (from 1), its length, and its oldest ARGV[5] messages (how
+#: many, then each as `<bytes> <message>`), all joined by spaces (read by `_lists_from_reply`).
+#: redis-py parses each element of a reply in Python (~10 µs each), and a queue has four priority
+#: lists, three nearly always empty: one command and one reply element instead of two commands and
+#: up to six elements per list, and nothing at all for an empty one (bench/operator_scale.py).
+#: It only reads.
+READ_LISTS_SCRIPT = _EACH_LIST + """
+local out, position = {}, 0
+each_list(function(_, key)
+  position = position + 1
+  local length = redis.call('LLEN', key)
+  if length > 0 then
+    local messages = redis.call('LRANGE', key, -tonumber(ARGV[5]), -1)
+    out[#out + 1] = position
+    out[#out + 1] = length
+    out[#out + 1] = #messages
+    for _, message in ipairs(messages) do
+      out[#out + 1] = #message
+      out[#out + 1] = message
+    end
+  end
+end)
+return table.concat(out, ' ')
 """
 
 #: The ready count of each queue (its priority lists summed) by one command, for the operator's
-#: early notice (operator/early_notice.py): ARGV = prefix, separator, steps, then the queue names
-#: as one string of `<bytes>:<name>` (any name, newlines included); the reply is the counts joined
-#: by commas. One argument and one reply instead of one per queue: redis-py packs and parses each
-#: in Python, 2.5 ms of CPU for 1,000 queues against 0.3 ms. The keys are built here (kombu's
-#: Redis transport is standalone Redis, where undeclared keys are allowed). It only reads.
-READY_COUNTS_SCRIPT = """
-local prefix, sep, names = ARGV[1], ARGV[2], ARGV[4]
-local steps = {}
-for step in string.gmatch(ARGV[3], '%d+') do steps[#steps + 1] = step end
-local out, at = {}, 1
-while at <= #names do
-  local colon = string.find(names, ':', at, true)
-  local size = tonumber(string.sub(names, at, colon - 1))
-  local name = string.sub(names, colon + 1, colon + size)
-  at = colon + size + 1
-  local n = 0
-  for _, step in ipairs(steps) do
-    local key = prefix .. name
-    if step ~= '0' then key = key .. sep .. step end
-    n = n + redis.call('LLEN', key)
-  end
-  out[#out + 1] = n
-end
+#: early notice (operator/early_notice.py): the reply is the counts joined by commas. One argument
+#: and one reply instead of one per queue: 2.5 ms of CPU for 1,000 queues against 0.3 ms. It only
+#: reads.
+READY_COUNTS_SCRIPT = _EACH_LIST + """
+local out = {}
+each_list(function(i, key) out[i] = (out[i] or 0) + redis.call('LLEN', key) end)
 return table.concat(out, ',')
 """
+
+
+def _script_arguments(queues: Iterable[str], *, prefix: str, steps: tuple[int, ...]) -> list[str]:
+    """ARGV[1..4] of the scripts above (_EACH_LIST)."""
+    return [prefix, SEP, ",".join(str(step) for step in steps),
+            "".join(f"{len(queue.encode())}:{queue}" for queue in queues)]
 
 
 def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, prefix: str = "") -> list[str]:
@@ -180,9 +209,7 @@ def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keypre
     steps = tuple(priority_steps)
     try:
         try:
-            names = "".join(f"{len(queue.encode())}:{queue}" for queue in queues)
-            reply = client.eval(READY_COUNTS_SCRIPT, 0, global_keyprefix, SEP,
-                                ",".join(str(step) for step in steps), names)
+            reply = client.eval(READY_COUNTS_SCRIPT, 0, *_script_arguments(queues, prefix=global_keyprefix, steps=steps))
             text = reply.decode() if isinstance(reply, bytes) else reply  # decode_responses or not
             counts = [int(n) for n in text.split(",")] if text else []
         except redis_client.ResponseError:
@@ -201,15 +228,15 @@ def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keypre
 
 def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
     """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue)."""
+    queues = list(dict.fromkeys(queues))
     keys = {queue: priority_list_keys(queue, steps=steps, prefix=prefix) for queue in queues}
-    listed = list(dict.fromkeys(key for queue in queues for key in keys[queue]))
+    listed = [key for queue in queues for key in keys[queue]]  # the script's order (_EACH_LIST)
     try:
         with client.pipeline(transaction=False) as pipe:
-            pipe.eval(READ_LISTS_SCRIPT, len(listed), *listed, FIRST_CHUNK)
+            pipe.eval(READ_LISTS_SCRIPT, 0, *_script_arguments(queues, prefix=prefix, steps=steps), FIRST_CHUNK)
             _ask_unacked(pipe, prefix)
-            replies, index, (cursor, first_page) = pipe.execute()
-        lists = {key: (reply, []) if isinstance(reply, int) else (reply[0], reply[1])
-                 for key, reply in zip(listed, replies)}
+            reply, index, (cursor, first_page) = pipe.execute()
+        lists = {listed[position - 1]: read for position, read in _lists_from_reply(reply)}
     except redis_client.ResponseError:
         # Scripting refused (an ACL without @scripting, a managed Redis) or a key of the wrong
         # type: the same reads one command each, which raise the error that was not the script's.
@@ -219,12 +246,37 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
                 pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
             _ask_unacked(pipe, prefix)
             *replies, index, (cursor, first_page) = pipe.execute()
-        lists = {key: (replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(listed)}
+        lists = {key: (replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(listed) if replies[2 * i]}
+    # `lists` holds the lists that are not empty: (length, oldest messages)
     ready, oldest = {}, {}
     for queue in queues:
-        stamps = [stamp for key in keys[queue] if (stamp := _oldest_stamp(client, key, lists[key][1])) is not None]
-        ready[queue], oldest[queue] = sum(lists[key][0] for key in keys[queue]), min(stamps) if stamps else None
+        found = [(key, lists[key]) for key in keys[queue] if key in lists]
+        stamps = [stamp for key, (_, chunk) in found if (stamp := _oldest_stamp(client, key, chunk)) is not None]
+        ready[queue], oldest[queue] = sum(length for _, (length, _) in found), min(stamps) if stamps else None
     return ready, oldest, _unacked_by_queue(client, index, first_page, cursor, prefix=prefix)
+
+
+def _lists_from_reply(reply: bytes | str) -> list[tuple[int, tuple[int, list[bytes]]]]:
+    """READ_LISTS_SCRIPT's reply: (position, (length, oldest messages)) of each list not empty."""
+    data = reply.encode() if isinstance(reply, str) else reply  # a client with decode_responses
+    lists, at = [], 0
+
+    def number() -> int:
+        nonlocal at
+        space = data.find(b" ", at)
+        end = space if space >= 0 else len(data)
+        value, at = int(data[at:end]), end + 1
+        return value
+
+    while at < len(data):
+        position, length, count = number(), number(), number()
+        messages = []
+        for _ in range(count):
+            size = number()
+            messages.append(data[at:at + size])
+            at += size + 1  # the message, then the space after it
+        lists.append((position, (length, messages)))
+    return lists
 
 
 def _ask_unacked(pipe, prefix: str) -> None:
