@@ -15,11 +15,14 @@ import json
 import re
 import time
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import redis as redis_client
 
 from .stats import AGE_FROM_STAMP, BrokerUnreachable, QueueStats
+
+if TYPE_CHECKING:
+    from .redis_unacked import UnackedDeliveries
 
 PUBLISHED_AT_HEADER = "taskherd_published_at"
 #: kombu.transport.redis defaults (Channel.sep, PRIORITY_STEPS, unacked keys, binding prefix).
@@ -170,14 +173,17 @@ def _client(broker_url: str) -> redis_client.Redis:
 def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str = "",
                   now: float | None = None, visibility_timeout: float = 3600.0,
                   priority_steps: Iterable[int] = PRIORITY_STEPS,
-                  client: redis_client.Redis | None = None) -> dict[str, QueueStats]:
+                  client: redis_client.Redis | None = None,
+                  unacked: UnackedDeliveries | None = None) -> dict[str, QueueStats]:
     """One round trip in the common case (module docstring's figures, all read in one pipeline);
-    more only for a list whose oldest messages are all delayed, a large unacked hash, or bindings."""
+    more only for a list whose oldest messages are all delayed, a large unacked hash, or bindings.
+    `unacked` (taskherd.queues.redis_unacked, for a caller that inspects the same broker often)
+    reads the unacknowledged deliveries instead, at most once per its max_age_seconds."""
     own_client = client is None
     client = client or _client(broker_url)
     steps = tuple(priority_steps)
     try:
-        ready, oldest, unacked = _read(client, queues, prefix=global_keyprefix, steps=steps)
+        ready, oldest, unacked = _read(client, queues, prefix=global_keyprefix, steps=steps, unacked=unacked)
     except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
         raise BrokerUnreachable(f"Redis at {_redact(broker_url)}: {exc}") from exc
     finally:
@@ -226,16 +232,20 @@ def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keypre
     return dict(zip(queues, counts))
 
 
-def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
+def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...], unacked=None):
     """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue)."""
     queues = list(dict.fromkeys(queues))
     keys = {queue: priority_list_keys(queue, steps=steps, prefix=prefix) for queue in queues}
     listed = [key for queue in queues for key in keys[queue]]  # the script's order (_EACH_LIST)
+    unacked_read: tuple | None = None  # (index, first page, cursor) when read here
     try:
         with client.pipeline(transaction=False) as pipe:
             pipe.eval(READ_LISTS_SCRIPT, 0, *_script_arguments(queues, prefix=prefix, steps=steps), FIRST_CHUNK)
-            _ask_unacked(pipe, prefix)
-            reply, index, (cursor, first_page) = pipe.execute()
+            if unacked is None:
+                _ask_unacked(pipe, prefix)
+            reply, *asked = pipe.execute()
+        if asked:
+            unacked_read = (asked[0], asked[1][1], asked[1][0])
         lists = {listed[position - 1]: read for position, read in _lists_from_reply(reply)}
     except redis_client.ResponseError:
         # Scripting refused (an ACL without @scripting, a managed Redis) or a key of the wrong
@@ -246,6 +256,7 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
                 pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
             _ask_unacked(pipe, prefix)
             *replies, index, (cursor, first_page) = pipe.execute()
+        unacked_read = (index, first_page, cursor)
         lists = {key: (replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(listed) if replies[2 * i]}
     # `lists` holds the lists that are not empty: (length, oldest messages)
     ready, oldest = {}, {}
@@ -253,7 +264,15 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...]):
         found = [(key, lists[key]) for key in keys[queue] if key in lists]
         stamps = [stamp for key, (_, chunk) in found if (stamp := _oldest_stamp(client, key, chunk)) is not None]
         ready[queue], oldest[queue] = sum(length for _, (length, _) in found), min(stamps) if stamps else None
-    return ready, oldest, _unacked_by_queue(client, index, first_page, cursor, prefix=prefix)
+    by_queue = unacked.by_queue(client, prefix=prefix) if unacked_read is None else None
+    if by_queue is None:  # read here, or the reader could not (scripts refused): read it all now
+        if unacked_read is None:
+            with client.pipeline(transaction=False) as pipe:
+                _ask_unacked(pipe, prefix)
+                index, (cursor, first_page) = pipe.execute()
+            unacked_read = (index, first_page, cursor)
+        by_queue = _unacked_by_queue(client, *unacked_read, prefix=prefix)
+    return ready, oldest, by_queue
 
 
 def _lists_from_reply(reply: bytes | str) -> list[tuple[int, tuple[int, list[bytes]]]]:
@@ -308,6 +327,19 @@ def _unacked_by_queue(client, index: list, first_page: dict, cursor: int, *, pre
     while cursor:
         cursor, page = client.hscan(prefix + UNACKED_KEY, cursor, count=500)
         entries += page.items()
+    by_queue: dict[str, list[float]] = defaultdict(list)
+    for tag, queues in delivery_queues(client, entries, prefix=prefix):
+        for queue in queues:
+            # A tag in the hash but not (yet) in the index: kombu writes both in one MULTI, so this
+            # is only a read between two commands of ours; count it as delivered now.
+            by_queue[queue].append(delivered_at.get(tag, time.time()))
+    return by_queue
+
+
+def delivery_queues(client, entries: Iterable[tuple[Any, Any]], *, prefix: str) -> list[tuple[str, tuple[str, ...]]]:
+    """(delivery tag, the queues it was delivered from) of kombu `unacked` hash entries (tag, raw
+    ``[payload, exchange, routing_key]``), resolved as kombu's restore does; entries that are not
+    kombu's are left out."""
     deliveries = []
     for tag, raw in entries:
         try:
@@ -322,13 +354,8 @@ def _unacked_by_queue(client, index: list, first_page: dict, cursor: int, *, pre
             for exchange in exchanges:
                 pipe.smembers(prefix + BINDING_KEY % exchange)
             bindings_of = {e: [_text(m) for m in members] for e, members in zip(exchanges, pipe.execute())}
-    by_queue: dict[str, list[float]] = defaultdict(list)
-    for tag, exchange, routing_key in deliveries:
-        for queue in queues_for_delivery(exchange, routing_key, bindings_of.get(exchange, [])) or [routing_key]:
-            # A tag in the hash but not (yet) in the index: kombu writes both in one MULTI, so this
-            # is only a read between two commands of ours; count it as delivered now.
-            by_queue[queue].append(delivered_at.get(tag, time.time()))
-    return by_queue
+    return [(tag, tuple(queues_for_delivery(exchange, routing_key, bindings_of.get(exchange, [])) or [routing_key]))
+            for tag, exchange, routing_key in deliveries]
 
 
 def _text(value) -> str:
