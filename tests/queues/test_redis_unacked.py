@@ -74,33 +74,33 @@ def test_read_at_most_once_per_max_age_and_only_the_new_tags(redis_url, unique_n
     clock = _Clock()
     reader = UnackedDeliveries(max_age_seconds=1.0, clock=clock)
     first = [_deliver(client, unique_name, at=time.time() - 20) for _ in range(3)]
-    assert reader.by_queue(client, prefix="")[unique_name] and len(client.asked) == 3
+    assert reader.by_queue(client, prefix="", queues=[unique_name])[unique_name] and len(client.asked) == 3
 
     later = _deliver(client, unique_name)
     _acknowledge(client, first[0])
     clock.now += 0.5
-    assert len(reader.by_queue(client, prefix="")[unique_name]) == 3, "within max_age: the last reading"
+    assert len(reader.by_queue(client, prefix="", queues=[unique_name])[unique_name]) == 3, "within max_age: the last reading"
     assert len(client.asked) == 3, "within max_age: nothing asked of Redis"
 
     clock.now += 0.6
-    times = reader.by_queue(client, prefix="")[unique_name]
+    times = reader.by_queue(client, prefix="", queues=[unique_name])[unique_name]
     assert len(times) == 3 and min(times) < time.time() - 19, "one acknowledged, one new, the oldest kept"
     assert [tag.decode() for tag in client.asked[3:]] == [later], "only the new tag's queue was looked up"
 
     for tag in [*first[1:], later]:
         _acknowledge(client, tag)
     clock.now += 1.1
-    assert reader.by_queue(client, prefix="") == {}
+    assert reader.by_queue(client, prefix="", queues=[unique_name]) == {}
 
 
 def test_tags_kombu_never_makes_and_redis_without_scripts_are_read_whole(redis_url, unique_name):
     client = redis.Redis.from_url(redis_url)
     _deliver(client, unique_name)
     _deliver(client, unique_name, tag=f"{unique_name} with a space")
-    assert UnackedDeliveries().by_queue(client, prefix="") is None
+    assert UnackedDeliveries().by_queue(client, prefix="", queues=[unique_name]) is None
     assert inspect_redis(redis_url, [unique_name], client=client, unacked=UnackedDeliveries())[unique_name].unacked == 2
     with redis_without_scripts(redis_url, unique_name) as limited:
         limited_client = redis.Redis.from_url(limited)
-        assert UnackedDeliveries().by_queue(limited_client, prefix="") is None
+        assert UnackedDeliveries().by_queue(limited_client, prefix="", queues=[unique_name]) is None
         stats = inspect_redis(limited, [unique_name], client=limited_client, unacked=UnackedDeliveries())
         assert stats[unique_name].unacked == 2

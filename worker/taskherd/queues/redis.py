@@ -264,7 +264,7 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...], una
         found = [(key, lists[key]) for key in keys[queue] if key in lists]
         stamps = [stamp for key, (_, chunk) in found if (stamp := _oldest_stamp(client, key, chunk)) is not None]
         ready[queue], oldest[queue] = sum(length for _, (length, _) in found), min(stamps) if stamps else None
-    by_queue = unacked.by_queue(client, prefix=prefix) if unacked_read is None else None
+    by_queue = unacked.by_queue(client, prefix=prefix, queues=queues) if unacked_read is None else None
     if by_queue is None:  # read here, or the reader could not (scripts refused): read it all now
         if unacked_read is None:
             with client.pipeline(transaction=False) as pipe:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
-from typing import Callable
+from typing import Callable, Iterable
 
 import redis as redis_client
 
@@ -43,41 +42,58 @@ class UnackedDeliveries:
         self.max_age_seconds = max_age_seconds
         self._clock = clock
         self._lock = threading.Lock()  # inspections run in worker threads
+        self._read_at: float | None = None
         #: delivery tag -> the queues it was delivered from, for the tags in the index
         self._queues_of: dict[bytes, tuple[str, ...]] = {}
-        self._read_at: float | None = None
-        self._by_queue: dict[str, list[float]] = {}
+        #: queue -> {delivery tag: delivery time}
+        self._delivered: dict[str, dict[bytes, float]] = {}
 
-    def by_queue(self, client: redis_client.Redis, *, prefix: str) -> dict[str, list[float]] | None:
-        """Queue name -> delivery times of its unacknowledged messages (not to be modified); None
-        when the index cannot be read this way (scripts refused, a tag with a space): the caller
-        reads it whole."""
+    def by_queue(self, client: redis_client.Redis, *, prefix: str, queues: Iterable[str]) -> dict[str, list[float]] | None:
+        """Each of `queues` (those with any) -> the delivery times of its unacknowledged messages;
+        None when the index cannot be read this way (scripts refused, a tag with a space): the
+        caller reads it whole."""
         with self._lock:
             now = self._clock()
-            if self._read_at is not None and now - self._read_at < self.max_age_seconds:
-                return self._by_queue
-            try:
-                reply = client.eval(INDEX_SCRIPT, 1, prefix + UNACKED_INDEX_KEY)
-            except redis_client.ResponseError:
-                return None
-            if reply is None:
-                return None
-            data = reply.encode() if isinstance(reply, str) else reply  # a client with decode_responses
-            parts = data.split(b" ") if data else []
-            scores = dict(zip(parts[::2], parts[1::2]))
-            self._queues_of = {tag: queues for tag, queues in self._queues_of.items() if tag in scores}
-            self._resolve(client, [tag for tag in scores if tag not in self._queues_of], prefix=prefix)
-            by_queue: dict[str, list[float]] = defaultdict(list)
-            for tag, score in scores.items():
-                for queue in self._queues_of.get(tag, ()):
-                    by_queue[queue].append(float(score))
-            self._read_at, self._by_queue = now, dict(by_queue)
-            return self._by_queue
+            if self._read_at is None or now - self._read_at >= self.max_age_seconds:
+                if not self._refresh(client, prefix=prefix):
+                    return None
+                self._read_at = now
+            return {queue: list(self._delivered[queue].values()) for queue in queues if queue in self._delivered}
+
+    def _refresh(self, client: redis_client.Redis, *, prefix: str) -> bool:
+        """Reads the index and applies what changed since the last read: set operations over the
+        tags, then work only for the tags that came or went. A tag's delivery time is the one first
+        read: kombu and taskherd's fast recovery write it once, at delivery."""
+        try:
+            reply = client.eval(INDEX_SCRIPT, 1, prefix + UNACKED_INDEX_KEY)
+        except redis_client.ResponseError:
+            return False
+        if reply is None:
+            return False
+        data = reply.encode() if isinstance(reply, str) else reply  # a client with decode_responses
+        parts = data.split(b" ") if data else []
+        index = dict(zip(parts[::2], parts[1::2]))
+        for tag in self._queues_of.keys() - index.keys():
+            self._forget(tag)
+        # new tags, and those whose hash entry was missing last time (asked again)
+        new = list(index.keys() - self._queues_of.keys())
+        self._resolve(client, new, prefix=prefix)
+        for tag in new:
+            for queue in self._queues_of.get(tag, ()):
+                self._delivered.setdefault(queue, {})[tag] = float(index[tag])
+        return True
+
+    def _forget(self, tag: bytes) -> None:
+        for queue in self._queues_of.pop(tag, ()):
+            delivered = self._delivered.get(queue, {})
+            delivered.pop(tag, None)
+            if not delivered:
+                self._delivered.pop(queue, None)
 
     def _resolve(self, client: redis_client.Redis, tags: list[bytes], *, prefix: str) -> None:
-        """Remembers the queues of `tags`. A tag whose hash entry is gone (acknowledged since the
-        index was read) is left out and asked again next time if still indexed; an entry that is
-        not kombu's is remembered as belonging to no queue, as inspect_redis leaves it out."""
+        """Remembers the queues of `tags` whose hash entry is still there (one acknowledged since
+        the index was read is not); an entry that is not kombu's belongs to no queue, as
+        inspect_redis leaves it out."""
         entries = []
         for start in range(0, len(tags), HMGET_BATCH):
             batch = tags[start:start + HMGET_BATCH]
