@@ -5,7 +5,8 @@ inspection on the host Redis -> decision -> worker readings -> deletion costs ->
 for 200 pools, 16 at a time as the scheduler does; the pools polled together share their broker's
 inspection, as in the operator (inspection_batch.py). The Kubernetes API is an in-memory stand-in
 (the API server's own cost is not the operator's); Redis is real (a leased database, 200 queues +
-200 DLQs with 0-50 messages each); each pool has 0-6 worker pods whose /metrics the operator reads
+200 DLQs with 0-50 messages each, and 0-12 tasks running per pool: kombu's unacknowledged
+deliveries, which every inspection accounts for); each pool has 0-6 worker pods whose /metrics the operator reads
 over HTTP when it would (busyness and throughput, taskherd.operator.throughput.reading_due; pool-
 child deaths every 30 s) from a server on loopback, in a process of its own, serving what a
 worker with five task names serves, through the worker's own HTTP server and registry (so a
@@ -15,7 +16,8 @@ round, so those cadences happen as they would. Prints, side by side:
 - latency of the decision function alone;
 - the projected share of one core at the default 5 s interval (target: 1,000 pools <= 10 %), with
   the early notice's count between polls (every pool's ready messages each second, through the
-  scheduler's own code: operator/early_notice.py) on top;
+  scheduler's own code: operator/early_notice.py) and the refresh of the broker's unacknowledged
+  deliveries (once a second: taskherd.queues.redis_unacked) on top;
 - the baseline: CPU of one `celery inspect ping` (asking the workers instead of the broker, what
   a naive autoscaler does per pool), measured here in the same run.
 
