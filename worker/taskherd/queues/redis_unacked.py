@@ -48,7 +48,8 @@ class UnackedDeliveries:
         #: queue -> {delivery tag: delivery time}
         self._delivered: dict[str, dict[bytes, float]] = {}
 
-    def by_queue(self, client: redis_client.Redis, *, prefix: str, queues: Iterable[str]) -> dict[str, list[float]] | None:
+    def by_queue(self, client: redis_client.Redis, *, prefix: str,
+                 queues: Iterable[str]) -> dict[str, list[float]] | None:
         """Each of `queues` (those with any) -> the delivery times of its unacknowledged messages;
         None when the index cannot be read this way (scripts refused, a tag with a space): the
         caller reads it whole."""

@@ -27,7 +27,8 @@ _DISPATCH_UID = "taskherd.worker.components.gc_freeze"
 
 #: whether freeze_once has looked at this process's heap already. Not ``gc.get_freeze_count()`` on
 #: every call: it walks the whole permanent generation (~50,000 objects, ~3 ms of CPU in the main
-#: process per child replaced: a fifth of what replacing a child cost it, bench/throughput.py).
+#: process per child replaced: a fifth of what replacing a child cost it; docs/benchmarks.md,
+#: "Replacing a pool child").
 _looked = False
 
 
