@@ -41,10 +41,10 @@ import redis
 from prometheus_client import CollectorRegistry
 
 import repo_paths  # noqa: F401 - first: the shared helpers below live in the repository
-from e2e.lib.services import leased_redis_db
+from e2e.lib.services import fresh_vhost, leased_redis_db
 from e2e.lib.services import free_port
 from e2e.lib.waiting import wait_for
-from taskherd.operator.broker import UNACKED_MAX_AGE_SECONDS, BrokerObserver
+from taskherd.operator.broker import LISTING_MAX_AGE_SECONDS, UNACKED_MAX_AGE_SECONDS, BrokerObserver
 from taskherd.operator.busyness import READING_SAMPLES, MetricsBusynessReader, WorkerMetrics
 from taskherd.operator.child_deaths import DEATH_SAMPLES, MetricsChildDeathReader
 from taskherd.operator.early_notice import PROBE_SECONDS
@@ -60,14 +60,14 @@ from taskherd.operator.scheduler import PoolScheduler
 class MemoryKube:
     """The API as dicts: every call the poll makes, answered from memory."""
 
-    def __init__(self, url: str, pools: int):
-        self.url = url
+    def __init__(self, url: str, pools: int, management_url: str | None = None):
+        self.url, self.management_url = url, management_url
         self.replicas = {f"workers-{i}": random.randint(0, 6) for i in range(pools)}
         self.calls = 0
 
     async def read_secret(self, namespace, name):
         self.calls += 1
-        return {"url": self.url}
+        return {"url": self.url, "management": self.management_url or ""}
 
     async def get_scale(self, namespace, target):
         self.calls += 1
@@ -109,6 +109,29 @@ def fill(url: str, pools: int) -> None:
         deliver(client, f"q{i}", running.randint(0, 12))
 
 
+def fill_rabbitmq(amqp_url: str, management_url: str, pools: int) -> None:
+    """The same queues and DLQs on RabbitMQ, their messages stamped as taskherd publishes them
+    (the AMQP timestamp: the management API's head_message_timestamp), then waits for the
+    management statistics to report them (every 5 s)."""
+    from kombu import Connection
+    expected = 0
+    with Connection(amqp_url) as connection:
+        channel = connection.channel()
+        producer = connection.Producer(channel)
+        for i in range(pools):
+            for queue, n in ((f"q{i}", random.randint(0, 50)), (f"q{i}.dlq", random.choice([0, 0, 0, 2]))):
+                channel.queue_declare(queue, durable=True, auto_delete=False)
+                for _ in range(n):
+                    producer.publish({"body": ""}, routing_key=queue, timestamp=int(time.time()) - 10)
+                expected += n
+    import httpx
+    vhost = amqp_url.rsplit("/", 1)[1]
+    wait_for(f"the management API to report the {expected} messages",
+             lambda: sum(q.get("messages_ready", 0) for q in httpx.get(
+                 f"{management_url}/api/queues/{vhost}", params={"columns": "name,messages_ready"}).json()),
+             120, 1, equals=expected)
+
+
 def deliver(client: redis.Redis, queue: str, n: int) -> list[str]:
     """`n` tasks running from `queue`: unacknowledged deliveries as kombu's Redis transport records
     them (0-12 a pool: 0-6 pods of two pool processes), which every inspection reads."""
@@ -127,10 +150,11 @@ def deliver(client: redis.Redis, queue: str, n: int) -> list[str]:
     return tags
 
 
-def bodies(pools: int) -> list[dict]:
+def bodies(pools: int, broker: str = "redis") -> list[dict]:
+    secret = {"name": "broker"} if broker == "redis" else {"name": "broker", "managementUrlKey": "management"}
     return [{"metadata": {"name": f"pool-{i}", "namespace": "bench", "generation": 1},
              "spec": {"scaleTargetRef": {"name": f"workers-{i}"},
-                      "broker": {"type": "redis", "secretRef": {"name": "broker"}, "queues": [f"q{i}"]},
+                      "broker": {"type": broker, "secretRef": secret, "queues": [f"q{i}"]},
                       "minReplicas": 0, "maxReplicas": 20, "targetDepthPerWorker": 5,
                       "maxOldestMessageAgeSeconds": 30, "scaleDownStabilizationSeconds": 0}}
             for i in range(pools)]
@@ -183,9 +207,9 @@ class Clock:
         return self.t
 
 
-async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics_port: int
-                     ) -> tuple[list[float], float, int, int, float]:
-    kube = MemoryKube(url, pools)
+async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics_port: int,
+                     broker: str = "redis", management_url: str | None = None) -> tuple:
+    kube = MemoryKube(url, pools, management_url)
     clock = Clock()
     # shared, as in the operator (handlers.py), and on the rounds' clock: one request per pod and poll
     worker_metrics = WorkerMetrics(port=metrics_port, names=READING_SAMPLES + DEATH_SAMPLES, clock=clock)
@@ -194,8 +218,8 @@ async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics
                 child_deaths=MetricsChildDeathReader(worker_metrics), poster=_no_post,
                 metrics=OperatorMetrics(registry=CollectorRegistry()), clock=clock)
     slots = asyncio.Semaphore(16)
-    memories = {b["metadata"]["name"]: PoolMemory() for b in bodies(pools)}
-    items = bodies(pools)
+    memories = {b["metadata"]["name"]: PoolMemory() for b in bodies(pools, broker)}
+    items = bodies(pools, broker)
     latencies: list[float] = []
 
     async def one(body):
@@ -213,7 +237,26 @@ async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics
         await asyncio.gather(*(one(b) for b in items))
     poll_cpu = time.process_time() - cpu
     return latencies, poll_cpu, kube.calls - calls, CountingReader.reads, await count_cpu(
-        kube, deps, observer, items, rounds * round(interval / PROBE_SECONDS)), unacked_cpu(url, observer, pools, clock)
+        kube, deps, observer, items, rounds * round(interval / PROBE_SECONDS)), (
+        unacked_cpu(url, observer, pools, clock) if broker == "redis" else listing_cpu(url, management_url, observer,
+                                                                                         clock))
+
+
+def listing_cpu(url: str, management_url: str, observer: BrokerObserver, clock: Clock) -> float:
+    """CPU of one listing of the pools' vhost (the operator's, once a second), median of 10. The
+    rounds above list it once per round (their clock moves one interval a round)."""
+    from taskherd.queues.rabbitmq import _client, vhost_of
+    from urllib.parse import urlsplit
+    api = urlsplit(management_url)
+    client = _client(f"{api.scheme}://{api.hostname}:{api.port}", (api.username, api.password), 10.0)
+    listing = observer._listing(url, management_url)
+    samples = []
+    for _ in range(10):
+        clock.t += 1.0
+        started = time.process_time()
+        listing.documents(client, vhost_of(url))
+        samples.append(time.process_time() - started)
+    return statistics.median(samples)
 
 
 def unacked_cpu(url: str, observer: BrokerObserver, pools: int, clock: Clock) -> float:
@@ -296,13 +339,22 @@ def pct(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
 
-def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: int) -> dict[str, float]:
+def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: int,
+            broker: str = "redis") -> dict[str, float]:
     random.seed(3)
-    with leased_redis_db(base) as url:
-        fill(url, pools)
-        latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
-            run_rounds(url, pools, rounds, interval, metrics_port))
-        running = redis.Redis.from_url(url).zcard("unacked_index")
+    if broker == "rabbitmq":
+        management_url = os.environ["TASKHERD_RABBITMQ_API_URL"]
+        with fresh_vhost(os.environ["TASKHERD_AMQP_URL"], management_url) as url:
+            fill_rabbitmq(url, management_url, pools)
+            latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
+                run_rounds(url, pools, rounds, interval, metrics_port, broker, management_url))
+        running = 0
+    else:
+        with leased_redis_db(base) as url:
+            fill(url, pools)
+            latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
+                run_rounds(url, pools, rounds, interval, metrics_port))
+            running = redis.Redis.from_url(url).zcard("unacked_index")
     polls = pools * rounds
     per_poll = cpu / polls
     decisions = decision_latency(pools, 50)
@@ -310,12 +362,14 @@ def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: i
             "decision_median": statistics.median(decisions), "decision_p99": pct(decisions, 99),
             "share": per_poll * pools / interval, "calls": calls / polls, "reads": reads / polls,
             "per_count": per_count, "count_share": per_count / PROBE_SECONDS,
-            "running": running, "per_refresh": per_refresh, "refresh_share": per_refresh / UNACKED_MAX_AGE_SECONDS}
+            "running": running, "per_refresh": per_refresh,
+            "refresh_share": per_refresh / (UNACKED_MAX_AGE_SECONDS if broker == "redis" else LISTING_MAX_AGE_SECONDS)}
 
 
 def total(result: dict[str, float]) -> float:
-    """The operator's share of a core: polls, early-notice counts and unacked refreshes (the
-    latter counted in full although the polls' rounds already include one per interval)."""
+    """The operator's share of a core: polls, early-notice counts and the once-a-second refreshes
+    (Redis: the unacknowledged deliveries; RabbitMQ: the vhost's listing), the latter counted in
+    full although the polls' rounds already include one per interval."""
     return result["share"] + result["count_share"] + result["refresh_share"]
 
 
@@ -325,6 +379,9 @@ def main() -> int:
     # 6 rounds of 5 s: the 30 s cadence of a steady pool's worker readings falls inside them
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="the pools' broker (rabbitmq: a fresh vhost on the services' RabbitMQ, read "
+                             "through its management API; no task running)")
     args = parser.parse_args()
     base = os.environ.get("TASKHERD_REDIS_URL")
     if not base:
@@ -335,13 +392,14 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, "-c", WORKER_METRICS_SERVER, str(metrics_port)])
     try:
         wait_for("the worker metrics stand-in", lambda: _serving(metrics_port), timeout=30, interval=0.2)
-        results = {pools: measure(base, pools, args.rounds, args.interval, metrics_port) for pools in sizes}
+        results = {pools: measure(base, pools, args.rounds, args.interval, metrics_port, args.broker)
+                   for pools in sizes}
     finally:
         server.terminate()
         server.wait(10)
     with leased_redis_db(base) as url:
         baseline = celery_inspect_cpu(url)
-    print(f"operator poll loop, {args.rounds} rounds per size, real Redis inspection, in-memory API, "
+    print(f"operator poll loop, {args.rounds} rounds per size, real {args.broker} inspection, in-memory API, "
           f"{args.interval:g} s polls")
     print(f"{'figure':<44}" + "".join(f"{str(p) + ' pools':>16}" for p in sizes))
     rows = (("CPU per poll, ms", lambda r: r["per_poll"] * 1000, "{:.2f}"),
@@ -353,8 +411,8 @@ def main() -> int:
             ("early notice: CPU per count of all pools, ms", lambda r: r["per_count"] * 1000, "{:.2f}"),
             ("share of one core, counts (1 s)", lambda r: f"{r['count_share'] * 100:.1f} %", "{}"),
             ("running tasks (unacknowledged deliveries)", lambda r: r["running"], "{:,}"),
-            ("unacked refresh (1 s): CPU per refresh, ms", lambda r: r["per_refresh"] * 1000, "{:.2f}"),
-            ("share of one core, unacked refreshes", lambda r: f"{r['refresh_share'] * 100:.1f} %", "{}"),
+            ("refresh (1 s: unacked / listing), CPU, ms", lambda r: r["per_refresh"] * 1000, "{:.2f}"),
+            ("share of one core, refreshes", lambda r: f"{r['refresh_share'] * 100:.1f} %", "{}"),
             ("share of one core, polls + counts + refreshes", lambda r: f"{total(r) * 100:.1f} %", "{}"),
             ("API calls per poll (in-memory)", lambda r: r["calls"], "{:.1f}"),
             ("worker /metrics readings per poll (HTTP)", lambda r: r["reads"], "{:.2f}"))

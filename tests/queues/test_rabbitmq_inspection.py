@@ -110,3 +110,47 @@ def test_management_url_is_derived_from_the_amqp_url():
 def test_unreachable_management_api_raises_broker_unreachable(amqp_url):
     with pytest.raises(BrokerUnreachable, match="127.0.0.1:1"):
         inspect_queues(amqp_url, ["q"], management_url="http://u:p@127.0.0.1:1")
+
+
+def test_a_vhost_listing_answers_as_the_queues_own_documents(amqp_url, rabbitmq_api_url, unique_name, stamped):
+    """The operator's listing (one GET for the vhost, at most once per max_age_seconds): the same
+    figures as each queue's own document — a stamped classic queue, a quorum queue whose age
+    needs its publish history (asked for on its own still), a missing queue — and, within
+    max_age_seconds, the last listing's."""
+    from taskherd.queues.rabbitmq import VhostListing, inspect_rabbitmq
+
+    classic, quorum, missing = unique_name, unique_name + "-q", unique_name + ".never"
+    for queue, queue_type in ((classic, "classic"), (quorum, "quorum")):
+        app = declared_app(amqp_url, queue, queue_type)
+        with app.connection_for_write() as conn:
+            Queue(queue, Exchange(queue), routing_key=queue,
+                  queue_arguments={"x-queue-type": queue_type})(conn.default_channel).declare()
+        poll(amqp_url, rabbitmq_api_url, [queue], lambda s: True)
+        for _ in range(3):
+            app.send_task("t.x", queue=queue)
+        app.close()
+    queues = [classic, quorum, missing]
+    poll(amqp_url, rabbitmq_api_url, queues, lambda s: s[classic].ready == 3 and s[quorum].ready == 3)
+
+    now, clock = time.time(), [0.0]
+    listing = VhostListing(max_age_seconds=1.0, clock=lambda: clock[0])
+    listed = inspect_rabbitmq(amqp_url, queues, management_url=rabbitmq_api_url, now=now, listing=listing)
+    own = inspect_rabbitmq(amqp_url, queues, management_url=rabbitmq_api_url, now=now)
+    for queue in queues:
+        assert (listed[queue].ready, listed[queue].unacked, listed[queue].consumers, listed[queue].oldest_age_method) \
+            == (own[queue].ready, own[queue].unacked, own[queue].consumers, own[queue].oldest_age_method)
+        if own[queue].oldest_age_seconds is not None:
+            assert abs(listed[queue].oldest_age_seconds - own[queue].oldest_age_seconds) <= 5
+    # the quorum queue's age came from its own document's publish history (the listing has none)
+    assert listed[quorum].oldest_age_method == AGE_FROM_PUBLISH_COUNTER
+    assert listed[classic].oldest_age_seconds is not None
+
+    app = declared_app(amqp_url, classic, "classic")
+    app.send_task("t.x", queue=classic)
+    app.close()
+    poll(amqp_url, rabbitmq_api_url, [classic], lambda s: s[classic].ready == 4)
+    within = inspect_rabbitmq(amqp_url, [classic], management_url=rabbitmq_api_url, listing=listing)
+    assert within[classic].ready == 3, "within max_age_seconds: the last listing"
+    clock[0] += 1.0
+    after = inspect_rabbitmq(amqp_url, [classic], management_url=rabbitmq_api_url, listing=listing)
+    assert after[classic].ready == 4

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from taskherd.queues import REDIS_SCHEMES
+from taskherd.queues import AMQP_SCHEMES, REDIS_SCHEMES
 
 from .inspection_batch import BrokerAddress, InspectionBatcher
 from .kube import Kube, NotFound
@@ -36,6 +36,9 @@ MAX_REDIS_CLIENTS = 64
 #: how old a poll's figures of a Redis broker's unacknowledged deliveries may be (the ready
 #: messages are always read fresh): one read of them a second serves every poll of that broker.
 UNACKED_MAX_AGE_SECONDS = 1.0
+#: how old the listing of a RabbitMQ vhost a poll reads may be (the management API's own figures
+#: refresh every 5 s): one listing a second serves every pool of that vhost.
+LISTING_MAX_AGE_SECONDS = 1.0
 #: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
 #: inspect_queues, which knows every scheme of the contract.
 KEPT_CLIENT_SCHEMES = ("redis", "rediss")
@@ -79,6 +82,7 @@ class BrokerObserver:
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
         self._redis_clients: dict[str, Any] = {}
         self._unacked_readers: dict[tuple[str, str], Any] = {}
+        self._listings: dict[tuple[str, str | None], Any] = {}
         self._lock = threading.Lock()
         self._batches = InspectionBatcher(self._inspect_in_thread)
 
@@ -87,11 +91,17 @@ class BrokerObserver:
         """`taskherd.queues.inspect_queues`, except that Redis clients are kept between polls (a
         new connection per poll cost 2 ms of the 3 ms CPU of a poll), and so are the broker's
         unacknowledged deliveries, read at most once a second and only what changed (with 6,000
-        tasks running, reading them whole cost ~105 ms a batch: bench/operator_scale.py)."""
-        if urlsplit(url).scheme in KEPT_CLIENT_SCHEMES:
+        tasks running, reading them whole cost ~105 ms a batch: bench/operator_scale.py); on
+        RabbitMQ a listing of the vhost, at most once a second, answers the pools' queues."""
+        scheme = urlsplit(url).scheme
+        if scheme in KEPT_CLIENT_SCHEMES:
             from taskherd.queues.redis import inspect_redis
             return inspect_redis(url, queues, global_keyprefix=global_keyprefix, client=self._redis_client(url),
                                  unacked=self._unacked(url, global_keyprefix))
+        if scheme in AMQP_SCHEMES:
+            from taskherd.queues.rabbitmq import inspect_rabbitmq
+            return inspect_rabbitmq(url, queues, management_url=management_url,
+                                    listing=self._listing(url, management_url))
         from taskherd.queues import inspect_queues
         return inspect_queues(url, queues, management_url=management_url, global_keyprefix=global_keyprefix)
 
@@ -105,6 +115,17 @@ class BrokerObserver:
                 client = self._redis_clients[url] = redis.Redis.from_url(
                     url, socket_timeout=10, socket_connect_timeout=5)
             return client
+
+    def _listing(self, url: str, management_url: str | None) -> Any:
+        from taskherd.queues.rabbitmq import VhostListing
+        with self._lock:
+            listing = self._listings.get((url, management_url))
+            if listing is None:
+                if len(self._listings) >= MAX_REDIS_CLIENTS:  # as for the clients
+                    self._listings.pop(next(iter(self._listings)))
+                listing = self._listings[(url, management_url)] = VhostListing(
+                    max_age_seconds=LISTING_MAX_AGE_SECONDS, clock=self._clock)
+            return listing
 
     def _unacked(self, url: str, global_keyprefix: str) -> Any:
         from taskherd.queues.redis_unacked import UnackedDeliveries
