@@ -22,6 +22,11 @@ round, so those cadences happen as they would. Prints, side by side:
   a naive autoscaler does per pool), measured here in the same run.
 
     source scripts/services.sh env && .venv/bin/python bench/operator_scale.py [--pools 200,1000] [--rounds 6]
+        [--broker redis|rabbitmq]
+
+With `--broker rabbitmq` the pools' queues live in a fresh vhost of the services' RabbitMQ, read
+through its management API (one listing of the vhost a second, each queue's own document only
+when its age needs the publish history), with no task running.
 """
 from __future__ import annotations
 
@@ -238,23 +243,21 @@ async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics
     poll_cpu = time.process_time() - cpu
     return latencies, poll_cpu, kube.calls - calls, CountingReader.reads, await count_cpu(
         kube, deps, observer, items, rounds * round(interval / PROBE_SECONDS)), (
-        unacked_cpu(url, observer, pools, clock) if broker == "redis" else listing_cpu(url, management_url, observer,
-                                                                                         clock))
+        unacked_cpu(url, observer, pools, clock) if broker == "redis"
+        else listing_cpu(url, management_url, observer, clock))
 
 
 def listing_cpu(url: str, management_url: str, observer: BrokerObserver, clock: Clock) -> float:
-    """CPU of one listing of the pools' vhost (the operator's, once a second), median of 10. The
-    rounds above list it once per round (their clock moves one interval a round)."""
-    from taskherd.queues.rabbitmq import _client, vhost_of
-    from urllib.parse import urlsplit
-    api = urlsplit(management_url)
-    client = _client(f"{api.scheme}://{api.hostname}:{api.port}", (api.username, api.password), 10.0)
+    """CPU of one listing of the pools' vhost (the operator's, once a second; read through one
+    pool's inspection), median of 10. The rounds above list it once per round (their clock moves
+    one interval a round)."""
+    from taskherd.queues.rabbitmq import inspect_rabbitmq
     listing = observer._listing(url, management_url)
     samples = []
     for _ in range(10):
         clock.t += 1.0
         started = time.process_time()
-        listing.documents(client, vhost_of(url))
+        inspect_rabbitmq(url, ["q0"], management_url=management_url, listing=listing)
         samples.append(time.process_time() - started)
     return statistics.median(samples)
 
