@@ -1,4 +1,5 @@
-"""Queue inspection on RabbitMQ through the management HTTP API (one or two GETs per queue).
+"""Queue inspection on RabbitMQ through the management HTTP API (one or two GETs per queue; for a
+caller that keeps a VhostListing, one listing of the vhost a second instead, see there).
 
 - ready / unacked / consumers: ``messages_ready``, ``messages_unacknowledged``, ``consumers``.
   The management statistics are refreshed every ``collect_statistics_interval`` (5 s by default):
