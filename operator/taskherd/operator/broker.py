@@ -118,25 +118,24 @@ class BrokerObserver:
 
     def _listing(self, url: str, management_url: str | None) -> Any:
         from taskherd.queues.rabbitmq import VhostListing
-        with self._lock:
-            listing = self._listings.get((url, management_url))
-            if listing is None:
-                if len(self._listings) >= MAX_REDIS_CLIENTS:  # as for the clients
-                    self._listings.pop(next(iter(self._listings)))
-                listing = self._listings[(url, management_url)] = VhostListing(
-                    max_age_seconds=LISTING_MAX_AGE_SECONDS, clock=self._clock)
-            return listing
+        return self._kept(self._listings, (url, management_url),
+                          lambda: VhostListing(max_age_seconds=LISTING_MAX_AGE_SECONDS, clock=self._clock))
 
     def _unacked(self, url: str, global_keyprefix: str) -> Any:
         from taskherd.queues.redis_unacked import UnackedDeliveries
+        return self._kept(self._unacked_readers, (url, global_keyprefix),
+                          lambda: UnackedDeliveries(max_age_seconds=UNACKED_MAX_AGE_SECONDS, clock=self._clock))
+
+    def _kept(self, kept: dict, key: Any, make: Callable[[], Any]) -> Any:
+        """kept[key], made on first use; at most MAX_REDIS_CLIENTS of them, as for the clients (a
+        rotated URL leaves its old one behind)."""
         with self._lock:
-            reader = self._unacked_readers.get((url, global_keyprefix))
-            if reader is None:
-                if len(self._unacked_readers) >= MAX_REDIS_CLIENTS:  # as for the clients
-                    self._unacked_readers.pop(next(iter(self._unacked_readers)))
-                reader = self._unacked_readers[(url, global_keyprefix)] = UnackedDeliveries(
-                    max_age_seconds=UNACKED_MAX_AGE_SECONDS, clock=self._clock)
-            return reader
+            value = kept.get(key)
+            if value is None:
+                if len(kept) >= MAX_REDIS_CLIENTS:
+                    kept.pop(next(iter(kept)))
+                value = kept[key] = make()
+            return value
 
     async def _secret(self, namespace: str, name: str) -> dict[str, str]:
         cached = self._secrets.get((namespace, name))
