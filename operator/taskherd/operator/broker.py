@@ -31,8 +31,9 @@ log = logging.getLogger("taskherd.operator")
 ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
 #: a Secret is re-read at most this often (a rotated URL is picked up within this delay).
 SECRET_TTL_SECONDS = 30.0
-#: Redis clients kept (one connection pool per broker URL).
-MAX_REDIS_CLIENTS = 64
+#: Redis clients (one connection pool per broker URL), unacked readers and RabbitMQ listings kept,
+#: each kind: a rotated URL leaves its old one behind.
+MAX_KEPT = 64
 #: how old a poll's figures of a Redis broker's unacknowledged deliveries may be (the ready
 #: messages are always read fresh): one read of them a second serves every poll of that broker.
 UNACKED_MAX_AGE_SECONDS = 1.0
@@ -107,14 +108,9 @@ class BrokerObserver:
 
     def _redis_client(self, url: str) -> Any:
         import redis
-        with self._lock:
-            client = self._redis_clients.get(url)
-            if client is None:
-                if len(self._redis_clients) >= MAX_REDIS_CLIENTS:  # a rotated URL leaves its old client
-                    self._redis_clients.pop(next(iter(self._redis_clients))).close()
-                client = self._redis_clients[url] = redis.Redis.from_url(
-                    url, socket_timeout=10, socket_connect_timeout=5)
-            return client
+        return self._kept(self._redis_clients, url,
+                          lambda: redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5),
+                          evicted=lambda client: client.close())
 
     def _listing(self, url: str, management_url: str | None) -> Any:
         from taskherd.queues.rabbitmq import VhostListing
@@ -126,14 +122,16 @@ class BrokerObserver:
         return self._kept(self._unacked_readers, (url, global_keyprefix),
                           lambda: UnackedDeliveries(max_age_seconds=UNACKED_MAX_AGE_SECONDS, clock=self._clock))
 
-    def _kept(self, kept: dict, key: Any, make: Callable[[], Any]) -> Any:
-        """kept[key], made on first use; at most MAX_REDIS_CLIENTS of them, as for the clients (a
-        rotated URL leaves its old one behind)."""
+    def _kept(self, kept: dict, key: Any, make: Callable[[], Any],
+              evicted: Callable[[Any], Any] | None = None) -> Any:
+        """kept[key], made on first use; at most MAX_KEPT of them, the oldest made first to go."""
         with self._lock:
             value = kept.get(key)
             if value is None:
-                if len(kept) >= MAX_REDIS_CLIENTS:
-                    kept.pop(next(iter(kept)))
+                if len(kept) >= MAX_KEPT:
+                    oldest = kept.pop(next(iter(kept)))
+                    if evicted is not None:
+                        evicted(oldest)
                 value = kept[key] = make()
             return value
 

@@ -115,9 +115,10 @@ def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | 
     now = time.time() if now is None else now
     try:
         client = _client(base, auth, timeout)
+        documents = listing.documents(client, vhost) if listing is not None else None
         for queue in queues:
-            if listing is not None:
-                body = listing.documents(client, vhost).get(queue)
+            if documents is not None:
+                body = documents.get(queue)
                 listed = _missing(queue) if body is None else stats_from_api(body, now=now)
                 if not (listed.ready and listed.oldest_age_seconds is None):
                     result[queue] = listed
