@@ -26,7 +26,9 @@ round, so those cadences happen as they would. Prints, side by side:
 
 With `--broker rabbitmq` the pools' queues live in a fresh vhost of the services' RabbitMQ, read
 through its management API (one listing of the vhost a second, each queue's own document only
-when its age needs the publish history), with no task running.
+when its age needs the publish history), with no task running; the early notice counts them over
+AMQP (pipelined passive declares). On both brokers the messages are about 10 s old at the first
+round (printed), under the pools' 30 s age limit: the fleet a pool past its limit is not.
 """
 from __future__ import annotations
 
@@ -102,39 +104,55 @@ class MemoryKube:
         self.calls += 1
 
 
-def fill(url: str, pools: int) -> None:
+#: the pools' messages are this old when published: under their 30 s age limit (bodies()) at the
+#: first round, as a fleet's pools mostly are; fill() and fill_rabbitmq() return when they stamped them
+STAMPED_AGE_SECONDS = 10
+
+
+def fill(url: str, pools: int) -> float:
     client = redis.Redis.from_url(url)
     now = time.time()
     running = random.Random(7)  # its own draws: the pools' pods and messages stay as they were
     for i in range(pools):
         for queue, n in ((f"q{i}", random.randint(0, 50)), (f"q{i}.dlq", random.choice([0, 0, 0, 2]))):
             if n:
-                client.lpush(queue, *[json.dumps({"body": "", "headers": {"taskherd_published_at": now - 10}})
+                client.lpush(queue, *[json.dumps({"body": "", "headers": {"taskherd_published_at": now - STAMPED_AGE_SECONDS}})
                                       for _ in range(n)])
         deliver(client, f"q{i}", running.randint(0, 12))
+    return now
 
 
-def fill_rabbitmq(amqp_url: str, management_url: str, pools: int) -> None:
+def fill_rabbitmq(amqp_url: str, management_url: str, pools: int) -> float:
     """The same queues and DLQs on RabbitMQ, their messages stamped as taskherd publishes them
-    (the AMQP timestamp: the management API's head_message_timestamp), then waits for the
-    management statistics to report them (every 5 s)."""
+    (the AMQP timestamp: the management API's head_message_timestamp). The queues are declared
+    first and listed by the management API (5-20 s for 2,000), then the messages published and
+    reported (its statistics come every 5 s), so that they are about as old at the first round
+    as the Redis scenario's."""
     from kombu import Connection
-    expected = 0
-    with Connection(amqp_url) as connection:
-        channel = connection.channel()
-        producer = connection.Producer(channel)
-        for i in range(pools):
-            for queue, n in ((f"q{i}", random.randint(0, 50)), (f"q{i}.dlq", random.choice([0, 0, 0, 2]))):
-                channel.queue_declare(queue, durable=True, auto_delete=False)
-                for _ in range(n):
-                    producer.publish({"body": ""}, routing_key=queue, timestamp=int(time.time()) - 10)
-                expected += n
     import httpx
     vhost = amqp_url.rsplit("/", 1)[1]
-    wait_for(f"the management API to report the {expected} messages",
-             lambda: sum(q.get("messages_ready", 0) for q in httpx.get(
-                 f"{management_url}/api/queues/{vhost}", params={"columns": "name,messages_ready"}).json()),
-             120, 1, equals=expected)
+
+    def listed(column: str) -> int:
+        queues = httpx.get(f"{management_url}/api/queues/{vhost}", params={"columns": f"name,{column}"}).json()
+        return sum(q.get(column, 0) for q in queues) if column != "name" else len(queues)
+    sizes = [(f"q{i}", random.randint(0, 50), random.choice([0, 0, 0, 2])) for i in range(pools)]
+    with Connection(amqp_url) as connection:
+        channel = connection.channel()
+        for queue, _, _ in sizes:
+            for name in (queue, queue + ".dlq"):
+                channel.queue_declare(name, durable=True, auto_delete=False)
+        wait_for(f"the management API to list the {2 * pools} queues", lambda: listed("name"), 120, 1,
+                 equals=2 * pools)
+        producer = connection.Producer(channel)
+        now = time.time()
+        for queue, ready, dead in sizes:
+            for name, n in ((queue, ready), (queue + ".dlq", dead)):
+                for _ in range(n):
+                    producer.publish({"body": ""}, routing_key=name, timestamp=int(now) - STAMPED_AGE_SECONDS)
+    expected = sum(ready + dead for _, ready, dead in sizes)
+    wait_for(f"the management API to report the {expected} messages", lambda: listed("messages_ready"), 120, 1,
+             equals=expected)
+    return now
 
 
 def deliver(client: redis.Redis, queue: str, n: int) -> list[str]:
@@ -236,12 +254,13 @@ async def run_rounds(url: str, pools: int, rounds: int, interval: float, metrics
 
     await asyncio.gather(*(one(b) for b in items))  # warm-up: imports, connections, first reads
     latencies.clear()
+    first_round_at = time.time()
     cpu, calls, CountingReader.reads = time.process_time(), kube.calls, 0
     for _ in range(rounds):
         clock.t += interval
         await asyncio.gather(*(one(b) for b in items))
     poll_cpu = time.process_time() - cpu
-    return latencies, poll_cpu, kube.calls - calls, CountingReader.reads, await count_cpu(
+    return first_round_at, latencies, poll_cpu, kube.calls - calls, CountingReader.reads, await count_cpu(
         kube, deps, observer, items, rounds * round(interval / PROBE_SECONDS)), (
         unacked_cpu(url, observer, pools, clock) if broker == "redis"
         else listing_cpu(url, management_url, observer, clock))
@@ -348,14 +367,14 @@ def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: i
     if broker == "rabbitmq":
         management_url = os.environ["TASKHERD_RABBITMQ_API_URL"]
         with fresh_vhost(os.environ["TASKHERD_AMQP_URL"], management_url) as url:
-            fill_rabbitmq(url, management_url, pools)
-            latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
+            stamped = fill_rabbitmq(url, management_url, pools)
+            first_round_at, latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
                 run_rounds(url, pools, rounds, interval, metrics_port, broker, management_url))
         running = 0
     else:
         with leased_redis_db(base) as url:
-            fill(url, pools)
-            latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
+            stamped = fill(url, pools)
+            first_round_at, latencies, cpu, calls, reads, per_count, per_refresh = asyncio.run(
                 run_rounds(url, pools, rounds, interval, metrics_port))
             running = redis.Redis.from_url(url).zcard("unacked_index")
     polls = pools * rounds
@@ -366,6 +385,7 @@ def measure(base: str, pools: int, rounds: int, interval: float, metrics_port: i
             "share": per_poll * pools / interval, "calls": calls / polls, "reads": reads / polls,
             "per_count": per_count, "count_share": per_count / PROBE_SECONDS,
             "running": running, "per_refresh": per_refresh,
+            "age": first_round_at - stamped + STAMPED_AGE_SECONDS,
             "refresh_share": per_refresh / (UNACKED_MAX_AGE_SECONDS if broker == "redis" else LISTING_MAX_AGE_SECONDS)}
 
 
@@ -414,6 +434,7 @@ def main() -> int:
             ("early notice: CPU per count of all pools, ms", lambda r: r["per_count"] * 1000, "{:.2f}"),
             ("share of one core, counts (1 s)", lambda r: f"{r['count_share'] * 100:.1f} %", "{}"),
             ("running tasks (unacknowledged deliveries)", lambda r: r["running"], "{:,}"),
+            ("oldest message's age at the first round, s", lambda r: r["age"], "{:.0f}"),
             ("refresh (1 s: unacked / listing), CPU, ms", lambda r: r["per_refresh"] * 1000, "{:.2f}"),
             ("share of one core, refreshes", lambda r: f"{r['refresh_share'] * 100:.1f} %", "{}"),
             ("share of one core, polls + counts + refreshes", lambda r: f"{total(r) * 100:.1f} %", "{}"),

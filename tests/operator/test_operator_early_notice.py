@@ -1,7 +1,8 @@
-"""The early notice: between polls, a burst on a Redis pool brings its poll forward (early_notice.py).
+"""The early notice: between polls, a burst on a pool brings its poll forward (early_notice.py).
 
 The rule and the choice of pools are pure; the scheduler runs them against in-memory fakes; the
-count itself against the REAL Redis, where it must agree with what a poll reads."""
+count itself against the REAL Redis, where it must agree with what a poll reads, and the REAL
+RabbitMQ, where it must see a burst the management API does not show yet."""
 from __future__ import annotations
 
 import asyncio
@@ -49,10 +50,10 @@ def test_only_pools_whose_count_could_change_something_are_counted():
     paused = pool_body()
     paused["metadata"]["annotations"] = {"taskherd.io/paused": "true"}
     rabbit = pool_body(broker={"type": "rabbitmq", "secretRef": {"name": "broker"}, "queues": ["celery"]})
+    assert choose(rabbit).broker.type == "rabbitmq"
     not_counted = {
         "replicas not read, or its last poll failed": choose(replicas=None),
         "paused": choose(paused),
-        "RabbitMQ": choose(rabbit),
         "at maxReplicas": choose(replicas=10),
         "invalid spec": choose(pool_body(minReplicas=20)),
     }
@@ -175,7 +176,30 @@ def test_the_count_is_what_a_poll_reads_on_a_real_redis_in_one_command_per_broke
     assert counts == [polled[first].ready + polled[second].ready, 1, 3, 0] == [6, 1, 3, 0]
 
 
-def test_pools_that_cannot_be_counted_cheaply_are_left_to_their_polls(redis_url, unique_name):
+def test_a_burst_on_rabbitmq_is_counted_at_once(amqp_url, unique_name):
+    """Counted right after publishing, where the management API's figures (the broker's
+    statistics) would show it up to 5 s later: the count reads the queues themselves, over one
+    AMQP connection for every pool of the broker."""
+    from kombu import Connection
+    first, second = unique_name + "-a", unique_name + "-b"
+    observer = BrokerObserver(kube=SecretKube(amqp_url))
+    pools = [("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(first, second))),
+             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(second,))),
+             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(unique_name + "-never-declared",)))]
+    with Connection(amqp_url) as connection:
+        channel = connection.channel()
+        for queue in (first, second):
+            channel.queue_declare(queue, durable=True, auto_delete=False)
+        assert asyncio.run(observer.ready_counts(pools)) == [0, 0, None]
+        for queue, n in ((first, 7), (second, 2)):
+            for _ in range(n):
+                # confirmed: the count, on a connection of its own, would otherwise race the publish
+                channel.basic_publish_confirm(channel.prepare_message(b"{}"), routing_key=queue)
+        assert asyncio.run(observer.ready_counts(pools)) == [9, 2, None]
+    assert len(observer._counters) == 1, "one counter (one connection) for the broker's pools"
+
+
+def test_pools_whose_broker_does_not_answer_are_left_to_their_polls(redis_url, unique_name):
     rabbit = ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(unique_name,)))
     counts = asyncio.run(BrokerObserver(kube=SecretKube("amqp://guest:guest@127.0.0.1:1//")).ready_counts([rabbit]))
     assert counts == [None]

@@ -31,8 +31,8 @@ log = logging.getLogger("taskherd.operator")
 ObserveFn = Callable[[str, BrokerSpec], Awaitable[Observation]]
 #: a Secret is re-read at most this often (a rotated URL is picked up within this delay).
 SECRET_TTL_SECONDS = 30.0
-#: Redis clients (one connection pool per broker URL), unacked readers and RabbitMQ listings kept,
-#: each kind: a rotated URL leaves its old one behind.
+#: Redis clients (one connection pool per broker URL), unacked readers, RabbitMQ listings and
+#: ready counters kept, each kind: a rotated URL leaves its old one behind.
 MAX_KEPT = 64
 #: how old a poll's figures of a Redis broker's unacknowledged deliveries may be (the ready
 #: messages are always read fresh): one read of them a second serves every poll of that broker.
@@ -43,6 +43,9 @@ LISTING_MAX_AGE_SECONDS = 1.0
 #: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
 #: inspect_queues, which knows every scheme of the contract.
 KEPT_CLIENT_SCHEMES = ("redis", "rediss")
+#: AMQP URLs kombu opens with py-amqp, whose queues the early notice counts over a connection of
+#: its own (taskherd.queues.rabbitmq_counts; librabbitmq's are left to the polls)
+COUNTED_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 class ObservationError(RuntimeError):
@@ -84,6 +87,7 @@ class BrokerObserver:
         self._redis_clients: dict[str, Any] = {}
         self._unacked_readers: dict[tuple[str, str], Any] = {}
         self._listings: dict[tuple[str, str | None], Any] = {}
+        self._counters: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._batches = InspectionBatcher(self._inspect_in_thread)
 
@@ -116,6 +120,10 @@ class BrokerObserver:
         from taskherd.queues.rabbitmq import VhostListing
         return self._kept(self._listings, (url, management_url),
                           lambda: VhostListing(max_age_seconds=LISTING_MAX_AGE_SECONDS, clock=self._clock))
+
+    def _counter(self, url: str) -> Any:
+        from taskherd.queues.rabbitmq_counts import ReadyCounter
+        return self._kept(self._counters, url, lambda: ReadyCounter(url), evicted=lambda counter: counter.close())
 
     def _unacked(self, url: str, global_keyprefix: str) -> Any:
         from taskherd.queues.redis_unacked import UnackedDeliveries
@@ -159,9 +167,10 @@ class BrokerObserver:
 
     async def ready_counts(self, pools: Sequence[tuple[str, BrokerSpec]]) -> list[int | None]:
         """The ready messages of each pool's work queues (namespace, broker), for the early notice
-        (early_notice.py): one command per Redis broker for all of its pools, with the clients the
-        polls keep. None for a pool this cannot count cheaply (RabbitMQ: a request per queue, what
-        a poll costs) or whose broker did not answer: its regular poll reports why."""
+        (early_notice.py), counted now: one command per Redis broker for all of its pools, with
+        the clients the polls keep; on RabbitMQ one pipelined round of passive declares per broker
+        (the management API's figures are up to 5 s old: rabbitmq_counts.py). None for a pool
+        whose broker did not answer, or none of whose queues exists: its regular poll reports why."""
         # most pools share a few Secrets: each is looked up once (a task each cost more than the count)
         by_secret: dict[tuple[str, str, str, str], list[int]] = {}
         for index, (ns, broker) in enumerate(pools):
@@ -170,24 +179,29 @@ class BrokerObserver:
                                      return_exceptions=True)
         by_address: dict[BrokerAddress, list[int]] = {}
         for address, indexes in zip(found, by_secret.values()):
-            if isinstance(address, BrokerAddress) and urlsplit(address.url).scheme in KEPT_CLIENT_SCHEMES:
+            if isinstance(address, BrokerAddress) and _counted(address.url):
                 by_address.setdefault(address, []).extend(indexes)
         counts: list[int | None] = [None] * len(pools)
 
         async def count(address: BrokerAddress, indexes: list[int]) -> None:
-            from taskherd.queues.redis import ready_counts
             queues = list(dict.fromkeys(q for i in indexes for q in pools[i][1].queues))
             try:
-                ready = await asyncio.to_thread(ready_counts, self._redis_client(address.url), queues,
-                                                global_keyprefix=address.global_keyprefix)
+                ready = await asyncio.to_thread(self._count, address, queues)
             except Exception:  # noqa: BLE001 - the pool's own poll observes and reports it
-                log.debug("early notice: Redis at %s not counted", redact(address.url), exc_info=True)
+                log.debug("early notice: the broker at %s not counted", redact(address.url), exc_info=True)
                 return
             for i in indexes:
-                counts[i] = sum(ready[q] for q in pools[i][1].queues)
+                known = [ready[q] for q in pools[i][1].queues if ready.get(q) is not None]
+                counts[i] = sum(known) if known else None
 
         await asyncio.gather(*(count(address, indexes) for address, indexes in by_address.items()))
         return counts
+
+    def _count(self, address: BrokerAddress, queues: list[str]) -> Mapping[str, int | None]:
+        if urlsplit(address.url).scheme in COUNTED_AMQP_SCHEMES:
+            return self._counter(address.url).counts(queues)
+        from taskherd.queues.redis import ready_counts
+        return ready_counts(self._redis_client(address.url), queues, global_keyprefix=address.global_keyprefix)
 
     async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
         address = await self._address(namespace, broker)
@@ -206,3 +220,8 @@ class BrokerObserver:
         return await asyncio.to_thread(self._inspect or self._inspect_default, address.url, queues,
                                        management_url=address.management_url,
                                        global_keyprefix=address.global_keyprefix)
+
+
+def _counted(url: str) -> bool:
+    """Whether the early notice can count this broker's queues (ready_counts)."""
+    return urlsplit(url).scheme in KEPT_CLIENT_SCHEMES + COUNTED_AMQP_SCHEMES
