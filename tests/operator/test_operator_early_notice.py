@@ -11,7 +11,8 @@ import pytest
 from celery import Celery
 
 from fakes import FakeBroker, FakeKube, make_deps, pool_body
-from taskherd.operator.broker import BrokerObserver
+from e2e.lib.waiting import wait_for
+from taskherd.operator.broker import LISTING_MAX_AGE_SECONDS, BrokerObserver
 from taskherd.operator.early_notice import PROBE_SECONDS, candidate, outgrows
 from taskherd.operator.policy import BrokerSpec, InvalidSpec, ScalingPolicy, parse_spec
 from taskherd.operator.scaling import Observation
@@ -176,27 +177,60 @@ def test_the_count_is_what_a_poll_reads_on_a_real_redis_in_one_command_per_broke
     assert counts == [polled[first].ready + polled[second].ready, 1, 3, 0] == [6, 1, 3, 0]
 
 
-def test_a_burst_on_rabbitmq_is_counted_at_once(amqp_url, unique_name):
+def test_a_burst_on_rabbitmq_is_counted_at_once_and_the_poll_it_brings_forward_sees_it(amqp_url, unique_name):
     """Counted right after publishing, where the management API's figures (the broker's
-    statistics) would show it up to 5 s later: the count reads the queues themselves, over one
-    AMQP connection for every pool of the broker."""
+    statistics) show it up to 5 s later: the count reads the queues themselves, over one AMQP
+    connection for every pool of the broker; and the poll the count brings forward takes the
+    counted ready messages over the API's older figures."""
     from kombu import Connection
     first, second = unique_name + "-a", unique_name + "-b"
-    observer = BrokerObserver(kube=SecretKube(amqp_url))
-    pools = [("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(first, second))),
-             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(second,))),
-             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(unique_name + "-never-declared",)))]
+    # a clock the test moves: once the listing reports the queues, it stands still, and the
+    # listing read before the burst is the one every poll reads
+    now = [1000.0]
+    observer = BrokerObserver(kube=SecretKube(amqp_url), clock=lambda: now[0])
+    management = {"management_url_key": "management-url"}
+    pools = [("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(first, second), **management)),
+             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(second,), **management)),
+             ("ns", BrokerSpec(type="rabbitmq", secret_name="s", queues=(unique_name + "-never-declared",),
+                               **management))]
     with Connection(amqp_url) as connection:
         channel = connection.channel()
         for queue in (first, second):
             channel.queue_declare(queue, durable=True, auto_delete=False)
+
+        def reported():
+            now[0] += LISTING_MAX_AGE_SECONDS
+            return asyncio.run(observer(*pools[0]))
+        before = wait_for("the management API to report the new queues", reported, timeout=30, interval=0.5,
+                          until=lambda observation: not observation.pending_queues)
+        assert before.ready == 0
         assert asyncio.run(observer.ready_counts(pools)) == [0, 0, None]
         for queue, n in ((first, 7), (second, 2)):
             for _ in range(n):
                 # confirmed: the count, on a connection of its own, would otherwise race the publish
                 channel.basic_publish_confirm(channel.prepare_message(b"{}"), routing_key=queue)
+        assert asyncio.run(observer(*pools[0])).ready == 0, "the listing alone does not show the burst"
         assert asyncio.run(observer.ready_counts(pools)) == [9, 2, None]
+        assert asyncio.run(observer(*pools[0])).ready == 9, "the poll takes the count"
     assert len(observer._counters) == 1, "one counter (one connection) for the broker's pools"
+
+
+def test_counted_ready_messages_replace_the_management_apis_older_ones():
+    from taskherd.queues.rabbitmq_counts import with_counted_ready
+    from taskherd.queues.stats import AGE_FROM_HEAD_TIMESTAMP, QueueStats
+
+    def stats(queue, ready, age=None, **kw):
+        return QueueStats(queue=queue, ready=ready, unacked=1, consumers=2, oldest_age_seconds=age,
+                          oldest_unacked_age_seconds=None, oldest_age_method=AGE_FROM_HEAD_TIMESTAMP if age else None,
+                          oldest_age_error_seconds=1.0 if age else None, **kw)
+    listed = {"burst": stats("burst", 0), "drained": stats("drained", 5, age=40.0), "same": stats("same", 3, age=9.0),
+              "new": stats("new", 0, pending=True), "uncounted": stats("uncounted", 4, age=8.0)}
+    fresher = with_counted_ready(listed, {"burst": 30, "drained": 0, "same": 3, "new": 6, "gone": None,
+                                          "uncounted": None})
+    assert fresher["burst"] == stats("burst", 30), "more ready: their age is not known yet"
+    assert fresher["drained"] == stats("drained", 0), "none left: no head, no age"
+    assert {q: fresher[q] for q in ("same", "new", "uncounted")} == {q: listed[q] for q in ("same", "new", "uncounted")}
+    assert set(fresher) == set(listed)
 
 
 def test_pools_whose_broker_does_not_answer_are_left_to_their_polls(redis_url, unique_name):

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from taskherd.queues import AMQP_SCHEMES, REDIS_SCHEMES
 
+from .early_notice import PROBE_SECONDS
 from .inspection_batch import BrokerAddress, InspectionBatcher
 from .kube import Kube, NotFound
 from .policy import BrokerSpec
@@ -40,6 +41,10 @@ UNACKED_MAX_AGE_SECONDS = 1.0
 #: how old the listing of a RabbitMQ vhost a poll reads may be (the management API's own figures
 #: refresh every 5 s): one listing a second serves every pool of that vhost.
 LISTING_MAX_AGE_SECONDS = 1.0
+#: an early-notice count of a RabbitMQ queue (every PROBE_SECONDS) this recent gives the poll its
+#: ready messages, fresher than the management API's: the poll a count brought forward runs at the
+#: scheduler's next tick
+COUNT_MAX_AGE_SECONDS = 2 * PROBE_SECONDS
 #: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
 #: inspect_queues, which knows every scheme of the contract.
 KEPT_CLIENT_SCHEMES = ("redis", "rediss")
@@ -97,7 +102,8 @@ class BrokerObserver:
         new connection per poll cost 2 ms of the 3 ms CPU of a poll), and so are the broker's
         unacknowledged deliveries, read at most once a second and only what changed (with 6,000
         tasks running, reading them whole cost ~105 ms a batch: bench/operator_scale.py); on
-        RabbitMQ a listing of the vhost, at most once a second, answers the pools' queues."""
+        RabbitMQ a listing of the vhost, at most once a second, answers the pools' queues, with
+        the ready messages the early notice counted in the last COUNT_MAX_AGE_SECONDS."""
         scheme = urlsplit(url).scheme
         if scheme in KEPT_CLIENT_SCHEMES:
             from taskherd.queues.redis import inspect_redis
@@ -105,8 +111,11 @@ class BrokerObserver:
                                  unacked=self._unacked(url, global_keyprefix))
         if scheme in AMQP_SCHEMES:
             from taskherd.queues.rabbitmq import inspect_rabbitmq
-            return inspect_rabbitmq(url, queues, management_url=management_url,
-                                    listing=self._listing(url, management_url))
+            from taskherd.queues.rabbitmq_counts import with_counted_ready
+            stats = inspect_rabbitmq(url, queues, management_url=management_url,
+                                     listing=self._listing(url, management_url))
+            counter = self._counters.get(url)  # the early notice's, when it counts this broker
+            return stats if counter is None else with_counted_ready(stats, counter.recent(queues, COUNT_MAX_AGE_SECONDS))
         from taskherd.queues import inspect_queues
         return inspect_queues(url, queues, management_url=management_url, global_keyprefix=global_keyprefix)
 
@@ -123,7 +132,8 @@ class BrokerObserver:
 
     def _counter(self, url: str) -> Any:
         from taskherd.queues.rabbitmq_counts import ReadyCounter
-        return self._kept(self._counters, url, lambda: ReadyCounter(url), evicted=lambda counter: counter.close())
+        return self._kept(self._counters, url, lambda: ReadyCounter(url, clock=self._clock),
+                          evicted=lambda counter: counter.close())
 
     def _unacked(self, url: str, global_keyprefix: str) -> Any:
         from taskherd.queues.redis_unacked import UnackedDeliveries
