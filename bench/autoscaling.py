@@ -10,8 +10,8 @@ messages per pod, at most 40 pods). Scalers:
   operator reads from the workers' metrics; scale-down removes idle pods first (pod-deletion-cost).
   "+ Little's law" also reads the workers' finished-task counters, at the polls where the
   operator reads them (`taskherd.operator.throughput.reading_due`). Between polls the operator's
-  early notice counts the ready messages every second (a Redis pool's; the real
-  `taskherd.operator.early_notice.outgrows`) and, when they outgrow the pool, polls on the
+  early notice counts the ready messages every second (Redis: LLEN; RabbitMQ: a passive
+  queue.declare over AMQP; the real `taskherd.operator.early_notice.outgrows`) and, when they outgrow the pool, polls on the
   scheduler's next tick (0.25 s); "no early" is the operator before it.
 - **KEDA + HPA, defaults**, modelled from their source (kedacore/keda pkg/scalers,
   kubernetes pkg/controller/podautoscaler): KEDA polls its scaler every `pollingInterval` (30 s)
@@ -145,7 +145,7 @@ class Taskherd:
     poll_seconds: float = 5.0
     name: str = "taskherd"
     removal: str = IDLE_FIRST
-    #: count the ready messages between polls (early_notice.py), as the operator does on Redis
+    #: count the ready messages between polls (early_notice.py), as the operator does on both brokers
     early_notice: bool = True
     history: list[Recommendation] = field(default_factory=list)
     samples: list[WorkSample] = field(default_factory=list)
