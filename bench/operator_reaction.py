@@ -5,7 +5,7 @@ One harness, one simulated clock, the same traces for both:
   each poll (pollIntervalSeconds, default 5 s, random phase) plus the scheduler tick (0.25 s);
   "+ early notice" also counts the ready messages every second between polls, on a clock of its
   own, and polls on the next tick when they outgrow the pool (the real
-  `taskherd.operator.early_notice.outgrows`; Redis pools, as the operator does);
+  `taskherd.operator.early_notice.outgrows`, as the operator does on both brokers);
 - KEDA + HPA, modelled from their documented defaults: KEDA polls its scaler every 30 s
   (pollingInterval) and alone does 0 -> 1 (activation); above 1 the HPA syncs every 15 s
   (--horizontal-pod-autoscaler-sync-period) with desired = ceil(metric / target) (AverageValue),
