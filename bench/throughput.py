@@ -75,9 +75,19 @@ def cpu_seconds(pid: int) -> float:
     return stat(pid, True) + sum(stat(c, False) for c in children)
 
 
+def rss_mb(pid: int) -> float:
+    """Resident memory of one process (VmRSS), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: Path,
-            profile_to: Path | None = None, task_ms: float = 0, profiler: str = "pyinstrument") -> tuple[float, float]:
-    """(tasks per second, worker CPU microseconds per task) for one worker draining `tasks`."""
+            profile_to: Path | None = None, task_ms: float = 0,
+            profiler: str = "pyinstrument") -> tuple[float, float, float]:
+    """(tasks per second, worker CPU microseconds per task, the main process's resident memory
+    once the queue is drained in MB) for one worker draining `tasks`."""
     queue = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
     app = producer(variant, broker_url, queue)
     with app.producer_or_acquire() as prod:
@@ -118,13 +128,14 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
         wait_for("the queue drained (messages left)", depth_while_alive, 600, 0.005, equals=0)
         elapsed = time.monotonic() - started
         cpu = cpu_seconds(worker.pid) - cpu_at_start
+        memory = rss_mb(worker.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(60)
         log.close()
         app.close()
-    return at_start / elapsed, cpu * 1e6 / at_start
+    return at_start / elapsed, cpu * 1e6 / at_start, memory
 
 
 #: Functions whose cumulative time --profile reports, per task.
@@ -181,6 +192,7 @@ def main() -> int:
 
     rates: dict[tuple[str, str], list[float]] = {}
     cpus: dict[tuple[str, str], list[float]] = {}
+    memories: dict[tuple[str, str], list[float]] = {}
     with services.leased_redis_db(os.environ["TASKHERD_REDIS_URL"]) as redis_url:
         for broker in args.brokers.split(","):
             with contextlib.ExitStack() as stack:
@@ -192,7 +204,7 @@ def main() -> int:
                 if args.profile:
                     for variant in args.variants.split(","):
                         path = log_dir / f"{broker}-{variant}.pstats"
-                        rate, _ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path,
+                        rate, *_ = one_run(variant, broker_url, redis_url, args.tasks, log_dir, profile_to=path,
                                           profiler=args.profiler)
                         print(f"  {broker:<8} {variant:<15} solo, profiled: {rate:7.1f} tasks/s")
                         report_profile(path, args.tasks)
@@ -201,18 +213,21 @@ def main() -> int:
                     variants = args.variants.split(",")
                     order = variants if round_ % 2 == 0 else variants[::-1]
                     for variant in order:
-                        rate, cpu = one_run(variant, broker_url, redis_url, args.tasks, log_dir, task_ms=args.task_ms)
+                        rate, cpu, memory = one_run(variant, broker_url, redis_url, args.tasks, log_dir,
+                                                    task_ms=args.task_ms)
                         rates.setdefault((broker, variant), []).append(rate)
                         cpus.setdefault((broker, variant), []).append(cpu)
+                        memories.setdefault((broker, variant), []).append(memory)
                         print(f"  {broker:<8} {variant:<15} round {round_ + 1}: {rate:7.1f} tasks/s "
-                              f"{cpu:6.0f} us CPU/task", flush=True)
+                              f"{cpu:6.0f} us CPU/task {memory:6.1f} MB main process", flush=True)
 
     if args.profile:
         return 0
     variants = args.variants.split(",")
     base = "vanilla" if "vanilla" in variants else variants[0]
     for title, figures, fmt, lower_is_better in (
-            ("tasks/s", rates, "{:>12.1f}", False), ("worker CPU us/task (noise-robust)", cpus, "{:>12.0f}", True)):
+            ("tasks/s", rates, "{:>12.1f}", False), ("worker CPU us/task (noise-robust)", cpus, "{:>12.0f}", True),
+            ("main process resident memory after the drain, MB", memories, "{:>12.1f}", True)):
         kind = f"{args.task_ms:g} ms" if args.task_ms else "no-op"
         print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
               f"overhead vs {base}")

@@ -175,6 +175,12 @@ INTERNALS: tuple[Internal, ...] = (
     # only base, leaving out the app's default Task class.
     Internal("celery", "celery.app.base:Celery._task_from_fun", "callable", parameters=("fun", "name", "base"),
              why="give a task created with base= taskherd's Task class too"),
+    # The event loop's timers (taskherd.worker.components.timer_heap): a cancelled timer stays in
+    # the heap until it would have fired.
+    Internal("kombu", "kombu.asynchronous.timer:Timer", "instance attributes", parameters=("_queue",),
+             why="drop the cancelled soft-time-limit timers of finished tasks from the event loop's heap"),
+    Internal("kombu", "kombu.asynchronous.timer:Entry", "instance attributes", parameters=("canceled",),
+             why="drop the cancelled soft-time-limit timers of finished tasks from the event loop's heap"),
 )
 
 
@@ -231,6 +237,25 @@ def soft_time_limit_signal() -> int | None:
     if signum is None or signal.getsignal(signum) is not pool.soft_timeout_sighandler:
         return None
     return signum
+
+
+def drop_cancelled_timers(timer: Any) -> int | None:
+    """Removes the cancelled entries from a kombu event-loop Timer's heap, in place (its scheduler
+    holds the same list), and returns how many; None for a timer of another kind (the solo and
+    thread pools' threaded timer)."""
+    import heapq
+
+    from kombu.asynchronous.timer import Timer
+
+    if type(timer) is not Timer:
+        return None
+    queue = timer._queue
+    live = [event for event in queue if not event[2].canceled]  # scheduled(eta, priority, entry)
+    dropped = len(queue) - len(live)
+    if dropped:
+        heapq.heapify(live)
+        queue[:] = live
+    return dropped
 
 
 def default_strategy():

@@ -113,9 +113,10 @@ def default_components() -> list[Component]:
     from .publish_stamps import PublishStamps
     from .recovery import FastRecovery
     from .task_class import TaskClass
+    from .timer_heap import TimerHeap
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
-                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze)]
+                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze, TimerHeap)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:
