@@ -95,6 +95,15 @@ class FrameReader:
                 return channel, _METHOD.unpack_from(self.buffer, start), self.buffer[start + _METHOD.size:end]
 
 
+def _reply(reader: FrameReader) -> tuple[int, tuple[int, int], bytes]:
+    """The next method frame that answers the count: the broker's connection.blocked and
+    unblocked (channel 0, about publishing, which a count does not do) are passed over."""
+    while True:
+        channel, method, arguments = reader.next()
+        if channel != 0 or method == CONNECTION_CLOSE:
+            return channel, method, arguments
+
+
 def _declare_ok_count(arguments: bytes) -> int:
     """message_count of queue.declare-ok (queue short string, message count, consumer count)."""
     return struct.unpack_from(">I", arguments, 1 + arguments[0])[0]
@@ -200,7 +209,7 @@ class ReadyCounter:
             sock.sendall(b"".join(frame for _, frame in asked))
             answered = 0
             for name, _ in asked:
-                channel, method, arguments = reader.next()
+                channel, method, arguments = _reply(reader)
                 if method == QUEUE_DECLARE_OK and channel == self._channel:
                     result[name] = _declare_ok_count(arguments)
                     answered += 1
@@ -225,7 +234,7 @@ class ReadyCounter:
         once the close is acknowledged)."""
         sock.sendall(_method_frame(self._channel, CHANNEL_CLOSE_OK)
                      + _method_frame(self._channel, CHANNEL_OPEN, b"\0"))
-        channel, method, arguments = reader.next()
+        channel, method, arguments = _reply(reader)
         if (channel, method) != (self._channel, CHANNEL_OPEN_OK):
             raise CountFailed(f"the channel did not open again: {method} on channel {channel}")
 
