@@ -87,8 +87,18 @@ def test_a_connection_the_broker_dropped_is_opened_again(amqp_url, rabbitmq_api_
         counter.close()
 
 
-def test_an_unreachable_broker_raises_and_is_tried_again_at_the_next_count():
-    counter = ReadyCounter("amqp://guest:guest@127.0.0.1:1//", timeout=2)
-    for _ in range(2):
-        with pytest.raises((OSError, CountFailed)):
-            counter.counts(["celery"])
+def test_an_unreachable_broker_is_not_tried_again_until_retry_after():
+    """A broker that does not answer would hold every count (once a second) for the timeout."""
+    now = [0.0]
+    counter = ReadyCounter("amqp://guest:guest@127.0.0.1:1//", timeout=2, retry_after_seconds=30,
+                           clock=lambda: now[0])
+    with pytest.raises(OSError):
+        counter.counts(["celery"])
+    now[0] = 29.0
+    started = time.monotonic()
+    with pytest.raises(CountFailed, match="the last count failed 29 s ago"):
+        counter.counts(["celery"])
+    assert time.monotonic() - started < 0.1, "refused at once, without connecting"
+    now[0] = 30.0
+    with pytest.raises(OSError):
+        counter.counts(["celery"])

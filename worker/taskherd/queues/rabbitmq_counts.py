@@ -118,10 +118,16 @@ class ReadyCounter:
     """The ready messages of queues on one broker (an AMQP URL), counted on a connection kept
     between counts and opened again after a failure. Thread-safe: one count at a time."""
 
-    def __init__(self, url: str, *, timeout: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, url: str, *, timeout: float = 3.0, retry_after_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
+        #: a count answers within milliseconds; one that waits longer is of no use a second later
         self.timeout = timeout
+        #: after a failed count, counts fail at once for this long: a broker that does not answer
+        #: (a firewall dropping the packets) would otherwise hold every count for `timeout`
+        self.retry_after_seconds = retry_after_seconds
         self._clock = clock
+        self._failed_at: float | None = None
         #: queue -> (when, ready) of its last count: what `recent` answers
         self._counted: dict[str, tuple[float, int | None]] = {}
         self._lock = threading.Lock()
@@ -134,24 +140,31 @@ class ReadyCounter:
         """queue -> ready messages now; None for a queue that does not exist, may not be read, or
         whose name AMQP cannot carry. A kept connection found dropped is opened again once, at
         once; otherwise raises what the connection raises (OSError, kombu/py-amqp errors,
-        CountFailed), with the connection closed: the next count connects again."""
+        CountFailed), with the connection closed, and CountFailed at once for the next
+        retry_after_seconds: the count after them connects again."""
         names = list(dict.fromkeys(queues))
         with self._lock:
+            if self._failed_at is not None and self._clock() - self._failed_at < self.retry_after_seconds:
+                raise CountFailed(f"the last count failed {self._clock() - self._failed_at:.0f} s ago; "
+                                  f"the next try {self.retry_after_seconds:g} s after it")
             kept = self._connection is not None
             try:
                 return self._remember(self._count(names))
             except (ConnectionError, CountFailed):  # not a timeout: that one would only wait again
                 self.close(polite=False)
                 if not kept:
+                    self._failed_at = self._clock()
                     raise
             except BaseException:
                 self.close(polite=False)
+                self._failed_at = self._clock()
                 raise
             # a kept connection the broker (or a proxy's idle timeout) dropped since the last count
             try:
                 return self._remember(self._count(names))
             except BaseException:
                 self.close(polite=False)
+                self._failed_at = self._clock()
                 raise
 
     def recent(self, queues: Iterable[str], max_age_seconds: float) -> dict[str, int | None]:
@@ -162,6 +175,7 @@ class ReadyCounter:
 
     def _remember(self, counts: dict[str, int | None]) -> dict[str, int | None]:
         now = self._clock()
+        self._failed_at = None
         if len(self._counted) > MAX_FRAMES_KEPT:
             self._counted.clear()
         self._counted.update((queue, (now, n)) for queue, n in counts.items())
