@@ -1,4 +1,4 @@
-"""The pools of one Redis broker polled at the same time share one queue inspection
+"""The pools of one broker polled at the same time share one queue inspection
 (inspection_batch.py), and an error still reaches only the pools it concerns."""
 from __future__ import annotations
 
@@ -164,8 +164,9 @@ def test_one_pools_missing_secret_does_not_fail_the_others_of_its_broker():
     assert isinstance(missing, ObservationError) and missing.reason == "SecretNotFound"
 
 
-def test_rabbitmq_pools_are_inspected_one_call_each():
-    """A RabbitMQ inspection is one HTTP request per queue: batching would only serialise them."""
+def test_rabbitmq_pools_polled_together_share_one_call():
+    """A RabbitMQ inspection reads the vhost's listing (one GET a second for all its queues): the
+    pools of one broker polled together share one call, as on Redis."""
     calls = []
 
     def inspect(url, queues, *, management_url, global_keyprefix):
@@ -175,7 +176,7 @@ def test_rabbitmq_pools_are_inspected_one_call_each():
     kube = Secrets({"r": {"url": "amqp://r//", "api": "http://r:15672"}})
     specs = [BrokerSpec(type="rabbitmq", secret_name="r", management_url_key="api", queues=(q,)) for q in ("q1", "q2")]
     observe_together(BrokerObserver(kube=kube, inspect=inspect), *specs)
-    assert sorted(calls) == [["q1"], ["q2"]]
+    assert calls == [["q1", "q2"]]
 
 
 @pytest.mark.parametrize("error", [BrokerUnreachable("Redis at redis://:***@a/0: refused"), RuntimeError("WRONGTYPE")])

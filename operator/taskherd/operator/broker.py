@@ -48,6 +48,10 @@ COUNT_MAX_AGE_SECONDS = 2 * PROBE_SECONDS
 #: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
 #: inspect_queues, which knows every scheme of the contract.
 KEPT_CLIENT_SCHEMES = ("redis", "rediss")
+#: URLs whose pools polled together share one inspection call (inspection_batch.py): inspect_queues'
+#: Redis schemes (its own list, not the contract's) and the AMQP ones, where a queue's figures do not
+#: depend on the other queues of the call either
+BATCHED_SCHEMES = frozenset(REDIS_SCHEMES) | frozenset(AMQP_SCHEMES)
 #: AMQP URLs kombu opens with py-amqp, whose queues the early notice counts over a connection of
 #: its own (taskherd.queues.rabbitmq_counts; librabbitmq's are left to the polls)
 COUNTED_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
@@ -217,8 +221,9 @@ class BrokerObserver:
         address = await self._address(namespace, broker)
         queues = list(broker.queues) + list(broker.dead_letter_queues)
         try:
-            # the URLs inspect_queues reads with one Redis pipeline (its own scheme list, not the contract's)
-            if urlsplit(address.url).scheme in REDIS_SCHEMES:
+            # the pools of one broker polled together share an inspection (inspection_batch.py): on
+            # Redis one pipeline, on RabbitMQ the vhost's listing read in one worker thread
+            if urlsplit(address.url).scheme in BATCHED_SCHEMES:
                 stats = await self._batches.inspect(address, queues)
             else:
                 stats = await self._inspect_in_thread(address, queues)

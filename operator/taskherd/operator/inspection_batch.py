@@ -1,13 +1,14 @@
-"""The queue inspections of one Redis broker asked for together go out as one call (group commit).
+"""The queue inspections of one broker asked for together go out as one call (group commit).
 
 Most WorkerPools of a cluster share a few brokers, and the scheduler polls up to 16 pools at once.
 A pool's request waits while an inspection of its broker runs; the requests that gathered
 meanwhile then go out together, as one `inspect` call over the union of their queues: one Redis
-pipeline and one worker thread for the batch instead of one per pool. No pool gets queue figures
+pipeline (on RabbitMQ one reading of the vhost's listing) and one worker thread for the batch
+instead of one per pool. No pool gets queue figures
 older than its request: a batch always starts after every request in it was made. (The broker's
 unacknowledged deliveries are the exception, on purpose: the observer reads them at most once a
-second for all batches, broker.UNACKED_MAX_AGE_SECONDS.) On Redis the figures of one queue do not
-depend on the other queues of the call, so batching changes no figure.
+second for all batches, broker.UNACKED_MAX_AGE_SECONDS.) On either broker the figures of one queue
+do not depend on the other queues of the call, so batching changes no figure.
 
 Errors stay with the pools they concern:
 - `BrokerUnreachable` (the broker itself: refused, timed out) reaches every pool of the batch,

@@ -32,7 +32,7 @@ class OperatorMetrics:
             [*POOL_LABELS, "kind"], registry=registry)
         self.early_polls = Counter(
             "taskherd_operator_early_polls_total",
-            "Polls brought forward by the early notice: a Redis pool's ready messages counted between "
+            "Polls brought forward by the early notice: a pool's ready messages counted between "
             "polls outgrew its replicas", POOL_LABELS, registry=registry)
         self.pages = Counter(
             "taskherd_operator_dead_letter_pages_total", "Dead-letter pages sent, by kind (fire, resend, resolve)",
