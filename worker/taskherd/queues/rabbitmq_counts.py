@@ -147,25 +147,20 @@ class ReadyCounter:
             if self._failed_at is not None and self._clock() - self._failed_at < self.retry_after_seconds:
                 raise CountFailed(f"the last count failed {self._clock() - self._failed_at:.0f} s ago; "
                                   f"the next try {self.retry_after_seconds:g} s after it")
-            kept = self._connection is not None
-            try:
-                return self._remember(self._count(names))
-            except (ConnectionError, CountFailed):  # not a timeout: that one would only wait again
-                self.close(polite=False)
-                if not kept:
+            # a kept connection the broker (or a proxy's idle timeout) dropped since the last
+            # count is opened again once; a new one that fails, or any other failure, is final
+            retry = self._connection is not None
+            while True:
+                try:
+                    return self._remember(self._count(names))
+                except BaseException as exc:
+                    self.close(polite=False)
+                    # not a timeout: that one would only wait again
+                    if retry and isinstance(exc, (ConnectionError, CountFailed)):
+                        retry = False
+                        continue
                     self._failed_at = self._clock()
                     raise
-            except BaseException:
-                self.close(polite=False)
-                self._failed_at = self._clock()
-                raise
-            # a kept connection the broker (or a proxy's idle timeout) dropped since the last count
-            try:
-                return self._remember(self._count(names))
-            except BaseException:
-                self.close(polite=False)
-                self._failed_at = self._clock()
-                raise
 
     def recent(self, queues: Iterable[str], max_age_seconds: float) -> dict[str, int | None]:
         """The queues among `queues` counted within `max_age_seconds`, with what they counted."""
