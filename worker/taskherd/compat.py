@@ -20,10 +20,13 @@ from typing import Any, Callable
 class Internal:
     """An internal taskherd relies on: where it is and what shape it must have."""
 
-    __slots__ = ("library", "path", "kind", "parameters", "why")
+    __slots__ = ("library", "path", "kind", "parameters", "why", "set_in")
 
-    def __init__(self, library: str, path: str, kind: str, *, parameters: tuple[str, ...] = (), why: str):
+    def __init__(self, library: str, path: str, kind: str, *, parameters: tuple[str, ...] = (), why: str,
+                 set_in: str = "__init__"):
         self.library, self.path, self.kind, self.parameters, self.why = library, path, kind, parameters, why
+        #: "instance attributes": the method that sets them
+        self.set_in = set_in
 
     def problem(self) -> str | None:
         """None when the installed library still has it; otherwise what changed."""
@@ -34,10 +37,11 @@ class Internal:
             return f"{self.library} {version}: {self.path} is gone ({exc}); taskherd uses it to {self.why}"
         if self.kind == "instance attributes":
             # Usually set in __init__, so not visible on the class: read the constructor's source.
-            source = inspect.getsource(target.__init__)
-            missing = [name for name in self.parameters if not hasattr(target, name) and f"self.{name} =" not in source]
+            source = inspect.getsource(getattr(target, self.set_in))
+            missing = [name for name in self.parameters
+                       if not hasattr(target, name) and f"self.{name} =" not in source and f"self.{name}:" not in source]
             if missing:
-                return (f"{self.library} {version}: {self.path}.__init__ no longer sets {missing}; "
+                return (f"{self.library} {version}: {self.path}.{self.set_in} no longer sets {missing}; "
                         f"taskherd uses them to {self.why}")
             return None
         if self.kind == "class" and not inspect.isclass(target):
@@ -97,11 +101,28 @@ INTERNALS: tuple[Internal, ...] = (
              why="find the queues a restored delivery goes back to"),
     Internal("kombu", "kombu.transport.virtual:QoS.append", "callable", why="keep kombu's in-memory delivery table"),
     Internal("kombu", "kombu.transport.virtual:QoS.ack", "callable", why="keep kombu's in-memory delivery table"),
-    # Metrics under prefork (taskherd.worker.components.metrics).
-    Internal("prometheus-client", "prometheus_client.values:get_value_class", "callable",
-             why="switch metrics created after fork to the multiprocess value class"),
+    # Metrics under prefork (taskherd.worker.components.metrics, taskherd.worker.metric_values).
     Internal("prometheus-client", "prometheus_client.values:ValueClass", "attribute",
-             why="switch metrics created after fork to the multiprocess value class"),
+             why="switch metrics created from worker_init on to taskherd's multiprocess value class"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:mmap_key", "callable",
+             parameters=("metric_name", "name", "labelnames", "labelvalues", "help_text"),
+             why="key a sample in the multiprocess files as prometheus_client's collector reads it"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict.read_value", "callable",
+             parameters=("key",), why="read a sample of the multiprocess files"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict.write_value", "callable",
+             parameters=("key", "value", "timestamp"), why="write a sample of the multiprocess files"),
+    Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict", "instance attributes",
+             parameters=("_positions", "_m"), why="write a task's samples in place (compat.sample_writer)"),
+    Internal("prometheus-client", "prometheus_client.metrics:Counter", "instance attributes", parameters=("_value",),
+             set_in="_metric_init", why="write a task's samples under one lock (taskherd.worker.metric_values)"),
+    Internal("prometheus-client", "prometheus_client.metrics:Gauge", "instance attributes", parameters=("_value",),
+             set_in="_metric_init", why="write a task's samples under one lock (taskherd.worker.metric_values)"),
+    Internal("prometheus-client", "prometheus_client.metrics:Histogram", "instance attributes",
+             parameters=("_sum", "_buckets"), set_in="_metric_init",
+             why="write a task's samples under one lock (taskherd.worker.metric_values)"),
+    Internal("prometheus-client", "prometheus_client.metrics:Histogram", "instance attributes",
+             parameters=("_upper_bounds",), set_in="_prepare_buckets",
+             why="find a task's histogram bucket (taskherd.worker.metric_values)"),
     Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict", "class",
              why="fold the metric files of dead pool processes into one archive"),
     Internal("prometheus-client", "prometheus_client.mmap_dict:MmapedDict.read_all_values_from_file", "callable",
@@ -192,10 +213,49 @@ def problems() -> list[str]:
 # -- the uses themselves ---------------------------------------------------------------------------
 def use_multiprocess_value_class() -> None:
     """prometheus_client picks its value class at import time; metrics created from now on (here
-    and, after fork, in the pool children) write to $PROMETHEUS_MULTIPROC_DIR."""
+    and, after fork, in the pool children) write to $PROMETHEUS_MULTIPROC_DIR through
+    taskherd.worker.metric_values (prometheus_client's files and keys, several samples per lock)."""
     from prometheus_client import values
 
-    values.ValueClass = values.get_value_class()
+    from taskherd.worker.metric_values import MultiProcessValue
+
+    values.ValueClass = MultiProcessValue
+
+
+def metric_key(metric_name: str, name: str, labelnames: Any, labelvalues: Any, help_text: str) -> str:
+    """A sample's key in a multiprocess file, as prometheus_client's collector reads it back."""
+    from prometheus_client.mmap_dict import mmap_key
+
+    return mmap_key(metric_name, name, labelnames, labelvalues, help_text)
+
+
+def sample_writer(file: Any, key: str) -> Callable[[float], None]:
+    """A function writing a sample's value (timestamp 0) to its place in a multiprocess file
+    (``MmapedDict.write_value`` less its key lookup and two calls: a task writes seven). The
+    place of a key never moves; the mmap does when the file grows, so it is read at each write."""
+    import struct
+
+    file.read_value(key)  # gives a new key its place
+    start = file._positions[key]
+    end = start + 16
+    pack = struct.Struct("dd").pack
+
+    def write(value: float) -> None:
+        # Assigned whole, as prometheus_client writes (struct.pack_into would show a reader 0 midway).
+        file._m[start:end] = pack(value, 0.0)
+
+    return write
+
+
+def sample_value(child: Any) -> Any:
+    """The value object of a labelled Counter or Gauge (``metric.labels(...)``)."""
+    return child._value
+
+
+def histogram_values(child: Any) -> tuple[Any, tuple[Any, ...], tuple[float, ...]]:
+    """(value of the sum, values of the buckets, the buckets' upper bounds ending with +Inf) of a
+    labelled Histogram: an observation adds to the sum and to the first bucket whose bound is >= it."""
+    return child._sum, tuple(child._buckets), tuple(child._upper_bounds)
 
 
 def filterable_registry():

@@ -113,16 +113,22 @@ class Count:
             forget(*self.counter)
 
 
+#: A first delivery's count: nearly every delivery, one object for all.
+FIRST_DELIVERY = Count(0, "first delivery")
+
+
 def count(*, task_id: str, retries: int, headers: Mapping[str, Any] | None, redelivered: bool,
           queue_type: str, counter_url: str | None, counter_ttl: float) -> Count:
     """The count of this delivery (module docstring); ``headers`` are the message's custom headers."""
     headers = headers or {}
+    if not redelivered and HEADER not in headers:
+        return FIRST_DELIVERY  # no count to read: nothing returned this message before
     scope = attempt(task_id, retries, headers.get(REDRIVES_HEADER))
     from_header = carried(headers.get(HEADER), scope)
     if from_header is not None:
         return Count(from_header, "header")
     if not redelivered:
-        return Count(0, "first delivery")
+        return FIRST_DELIVERY
     if queue_type == "quorum" and headers.get(QUORUM_HEADER) is not None:
         return Count(_whole(headers.get(QUORUM_HEADER)), QUORUM_HEADER)
     if counter_url:

@@ -146,8 +146,7 @@ class Task(celery.Task):
     #: RabbitMQ classic queues, a redelivered message is replaced by a copy carrying its count.
     Strategy = "taskherd.worker.deliveries:strategy"
 
-    def _count_delivery(self, profile: Profile) -> deliveries.Count:
-        request = self.request
+    def _count_delivery(self, profile: Profile, request: Any) -> deliveries.Count:
         return deliveries.count(task_id=request.id, retries=request.retries or 0, headers=request.headers,
                                 redelivered=bool((request.delivery_info or {}).get("redelivered")),
                                 queue_type=profile.queue_type, counter_url=profile.delivery_counter_url,
@@ -163,7 +162,7 @@ class Task(celery.Task):
             return super().__call__(*args, **kwargs)
         if not metrics.recording():
             return self._call_in_worker(request, args, kwargs)
-        started, succeeded = metrics.task_started(self), False
+        started, succeeded = metrics.task_started(self, request), False
         try:
             result = self._call_in_worker(request, args, kwargs)
             succeeded = True
@@ -177,7 +176,7 @@ class Task(celery.Task):
         profile = get_profile(self.app)
         # A first delivery (nearly all of them) costs nothing: the count of a redelivery travels
         # with the message or comes from the broker (taskherd.worker.deliveries).
-        delivery = self._count_delivery(profile)
+        delivery = self._count_delivery(profile, request)
         if delivery.redeliveries:
             logger.info("taskherd: %s[%s] delivered again, %d earlier deliveries without an outcome (counted by %s)",
                         self.name, request.id, delivery.redeliveries, delivery.source)
@@ -317,12 +316,16 @@ class Request(CeleryRequest):
 
     #: why a hard-timed-out task went back to its queue instead of its DLQ ("" when it did not)
     _put_back_after_timeout = ""
+    #: It counts its delivery in the worker's metrics itself: no task_received dispatch per message
+    #: (taskherd.worker.components.metrics._per_task_signals).
+    counts_its_delivery = True
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
         held = recovery.held_as(message.delivery_tag)
         if held is not None:
             self._request_dict[HELD_AS] = held
+        metrics.delivery_received(self.name)
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state

@@ -161,9 +161,12 @@ class Consumer(CeleryConsumer):
     def create_task_handler(self, promise=promise):
         handle = super().create_task_handler(promise)
         connection_errors = tuple(self.connection_errors or ())
+        # Looked up once: app.tasks is a cached property, a Python-level descriptor call per message.
+        # The registry is the same dict for the worker's life (tasks registered later land in it).
+        accepted, tasks = self._accepted_content, self.app.tasks
 
         def on_task_received(message):
-            verdict = verdict_on(message, accepted=self._accepted_content, tasks=self.app.tasks)
+            verdict = verdict_on(message, accepted=accepted, tasks=tasks)
             if verdict:
                 return self._dead_letter_message(message, verdict)
             try:

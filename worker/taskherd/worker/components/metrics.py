@@ -46,6 +46,7 @@ import re
 import shutil
 import threading
 import time
+from bisect import bisect_left
 from typing import Any, Iterable
 
 from celery import Celery, signals
@@ -58,6 +59,7 @@ from taskherd import compat, contract
 from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
+from ..metric_values import MULTIPROC_ENV, add_all
 from . import Component, installed, is_whole
 from .heartbeat import Heartbeat
 from .probes import ProbeEndpoints, serve
@@ -66,7 +68,6 @@ from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "rejected")
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -94,6 +95,7 @@ class TaskMetrics:
                                       ["task", "cause"], namespace=namespace, registry=registry,
                                       multiprocess_mode="max")
         self._labelled: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._values: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def record_outcome(self, task_name: str, outcome: str) -> None:
         if outcome not in OUTCOMES:
@@ -110,6 +112,24 @@ class TaskMetrics:
         if child is None:
             child = self._labelled[key] = getattr(self, metric).labels(*labels)
         return child
+
+    def value(self, metric: str, *labels: str) -> Any:
+        """The value object of a labelled counter or gauge, for ``metric_values.add_all``."""
+        key = (metric, labels)
+        value = self._values.get(key)
+        if value is None:
+            value = self._values[key] = compat.sample_value(self.labelled(metric, *labels))
+        return value
+
+    def observation(self, metric: str, amount: float, *labels: str) -> tuple[tuple[Any, float], tuple[Any, float]]:
+        """The two updates, for ``metric_values.add_all``, of observing ``amount`` in a labelled
+        histogram: its sum, and the first bucket whose bound is >= amount (as ``observe``)."""
+        key = (metric, labels)
+        parts = self._values.get(key)
+        if parts is None:
+            parts = self._values[key] = compat.histogram_values(self.labelled(metric, *labels))
+        total, buckets, bounds = parts
+        return (total, amount), (buckets[bisect_left(bounds, amount)], 1.0)
 
 
 _default: TaskMetrics | None = None
@@ -284,18 +304,20 @@ def recording() -> bool:
     return _recording
 
 
-def task_started(task: Any) -> float | None:
+def task_started(task: Any, request: Any = None) -> float | None:
     """In the process running the task, as its body starts: one more in flight, and its queue
-    wait. Returns the start (monotonic) for `task_ended`; None if the samples could not be written
+    wait (from the publish stamp of `request`, the task's current request by default). Returns the start (monotonic) for `task_ended`; None if the samples could not be written
     (logged: a metric never fails a task). The taskherd Task calls this and `task_ended` itself
     (taskherd.worker.task), so Celery's task_prerun and task_postrun have no receiver and the tracer
     does not dispatch them (`_per_task_signals`)."""
     try:
         metrics, name = default_metrics(), task.name
-        metrics.labelled("in_flight", name).inc()
-        stamp = published_at(task.request)
-        if stamp is not None:
-            metrics.labelled("queue_wait", name).observe(max(0.0, time.time() - stamp))
+        in_flight = (metrics.value("in_flight", name), 1.0)
+        stamp = published_at(task.request if request is None else request)
+        if stamp is None:
+            add_all((in_flight,))
+        else:
+            add_all((in_flight, *metrics.observation("queue_wait", max(0.0, time.time() - stamp), name)))
         return time.monotonic()
     except Exception:
         logger.exception("taskherd: could not record the start of %s in its metrics", getattr(task, "name", task))
@@ -308,17 +330,42 @@ def task_ended(task: Any, started: float | None, *, succeeded: bool) -> None:
         return
     try:
         metrics, name = default_metrics(), task.name
+        updates = [*metrics.observation("runtime", time.monotonic() - started, name),
+                   (metrics.value("in_flight", name), -1.0)]
         if succeeded:
-            metrics.labelled("tasks", name, "succeeded").inc()
-        metrics.labelled("runtime", name).observe(time.monotonic() - started)
-        metrics.labelled("in_flight", name).dec()
+            updates.append((metrics.value("tasks", name, "succeeded"), 1.0))
+        add_all(updates)
     except Exception:
         logger.exception("taskherd: could not record the end of %s in its metrics", getattr(task, "name", task))
+
+
+def delivery_received(task_name: str) -> None:
+    """In the main process, as a message becomes a task request: one more delivery of the task
+    (redeliveries included). taskherd's Request calls it; for a task of another Request class,
+    Celery's task_received signal does (`_per_task_signals`)."""
+    if not _recording:
+        return
+    try:
+        add_all(((default_metrics().value("deliveries", task_name), 1.0),))
+    except Exception:
+        logger.exception("taskherd: could not count a delivery of %s in its metrics", task_name)
 
 
 def records_its_own_metrics(task: Any) -> bool:
     """Whether `task` calls `task_started`/`task_ended` itself (a taskherd Task run by a worker)."""
     return bool(getattr(task, "records_its_own_metrics", False))
+
+
+def counts_its_deliveries(task: Any) -> bool:
+    """Whether the main process's request of `task` calls `delivery_received` itself (its Request
+    class says ``counts_its_delivery``, as taskherd.worker.task.Request)."""
+    from celery.utils.imports import symbol_by_name
+
+    try:
+        request_class = symbol_by_name(getattr(task, "Request", None) or "celery.worker.request:Request")
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return bool(getattr(request_class, "counts_its_delivery", False))
 
 
 # The same two records from Celery's signals, for tasks that do not record their own (a class of
@@ -350,12 +397,17 @@ def start_recording(app: Celery, *, base: str | None = None) -> str:
 
 
 def _per_task_signals(app: Celery) -> None:
-    """Connects task_prerun/task_postrun only if a task of `app` does not record its own metrics:
-    each dispatch costs a few µs per task even when its receiver returns at once. Called in the
-    main process at worker_init, after the app's task modules were imported and before the pool
-    forks, so the children inherit the choice."""
-    connect = any(not records_its_own_metrics(task) for task in app.tasks.values())
-    for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun)):
+    """Connects task_prerun/task_postrun only if a task of `app` does not record its own metrics,
+    and task_received only if the request of one does not count its own deliveries: each dispatch
+    costs a few µs per task even when its receiver returns at once. Called in the main process at
+    worker_init, after the app's task modules were imported and before the pool forks, so the
+    children inherit the choice."""
+    tasks = list(app.tasks.values())
+    timed_by_signals = any(not records_its_own_metrics(task) for task in tasks)
+    counted_by_signal = any(not counts_its_deliveries(task) for task in tasks)
+    for signal, handler, connect in ((signals.task_prerun, _on_prerun, timed_by_signals),
+                                     (signals.task_postrun, _on_postrun, timed_by_signals),
+                                     (signals.task_received, _on_received, counted_by_signal)):
         uid = f"taskherd.metrics.{signal.name}"
         if connect:
             signal.connect(handler, weak=False, dispatch_uid=uid)
@@ -372,7 +424,8 @@ def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    default_metrics().labelled("deliveries", getattr(request, "name", None) or "unknown").inc()
+    if not getattr(request, "counts_its_delivery", False):  # taskherd's Request has counted it
+        default_metrics().labelled("deliveries", getattr(request, "name", None) or "unknown").inc()
 
 
 def _on_rejected(sender: Any = None, message: Any = None, **_: Any) -> None:
@@ -435,6 +488,6 @@ class Metrics(Component):
         signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=uid + ".ready")
         for signal, handler in ((signals.task_prerun, _on_prerun), (signals.task_postrun, _on_postrun),
                                 (signals.task_failure, _on_failure),
-                                (signals.task_retry, _on_retry), (signals.task_received, _on_received),
+                                (signals.task_retry, _on_retry),
                                 (signals.task_rejected, _on_rejected), (signals.task_unknown, _on_unknown)):
             signal.connect(handler, weak=False, dispatch_uid=f"taskherd.metrics.{signal.name}")
