@@ -171,6 +171,14 @@ def report_profile(path: Path, tasks: int) -> None:
             print(f"    {package + '/' + file_suffix + ':' + name:<45} {cumulative * 1e6 / tasks:8.0f} us/task")
 
 
+def per_round_overhead(figures: list[float], base: list[float], lower_is_better: bool) -> str:
+    """The overhead against the baseline round by round (each round's variants ran back to back, so
+    they shared the machine's load): "median (lowest..highest)". The machine's noise moves whole
+    rounds; the ratio within a round moves much less than either median."""
+    overheads = sorted((f / b - 1 if lower_is_better else 1 - f / b) * 100 for f, b in zip(figures, base))
+    return f"{statistics.median(overheads):.1f}% ({overheads[0]:.0f}..{overheads[-1]:.0f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=5000)
@@ -232,13 +240,16 @@ def main() -> int:
         print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
               f"overhead vs {base}")
         width = max(len(v) for v in variants) + 2
-        print(f"{'variant':<{width}}" + "".join(f"{broker:>12}{'overhead':>10}" for broker in args.brokers.split(",")))
+        print(f"{'variant':<{width}}" + "".join(f"{broker:>12}{'overhead':>10}{'per round':>22}"
+                                                 for broker in args.brokers.split(",")))
         for v in variants:
             row = f"{v:<{width}}"
             for broker in args.brokers.split(","):
                 median, base_median = statistics.median(figures[(broker, v)]), statistics.median(figures[(broker, base)])
                 overhead = median / base_median - 1 if lower_is_better else 1 - median / base_median
                 row += fmt.format(median) + (f"{overhead * 100:>9.1f}%" if v != base else f"{'':>10}")
+                row += f"{per_round_overhead(figures[(broker, v)], figures[(broker, base)], lower_is_better):>22}" \
+                    if v != base else f"{'':>22}"
             print(row)
     return 0
 
