@@ -46,13 +46,14 @@ def _connected() -> set[str]:
     """The per-task signals the Metrics component's receivers are connected to (by dispatch_uid)."""
     from celery import signals
 
-    return {signal.name for signal in (signals.task_prerun, signals.task_postrun)
+    return {signal.name for signal in (signals.task_prerun, signals.task_postrun, signals.task_received)
             if any(key[0] == f"taskherd.metrics.{signal.name}" for key, _ in signal.receivers)}
 
 
 def test_per_task_signals_are_dispatched_only_for_tasks_that_do_not_time_themselves():
-    """Celery's tracer dispatches task_prerun/task_postrun (a few µs each per task) only when they
-    have a receiver: with every task a taskherd Task, the worker connects none."""
+    """Celery dispatches task_prerun/task_postrun (the tracer) and task_received (the strategy), a
+    few µs each per task, only when they have a receiver: with every task a taskherd Task (which
+    times itself, and whose Request counts its delivery), the worker connects none."""
     from taskherd.worker.components import metrics
     from taskherd.worker.profile import configure
 
@@ -69,11 +70,37 @@ def test_per_task_signals_are_dispatched_only_for_tasks_that_do_not_time_themsel
         def run(self) -> None:
             return None
 
-    assert _connected() == {"task_prerun", "task_postrun"}, "connected at install, decided at worker_init"
+    assert {"task_prerun", "task_postrun"} <= _connected(), "connected at install, decided at worker_init"
     try:
         metrics._per_task_signals(app)
-        assert not _connected(), "no receiver is needed: every task times itself"
+        assert not _connected(), "no receiver is needed: every task times itself and counts its deliveries"
     finally:
         app.register_task(Plain())
         metrics._per_task_signals(app)  # and back, for the tests after this one in this process
-    assert _connected() == {"task_prerun", "task_postrun"}
+    assert _connected() == {"task_prerun", "task_postrun", "task_received"}
+
+
+def test_a_delivery_is_counted_once_whichever_way_it_is_counted(monkeypatch):
+    """taskherd's Request counts its delivery itself; the task_received receiver, connected for the
+    tasks of other Request classes, passes over the requests that did."""
+    from prometheus_client import CollectorRegistry
+
+    from taskherd.worker.components import metrics
+    from taskherd.worker.task import Request
+
+    monkeypatch.setattr(metrics, "_default", metrics.TaskMetrics(registry=CollectorRegistry()))
+    monkeypatch.setattr(metrics, "_recording", True)
+
+    def deliveries(task: str) -> float:
+        return metrics.default_metrics().value("deliveries", task).get()
+
+    class Ours:  # a request of taskherd's Request class, as the receiver sees it
+        name, counts_its_delivery = "ours.task", Request.counts_its_delivery
+
+    class Plain:  # a request of Celery's own Request class
+        name = "plain.task"
+
+    metrics.delivery_received("ours.task")  # what taskherd's Request.__init__ does
+    metrics._on_received(request=Ours())
+    metrics._on_received(request=Plain())
+    assert (deliveries("ours.task"), deliveries("plain.task")) == (1.0, 1.0)
