@@ -115,9 +115,10 @@ class _Wire:
         try:
             sock.sendall(packet)
             while True:
-                reply = _Reply(self._buffer, self._decode).parse()
-                if reply is not _INCOMPLETE:
-                    break
+                if self._buffer:  # empty until the first recv: nothing to parse yet
+                    reply = _Reply(self._buffer, self._decode).parse()
+                    if reply is not _INCOMPLETE:
+                        break
                 chunk = sock.recv(65536)
                 if not chunk:
                     raise ConnectionError("Connection closed by server.")
