@@ -54,7 +54,7 @@ def _check_for_fork() -> None:
 class MultiProcessValue:
     """One sample (a counter, a gauge, a histogram's sum or bucket) in this process's file."""
 
-    _multiprocess = True  # prometheus_client asks it of its value classes
+    _multiprocess = True  # as prometheus_client's own multiprocess class says of itself
 
     def __init__(self, typ: str, metric_name: str, name: str, labelnames: Iterable[str],
                  labelvalues: Iterable[str], help_text: str, multiprocess_mode: str = "", **_: Any):
@@ -103,10 +103,10 @@ class MultiProcessValue:
 
 
 def add_all(updates: Iterable[tuple[Any, float]]) -> None:
-    """Adds each amount to its value: (value, amount) pairs, values of :class:`MultiProcessValue`
-    (``compat.sample_value``, ``compat.histogram_values``) under one lock and one fork check; any other value class (a
-    metric created before the worker switched to multiprocess files, a test's registry) through
-    its own ``inc``."""
+    """Adds each amount to its value, given as (value, amount) pairs: values of
+    :class:`MultiProcessValue` (``compat.sample_value``, ``compat.histogram_values``) under one lock
+    and one fork check; any other value class (a metric created before the worker switched to
+    multiprocess files, a test's registry) through its own ``inc``."""
     with _lock:
         _check_for_fork()
         for value, amount in updates:
@@ -117,11 +117,3 @@ def add_all(updates: Iterable[tuple[Any, float]]) -> None:
             else:
                 value.inc(amount)
 
-
-def cleanup() -> None:
-    """Closes this process's files (prometheus_client's ``close_all_multiprocess_files``)."""
-    with _lock:
-        for file in _files.values():
-            file.close()
-        _files.clear()
-        _values.clear()
