@@ -30,7 +30,7 @@ from pathlib import Path
 from repo_paths import ROOT  # first: the shared helpers below live in the repository
 from e2e.lib import services
 from support.worker_process import python_env
-from throughput import depth_reader, producer
+from throughput import filled_queue
 
 #: Children kept for the whole drain (see the module docstring).
 NO_RECYCLING = json.dumps({"worker_max_tasks_per_child": None})
@@ -39,16 +39,7 @@ NO_RECYCLING = json.dumps({"worker_max_tasks_per_child": None})
 def counted_drain(variant: str, broker_url: str, redis_url: str, tasks: int, out: Path) -> tuple[int, int]:
     """(instructions of the main process, of the pool children) of a worker under cachegrind that
     boots, drains `tasks` no-op tasks and stops."""
-    queue = f"instr-{variant}-{uuid.uuid4().hex[:6]}"
-    app = producer(variant, broker_url, queue)
-    with app.producer_or_acquire() as prod:
-        for _ in range(tasks):
-            app.send_task("bench.noop", queue=queue, producer=prod)
-    depth = depth_reader(broker_url, queue)
-    deadline = time.monotonic() + 60
-    while depth() != tasks:
-        assert time.monotonic() < deadline, f"the broker never had the {tasks} messages of {queue}"
-        time.sleep(0.05)
+    queue, app, depth = filled_queue(variant, broker_url, tasks, prefix="instr")
     env = python_env({"BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
                       "BENCH_REDIS_URL": redis_url, "BENCH_CONF": NO_RECYCLING}, path=[ROOT / "bench"])
     prefix = out / queue

@@ -23,6 +23,7 @@ import time
 import uuid
 import warnings
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 
@@ -57,6 +58,20 @@ def depth_reader(broker_url: str, queue: str):
     return lambda: channel.queue_declare(queue, passive=True).message_count
 
 
+def filled_queue(variant: str, broker_url: str, tasks: int, prefix: str = "bench") -> tuple[str, Celery, Any]:
+    """(a fresh queue holding `tasks` no-op task messages, the producer app that sent them (close it),
+    a function returning the queue's ready messages), once the broker has them all."""
+    queue = f"{prefix}-{variant}-{uuid.uuid4().hex[:6]}"
+    app = producer(variant, broker_url, queue)
+    with app.producer_or_acquire() as prod:
+        for _ in range(tasks):
+            app.send_task("bench.noop", queue=queue, producer=prod)
+    depth = depth_reader(broker_url, queue)
+    # AMQP publishes are asynchronous: wait until the broker has them all
+    wait_for(f"the {tasks} published messages in {queue}", depth, 60, 0.05, equals=tasks)
+    return queue, app, depth
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time (user + system) of a worker: its main process, its live pool children, and the
     children it has already reaped (max_tasks_per_child replaces them)."""
@@ -88,14 +103,7 @@ def one_run(variant: str, broker_url: str, redis_url: str, tasks: int, log_dir: 
             profiler: str = "pyinstrument") -> tuple[float, float, float]:
     """(tasks per second, worker CPU microseconds per task, the main process's resident memory
     once the queue is drained in MB) for one worker draining `tasks`."""
-    queue = f"bench-{variant}-{uuid.uuid4().hex[:6]}"
-    app = producer(variant, broker_url, queue)
-    with app.producer_or_acquire() as prod:
-        for _ in range(tasks):
-            app.send_task("bench.noop", queue=queue, producer=prod)
-    depth = depth_reader(broker_url, queue)
-    # AMQP publishes are asynchronous: wait until the broker has them all
-    wait_for(f"the {tasks} published messages in {queue}", depth, 30, 0.05, equals=tasks)
+    queue, app, depth = filled_queue(variant, broker_url, tasks)
 
     env = python_env({"BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
                       "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms)}, path=[ROOT / "bench"])

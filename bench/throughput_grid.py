@@ -32,7 +32,7 @@ from repo_paths import ROOT  # first: the shared helpers below live in the repos
 from e2e.lib import services
 from e2e.lib.waiting import wait_for
 
-from throughput import cpu_seconds, depth_reader, producer
+from throughput import cpu_seconds, filled_queue
 
 VARIANTS = ("vanilla", "taskherd")
 
@@ -40,14 +40,7 @@ VARIANTS = ("vanilla", "taskherd")
 def grid_run(variant: str, broker_url: str, redis_url: str, *, tasks: int, workers: int, concurrency: int,
              task_ms: float, log_dir: Path) -> tuple[float, float]:
     """(tasks/s, worker CPU µs per task) of `workers` workers draining `tasks` tasks."""
-    queue = f"grid-{variant}-{uuid.uuid4().hex[:6]}"
-    app = producer(variant, broker_url, queue)
-    with app.producer_or_acquire() as prod:
-        for _ in range(tasks):
-            app.send_task("bench.noop", queue=queue, producer=prod)
-    depth = depth_reader(broker_url, queue)
-    # AMQP publishes are asynchronous: wait until the broker holds them all.
-    wait_for(f"the {tasks} published messages in {queue}", depth, 60, 0.05, equals=tasks)
+    queue, app, depth = filled_queue(variant, broker_url, tasks, prefix="grid")
     env = {**os.environ, "BENCH_VARIANT": variant, "BENCH_QUEUE": queue, "BENCH_BROKER_URL": broker_url,
            "BENCH_REDIS_URL": redis_url, "BENCH_TASK_MS": str(task_ms),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "bench"), os.environ.get("PYTHONPATH")]))}
