@@ -1,4 +1,6 @@
 """The runtime installers alongside taskherd's reliability profile, configured through the environment."""
+from datetime import datetime, timedelta, timezone
+
 import celery
 import httpx
 from celery import Celery
@@ -21,6 +23,10 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
     producer.send_task("runtime_profile.add", args=(2, 3), queue=unique_name)
     producer.send_task("runtime_profile.refuse", queue=unique_name)
     producer.send_task("runtime_profile.plain", queue=unique_name)
+    # Celery drops an expired message before it becomes a delivery (no task_received): not counted.
+    producer.send_task("runtime_profile.add", args=(0, 0), queue=unique_name,
+                       expires=datetime.now(timezone.utc) - timedelta(minutes=1))
+    producer.send_task("runtime_profile.add", args=(4, 4), queue=unique_name, expires=3600)  # runs
 
     def counted():
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
@@ -31,14 +37,17 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
     assert sorted(lines) == [
         'taskherd_tasks_total{outcome="dead_lettered",task="runtime_profile.refuse"} 1.0',
         'taskherd_tasks_total{outcome="failed",task="runtime_profile.refuse"} 1.0',
-        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 1.0',
+        'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 2.0',
         'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.plain"} 1.0']
     # Each run timed once and out of flight: the taskherd Tasks time themselves, the plain one is
-    # timed by Celery's signals (connected because it is there), and neither counts twice.
+    # timed by Celery's signals (connected because it is there), and neither counts twice. Each
+    # delivery is counted once too: by taskherd's Request, or for the plain task (Celery's Request)
+    # by the task_received signal; the expired message not at all.
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    for task in ("add", "refuse", "plain"):
-        assert f'taskherd_task_runtime_seconds_count{{task="runtime_profile.{task}"}} 1.0' in text, task
+    for task, runs in (("add", 2), ("refuse", 1), ("plain", 1)):
+        assert f'taskherd_task_runtime_seconds_count{{task="runtime_profile.{task}"}} {runs}.0' in text, task
         assert f'taskherd_tasks_in_flight{{task="runtime_profile.{task}"}} 0.0' in text, task
+        assert f'taskherd_task_deliveries_total{{task="runtime_profile.{task}"}} {runs}.0' in text, task
     producer.close()
 
 

@@ -42,6 +42,7 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.worker.request import Request as CeleryRequest
+from celery.worker.state import revoked as revoked_ids
 
 from . import child_deaths, deliveries, soft_limit
 from .backoff import backoff_delay
@@ -319,13 +320,28 @@ class Request(CeleryRequest):
     #: It counts its delivery in the worker's metrics itself: no task_received dispatch per message
     #: (taskherd.worker.components.metrics._per_task_signals).
     counts_its_delivery = True
+    _delivery_counted = False
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
         held = recovery.held_as(message.delivery_tag)
         if held is not None:
             self._request_dict[HELD_AS] = held
-        metrics.delivery_received(self.name)
+        # Counted where Celery would send task_received: at once, unless its strategy will first ask
+        # revoked() (an expiry, or a revoked id) and drop the message if so — then by revoked().
+        if not (self.expires or self.id in revoked_ids):
+            self._count_delivery()
+
+    def revoked(self) -> bool:
+        revoked = super().revoked()
+        if not revoked:
+            self._count_delivery()
+        return revoked
+
+    def _count_delivery(self) -> None:
+        if not self._delivery_counted:
+            self._delivery_counted = True
+            metrics.delivery_received(self.name)
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state
