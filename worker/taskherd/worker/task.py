@@ -330,15 +330,17 @@ class Request(CeleryRequest):
         # Counted where Celery would send task_received: at once, unless its strategy will first ask
         # revoked() (an expiry, or a revoked id) and drop the message if so — then by revoked().
         if not (self.expires or self.id in revoked_ids):
-            self._count_delivery()
+            self._record_delivery_metric()
 
     def revoked(self) -> bool:
         revoked = super().revoked()
         if not revoked:
-            self._count_delivery()
+            self._record_delivery_metric()
         return revoked
 
-    def _count_delivery(self) -> None:
+    def _record_delivery_metric(self) -> None:
+        """taskherd_task_deliveries_total + 1, once per request (not the redelivery count of
+        taskherd.worker.deliveries, which the task takes in the pool child)."""
         if not self._delivery_counted:
             self._delivery_counted = True
             metrics.delivery_received(self.name)

@@ -55,7 +55,7 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
     (``noun="field"``).
 
     Every message passes here in the worker's main process, so the common case (each optional
-    header absent or null) costs a lookup and a test per header and no call."""
+    header absent or null) costs a lookup and a test per header, and no function of ours."""
     get = headers.get
     for name in ("id", "task"):
         value = get(name)

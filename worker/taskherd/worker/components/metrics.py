@@ -306,8 +306,9 @@ def recording() -> bool:
 
 def task_started(task: Any, request: Any = None) -> float | None:
     """In the process running the task, as its body starts: one more in flight, and its queue
-    wait (from the publish stamp of `request`, the task's current request by default). Returns the start (monotonic) for `task_ended`; None if the samples could not be written
-    (logged: a metric never fails a task). The taskherd Task calls this and `task_ended` itself
+    wait (from the publish stamp of `request`, the task's current request by default). Returns the
+    start (monotonic) for `task_ended`; None if the samples could not be written (logged: a metric
+    never fails a task). The taskherd Task calls this and `task_ended` itself
     (taskherd.worker.task), so Celery's task_prerun and task_postrun have no receiver and the tracer
     does not dispatch them (`_per_task_signals`)."""
     try:
