@@ -23,12 +23,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 from repo_paths import ROOT  # first: the shared helpers below live in the repository
 from e2e.lib import services
+from e2e.lib.waiting import wait_for
 from support.worker_process import python_env
 from throughput import filled_queue
 
@@ -50,12 +50,12 @@ def counted_drain(variant: str, broker_url: str, redis_url: str, tasks: int, out
              "--concurrency", "2", "--loglevel", "WARNING", "--without-mingle", "--without-gossip",
              "--without-heartbeat", "--queues", queue],
             env=env, cwd=ROOT / "bench", stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        def depth_while_alive() -> int:
+            assert worker.poll() is None, f"the worker exited ({worker.returncode}): see {prefix}.log"
+            return depth()
+
         try:
-            deadline = time.monotonic() + 600
-            while depth() != 0:
-                assert worker.poll() is None, f"the worker exited ({worker.returncode}): see {prefix}.log"
-                assert time.monotonic() < deadline, f"{queue} not drained in 600 s: see {prefix}.log"
-                time.sleep(0.5)
+            wait_for(f"{queue} drained under valgrind (messages left)", depth_while_alive, 600, 0.5, equals=0)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.pid, signal.SIGTERM)
