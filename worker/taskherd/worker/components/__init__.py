@@ -101,6 +101,7 @@ def install(app: Any, components: Iterable[Component], profile: Any = None) -> N
 def default_components() -> list[Component]:
     """The components configure() installs when given none, in order, with their defaults
     (configure() then applies the pod's environment to each, as to any component it is given)."""
+    from .amqp_headers import AmqpHeaders
     from .bad_messages import BadMessages
     from .beat import BeatHeartbeat
     from .broker_check import BrokerCheck
@@ -116,7 +117,8 @@ def default_components() -> list[Component]:
     from .timer_heap import TimerHeap
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
-                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze, TimerHeap)]
+                                 Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze, TimerHeap,
+                                 AmqpHeaders)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:
