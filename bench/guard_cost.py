@@ -46,9 +46,9 @@ def _counting_send(self, command, check_health=True):
     return _send(self, command, check_health)
 
 
-def _counting_round_trip(self, command, script, arguments):
+def _counting_round_trip(self, command_and_script, arguments):
     _sent["redis"] += 1
-    return _round_trip(self, command, script, arguments)
+    return _round_trip(self, command_and_script, arguments)
 
 
 redis.connection.AbstractConnection.send_packed_command = _counting_send

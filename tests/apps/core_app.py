@@ -66,6 +66,12 @@ def record_task(key, value=""):
     return value
 
 
+@app.task(name="core.custom_headers", bind=True)
+def custom_headers(self, key):
+    """Records the headers a producer added, as the task sees them (task.request.headers)."""
+    record(key, repr(sorted((self.request.headers or {}).items())))
+
+
 @app.task(name="core.sink")
 def sink(*args, **kwargs):
     """Takes any arguments: each message that reaches it ran once (the property tests count runs)."""

@@ -4,6 +4,7 @@ Real Redis and PostgreSQL; duplicates as threads in this process and as separate
 """
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -12,6 +13,8 @@ import uuid
 import psycopg
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from taskherd.worker.idempotency import (InProgress, InvalidKey, PostgresStore, RedisStore, StoreUnavailable,
                                         idempotent)
@@ -33,6 +36,21 @@ def test_decision_on_each_record_state():
     assert decide(False, in_progress_record("host:3"), 30000, own_record=mine).action is Action.BUSY
     with pytest.raises(ValueError, match="state 'weird'"):
         decide(False, '{"state": "weird"}', 10)
+
+
+_results = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3),
+                        max_leaves=8)
+
+
+@given(holder=st.text(), token=st.text(min_size=1), result=_results)
+def test_records_are_the_json_documents_they_always_were(holder, token, result):
+    # Built without json.dumps's dict encoder (per task): the same text, byte for byte, so that every
+    # reader — decide(), state(), a worker of another version during a rolling update — reads it as before.
+    assert in_progress_record(holder, token) == json.dumps({"state": "in_progress", "holder": holder, "token": token})
+    assert done_record(holder, result, token) == json.dumps({"state": "done", "holder": holder, "result": result,
+                                                             "token": token})
+    assert done_record(holder, result) == json.dumps({"state": "done", "holder": holder, "result": result})
 
 
 @pytest.mark.parametrize("key", ["", None, 42, "x" * 513])

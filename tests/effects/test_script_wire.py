@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from taskherd.worker.idempotency.scripts import _INCOMPLETE, Scripts, _Reply
+from taskherd.worker.idempotency.scripts import _INCOMPLETE, _SMALL_REPLIES, Scripts, _Reply
 
 # --- pure parsing ------------------------------------------------------------------------------
 
@@ -35,6 +35,12 @@ def test_every_reply_parses_whole_and_only_once_complete(wire, value):
     buffer = bytearray(wire + b":9\r\n")  # a following reply stays in the buffer
     assert _Reply(buffer, decode=False).parse() == value
     assert buffer == b":9\r\n"
+
+
+@pytest.mark.parametrize("wire", sorted(_SMALL_REPLIES))
+def test_the_usual_replies_recognised_whole_are_what_the_parser_reads(wire):
+    known = _SMALL_REPLIES[wire]
+    assert (list(known) if isinstance(known, tuple) else known) == _Reply(bytearray(wire), decode=True).parse()
 
 
 def test_errors_are_returned_as_redis_py_would_raise_them():
@@ -67,4 +73,7 @@ def test_scripts_return_what_redis_py_returns(redis_url, protocol, decode):
     assert ours(**arguments) == theirs(**arguments)   # the connection survived the error reply
     with pytest.raises(redis.exceptions.DataError, match="bool"):
         ours(keys=["k"], args=[True])
+    for usual in ("return 1", "return {1}", "return 0", "return 2", "return {1, 2}", "return 12"):
+        mine, redis_pys = scripts.register(usual)(), client.register_script(usual)()
+        assert (mine, type(mine)) == (redis_pys, type(redis_pys)), usual
     client.close()

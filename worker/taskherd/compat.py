@@ -206,6 +206,12 @@ INTERNALS: tuple[Internal, ...] = (
              why="decode the header value types taskherd's decoder leaves to py-amqp (decimal, timestamp...)"),
     Internal("amqp", "amqp.spec:Basic.CLASS_ID", "attribute",
              why="find py-amqp's decoder of the basic class's properties"),
+    # Each task's request context (taskherd.worker.components.request_context): Celery's tracer
+    # builds it from its module's Context; taskherd's subclass finds the custom headers in one pass.
+    Internal("celery", "celery.app.trace:Context", "class",
+             why="build each task's request context with its custom headers found in one pass"),
+    Internal("celery", "celery.app.task:Context._get_custom_headers", "callable",
+             why="find a request's custom headers in one pass (the same headers, in the same order)"),
     # The event loop's timers (taskherd.worker.components.timer_heap): a cancelled timer stays in
     # the heap until it would have fired.
     Internal("kombu", "kombu.asynchronous.timer:Timer", "instance attributes", parameters=("_queue",),
@@ -246,6 +252,14 @@ def use_amqp_properties_decoder() -> bool:
         return False
     serialization.PROPERTY_CLASSES[Basic.CLASS_ID] = decoder(current, serialization._read_item)
     return True
+
+
+def use_tracer_context_class(context_class: type) -> None:
+    """Makes ``context_class`` (a subclass of Celery's Context) the class Celery's tracer builds each
+    task's request context from, in this process and the pool children it forks from now on."""
+    from celery.app import trace
+
+    trace.Context = context_class
 
 
 def metric_key(metric_name: str, name: str, labelnames: Any, labelvalues: Any, help_text: str) -> str:

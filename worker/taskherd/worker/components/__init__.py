@@ -113,12 +113,13 @@ def default_components() -> list[Component]:
     from .ping import Ping
     from .publish_stamps import PublishStamps
     from .recovery import FastRecovery
+    from .request_context import RequestContext
     from .task_class import TaskClass
     from .timer_heap import TimerHeap
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
                                  Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze, TimerHeap,
-                                 AmqpHeaders)]
+                                 AmqpHeaders, RequestContext)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:

@@ -31,6 +31,9 @@ class Decision:
     retry_after: float = 0.0
 
 
+_RUN = Decision(Action.RUN)  # one for all: Decision is frozen, and building one costs more than the claim's logic
+
+
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
@@ -41,15 +44,22 @@ def new_token() -> str:
 
 def in_progress_record(holder: str, token: str | None = None) -> str:
     # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
-    return json.dumps({"state": IN_PROGRESS, "holder": holder, "token": token or new_token()})
+    # Written as json.dumps writes the dict {"state", "holder", "token"}, without its encoder (per task).
+    return f'{{"state": "{IN_PROGRESS}", "holder": {_json_string(holder)}, "token": {_json_string(token or new_token())}}}'
 
 
 def done_record(holder: str, result: Any, token: str | None = None) -> str:
     # With the claim's token, a holder whose reply was lost recognises the done record as its own.
-    record = {"state": DONE, "holder": holder, "result": result}
-    if token:
-        record["token"] = token
-    return json.dumps(record)
+    # As json.dumps writes {"state", "holder", "result"[, "token"]}: only the result goes through it.
+    record = f'{{"state": "{DONE}", "holder": {_json_string(holder)}, "result": {_json_value(result)}'
+    return f'{record}, "token": {_json_string(token)}}}' if token else record + "}"
+
+
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
+
+
+def _json_value(value: Any) -> str:
+    return "null" if value is None else json.dumps(value)
 
 
 def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: str | None = None) -> Decision:
@@ -58,10 +68,8 @@ def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: 
     `own_record` is the record this claim tried to set: finding it means an earlier try of this
     same claim won and only its reply was lost (the claim is re-sent after a dropped connection).
     """
-    if claimed:
-        return Decision(Action.RUN)
-    if raw is not None and own_record is not None and _text(raw) == own_record:
-        return Decision(Action.RUN)
+    if claimed or (raw is not None and own_record is not None and _text(raw) == own_record):
+        return _RUN
     if raw is None:  # expired between calls; the caller simply tries again
         return Decision(Action.BUSY, retry_after=0.0)
     record = json.loads(raw)

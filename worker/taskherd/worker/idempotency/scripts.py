@@ -37,7 +37,8 @@ class Scripts:
         if self._pool is None or not hasattr(self._pool, "make_connection"):
             return self._client.register_script(source)
         sha = hashlib.sha1(source.encode()).hexdigest().encode()
-        source_bytes = source.encode()
+        # The command and the script, packed once: only the keys and arguments change per call.
+        by_sha, by_source = _bulk(b"EVALSHA") + _bulk(sha), _bulk(b"EVAL") + _bulk(source.encode())
 
         def call(keys: Sequence = (), args: Sequence = ()) -> Any:
             for attempt in (1, 2):
@@ -45,9 +46,9 @@ class Scripts:
                 try:
                     arguments = wire.arguments(keys, args)
                     try:
-                        return wire.round_trip(b"EVALSHA", sha, arguments)
+                        return wire.round_trip(by_sha, arguments)
                     except NoScriptError:  # the server's script cache is empty (restart, SCRIPT FLUSH)
-                        return wire.round_trip(b"EVAL", source_bytes, arguments)
+                        return wire.round_trip(by_source, arguments)
                 except (ConnectionError, TimeoutError) as exc:
                     wire.disconnect()
                     # Once more on a fresh connection, as redis-py's default retry would: a
@@ -90,9 +91,13 @@ class _Wire:
 
     def arguments(self, keys: Sequence, args: Sequence) -> tuple[int, bytes]:
         """(how many, `numkeys key… arg…` packed as RESP bulk strings), by redis-py's Encoder rules."""
-        encode = self._encode
-        values = [str(len(keys)).encode(), *map(encode, keys), *map(encode, args)]
-        return len(values), b"".join([b"$%d\r\n%s\r\n" % (len(value), value) for value in values])
+        numkeys = b"%d" % len(keys)
+        packed = [b"$%d\r\n%s\r\n" % (len(numkeys), numkeys)]
+        for value in (*keys, *args):
+            # str, the usual case, encoded here: a call per value costs more than the encoding
+            data = value.encode(self._encoding, self._errors) if type(value) is str else self._encode(value)
+            packed.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return len(packed), b"".join(packed)
 
     def _encode(self, value: Any) -> bytes:
         if isinstance(value, str):
@@ -104,9 +109,11 @@ class _Wire:
         raise DataError(f"Invalid input of type: {type(value).__name__!r}. "
                         "Convert to a bytes, string, int or float first.")
 
-    def round_trip(self, command: bytes, script: bytes, arguments: tuple[int, bytes]) -> Any:
+    def round_trip(self, command_and_script: bytes, arguments: tuple[int, bytes]) -> Any:
+        """Sends the command (EVALSHA or EVAL and its script, packed by _bulk) with ``arguments``
+        and reads its reply."""
         count, packed = arguments
-        packet = b"*%d\r\n%s%s%s" % (count + 2, _bulk(command), _bulk(script), packed)
+        packet = b"*%d\r\n%s%s" % (count + 2, command_and_script, packed)
         connection = self.connection
         if connection._sock is None:
             connection.connect()  # handshake (AUTH, SELECT, HELLO) through redis-py
@@ -116,6 +123,11 @@ class _Wire:
             sock.sendall(packet)
             while True:
                 if self._buffer:  # empty until the first recv: nothing to parse yet
+                    # The scripts' usual replies (an integer; the claim's [1]), recognised whole
+                    reply = _SMALL_REPLIES.get(bytes(self._buffer), _INCOMPLETE)
+                    if reply is not _INCOMPLETE:
+                        self._buffer.clear()
+                        return list(reply) if type(reply) is tuple else reply
                     reply = _Reply(self._buffer, self._decode).parse()
                     if reply is not _INCOMPLETE:
                         break
@@ -141,6 +153,8 @@ def _bulk(data: bytes) -> bytes:
 
 
 _INCOMPLETE = object()
+#: whole replies -> what _Reply parses them to (a tuple stands for a new list)
+_SMALL_REPLIES = {b":0\r\n": 0, b":1\r\n": 1, b":2\r\n": 2, b"*1\r\n:1\r\n": (1,)}
 
 
 class _Reply:
