@@ -39,7 +39,8 @@ def test_decision_on_each_record_state():
 
 
 _results = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                        lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children, max_size=3),
+                        lambda children: (st.lists(children, max_size=3)
+                                          | st.dictionaries(st.text(), children, max_size=3)),
                         max_leaves=8)
 
 

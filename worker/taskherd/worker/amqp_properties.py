@@ -3,7 +3,7 @@
 py-amqp decodes each delivered message's content header (content type, delivery mode, the
 application headers table...) in pure Python, through a generic format interpreter: for Celery's
 twenty task headers that is ~195k instructions a message, a sixth of what vanilla Celery's worker
-spends on a whole no-op task (docs/benchmarks.md, "Reading the AMQP headers"). This decoder reads
+spends on a whole no-op task (docs/benchmarks.md, "Celery's own hot paths"). This decoder reads
 the same bytes with the common value types inline (strings, void, booleans, integers, arrays and
 nested tables) and hands every other type to py-amqp's own item reader, so those (decimals,
 timestamps, floats...) are py-amqp's by construction. The AmqpHeaders component installs it

@@ -3,7 +3,7 @@
 For every task a pool child runs, Celery's tracer builds a ``Context`` from the request, and
 ``Context._get_custom_headers`` copies the request, rebuilds the set of the class's ~60 attribute
 names and pops each of them from the copy, to find the headers a producer added. That is ~63k
-instructions of a ~400k no-op task in the child (docs/benchmarks.md, "Reading the AMQP headers").
+instructions of a ~400k no-op task in the child (docs/benchmarks.md, "Celery's own hot paths").
 :class:`OnePassContext` is that Context with the names kept as a frozenset (rebuilt if the class ever
 gains an attribute) and the copy filtered in one pass: the same headers, in the same order, or
 None — ~40k. The component makes it the tracer's Context when the worker starts, before the pool

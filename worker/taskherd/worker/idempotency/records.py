@@ -31,7 +31,8 @@ class Decision:
     retry_after: float = 0.0
 
 
-_RUN = Decision(Action.RUN)  # one for all: Decision is frozen, and building one costs more than the claim's logic
+#: One for every claim that won: building a frozen dataclass costs more than the rest of decide().
+_RUN = Decision(Action.RUN)
 
 
 def _text(raw: bytes | str) -> str:
@@ -45,7 +46,8 @@ def new_token() -> str:
 def in_progress_record(holder: str, token: str | None = None) -> str:
     # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
     # Written as json.dumps writes the dict {"state", "holder", "token"}, without its encoder (per task).
-    return f'{{"state": "{IN_PROGRESS}", "holder": {_json_string(holder)}, "token": {_json_string(token or new_token())}}}'
+    token = _json_string(token or new_token())
+    return f'{{"state": "{IN_PROGRESS}", "holder": {_json_string(holder)}, "token": {token}}}'
 
 
 def done_record(holder: str, result: Any, token: str | None = None) -> str:

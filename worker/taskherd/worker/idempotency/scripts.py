@@ -123,11 +123,12 @@ class _Wire:
             sock.sendall(packet)
             while True:
                 if self._buffer:  # empty until the first recv: nothing to parse yet
-                    # The scripts' usual replies (an integer; the claim's [1]), recognised whole
-                    reply = _SMALL_REPLIES.get(bytes(self._buffer), _INCOMPLETE)
-                    if reply is not _INCOMPLETE:
-                        self._buffer.clear()
-                        return list(reply) if type(reply) is tuple else reply
+                    # The scripts' usual replies (an integer; the claim's [1]) recognised whole
+                    if len(self._buffer) <= _SMALL_REPLY_BYTES:
+                        reply = _SMALL_REPLIES.get(bytes(self._buffer), _INCOMPLETE)
+                        if reply is not _INCOMPLETE:
+                            self._buffer.clear()
+                            return list(reply) if type(reply) is tuple else reply
                     reply = _Reply(self._buffer, self._decode).parse()
                     if reply is not _INCOMPLETE:
                         break
@@ -155,6 +156,7 @@ def _bulk(data: bytes) -> bytes:
 _INCOMPLETE = object()
 #: whole replies -> what _Reply parses them to (a tuple stands for a new list)
 _SMALL_REPLIES = {b":0\r\n": 0, b":1\r\n": 1, b":2\r\n": 2, b"*1\r\n:1\r\n": (1,)}
+_SMALL_REPLY_BYTES = max(map(len, _SMALL_REPLIES))
 
 
 class _Reply:
