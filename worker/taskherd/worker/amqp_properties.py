@@ -26,8 +26,8 @@ _i32 = Struct(">i").unpack_from
 _i64 = Struct(">q").unpack_from
 _u64 = Struct(">Q").unpack_from
 
-# The value types read inline, as bytes (py-amqp 5's _read_item: 'I' signed 32-bit, 'L' and 'l'
-# signed 64-bit, 's' a signed 16-bit int as RabbitMQ writes it, 't' a bool).
+# The value types read inline, as py-amqp 5's _read_item reads them: 'S' a long string, 'V' void,
+# 't' a bool, 'I' a signed 32-bit int, 'L' and 'l' signed 64-bit, 'A' an array, 'F' a table.
 _S, _V, _t, _I, _L, _l, _A, _F = b"SVtILlAF"
 
 #: Properties that are a short string, by flag bit, in the order of AMQP's basic class.
