@@ -199,7 +199,7 @@ INTERNALS: tuple[Internal, ...] = (
     # A delivered message's AMQP properties, read by taskherd.worker.amqp_properties (the same
     # result as py-amqp's decoder, which it hands the rare value types and every malformed frame).
     Internal("amqp", "amqp.serialization:PROPERTY_CLASSES", "attribute",
-             why="read a delivered message's AMQP properties and headers in a third fewer instructions"),
+             why="read a delivered message's AMQP properties and headers in 40 % fewer instructions"),
     Internal("amqp", "amqp.serialization:decode_properties_basic", "callable", parameters=("buf", "offset"),
              why="decode the AMQP properties (and malformed frames) taskherd's decoder leaves to py-amqp"),
     Internal("amqp", "amqp.serialization:_read_item", "callable", parameters=("buf", "offset"),
