@@ -212,6 +212,16 @@ INTERNALS: tuple[Internal, ...] = (
              why="build each task's request context with its custom headers found in one pass"),
     Internal("celery", "celery.app.task:Context._get_custom_headers", "callable",
              why="find a request's custom headers in one pass (the same headers, in the same order)"),
+    # A task's result text (taskherd.worker.components.result_repr): the tracer writes it with its
+    # module's saferepr.
+    Internal("celery", "celery.app.trace:saferepr", "callable", parameters=("o", "maxlen", "maxlevels", "seen"),
+             why="write a task's None, True or False result without the general repr machinery"),
+    # JSON bodies (taskherd.worker.components.json_bodies): the decoder kombu's registry holds for
+    # application/json, read to leave an app's own in place.
+    Internal("kombu", "kombu.serialization:registry", "instance attributes", parameters=("_decoders",),
+             why="decode JSON bodies with one JSONDecoder, unless the app registered its own decoder"),
+    Internal("kombu", "kombu.utils.json:object_hook", "callable", parameters=("o",),
+             why="decode JSON bodies as kombu does (the types kombu and Celery register)"),
     # The event loop's timers (taskherd.worker.components.timer_heap): a cancelled timer stays in
     # the heap until it would have fired.
     Internal("kombu", "kombu.asynchronous.timer:Timer", "instance attributes", parameters=("_queue",),
@@ -260,6 +270,25 @@ def use_tracer_context_class(context_class: type) -> None:
     from celery.app import trace
 
     trace.Context = context_class
+
+
+def use_tracer_result_repr(result_repr: Callable[..., str]) -> None:
+    """Makes ``result_repr`` (saferepr's signature and text) the function Celery's tracer writes each
+    task's result text with, in this process and the pool children it forks from now on."""
+    from celery.app import trace
+
+    trace.saferepr = result_repr
+
+
+def use_json_body_decoder(decoder: Callable[[Any], Any], *, replacing: Callable[[Any], Any]) -> bool:
+    """Registers ``decoder`` as kombu's decoder of application/json bodies if the registry still
+    holds ``replacing`` (kombu's own; an app's own decoder stays). True when it did."""
+    from kombu.serialization import registry
+
+    if registry._decoders.get("application/json") is not replacing:
+        return False
+    registry.register("json", None, decoder, content_type="application/json", content_encoding="utf-8")
+    return True
 
 
 def metric_key(metric_name: str, name: str, labelnames: Any, labelvalues: Any, help_text: str) -> str:

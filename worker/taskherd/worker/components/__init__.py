@@ -109,17 +109,19 @@ def default_components() -> list[Component]:
     from .drain import Drain
     from .gc_freeze import GcFreeze
     from .heartbeat import Heartbeat
+    from .json_bodies import JsonBodies
     from .metrics import Metrics
     from .ping import Ping
     from .publish_stamps import PublishStamps
     from .recovery import FastRecovery
     from .request_context import RequestContext
+    from .result_repr import ResultRepr
     from .task_class import TaskClass
     from .timer_heap import TimerHeap
 
     return [kind() for kind in (TaskClass, BadMessages, BrokerCheck, PublishStamps, Heartbeat, Drain,
                                  Metrics, FastRecovery, DelayedMessages, Ping, BeatHeartbeat, GcFreeze, TimerHeap,
-                                 AmqpHeaders, RequestContext)]
+                                 AmqpHeaders, RequestContext, ResultRepr, JsonBodies)]
 
 
 def without(components: Iterable[Component], *kinds: type[Component]) -> list[Component]:

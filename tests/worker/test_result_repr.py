@@ -1,0 +1,47 @@
+"""A task's result text is Celery's saferepr text for every value and limit; the ResultRepr
+component makes it the tracer's when the worker starts."""
+from __future__ import annotations
+
+import pytest
+from celery import Celery, signals
+from celery.app import trace
+from celery.utils.saferepr import saferepr
+from hypothesis import given
+from hypothesis import strategies as st
+
+from taskherd.worker.components import default_components
+from taskherd.worker.components.result_repr import ResultRepr, result_repr
+
+_limits = st.none() | st.integers(0, 40)
+_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=30) | st.floats(),
+                       lambda children: st.lists(children, max_size=4)
+                       | st.dictionaries(st.text(max_size=5), children, max_size=4), max_leaves=10)
+
+
+@given(_values, _limits)
+def test_the_text_is_saferepr_s(value, maxlen):
+    assert result_repr(value, maxlen) == saferepr(value, maxlen)
+
+
+@pytest.mark.parametrize("value", [None, True, False])
+@pytest.mark.parametrize("maxlen", [None, *range(0, 12), 1024])
+def test_none_and_bools_at_every_limit(value, maxlen):
+    assert result_repr(value, maxlen) == saferepr(value, maxlen)
+
+
+@pytest.fixture
+def celerys_tracer_repr():
+    saved = trace.saferepr
+    trace.saferepr = saferepr
+    yield
+    trace.saferepr = saved
+
+
+def test_the_worker_writes_results_with_it_once_it_starts(celerys_tracer_repr):
+    assert any(isinstance(component, ResultRepr) for component in default_components())
+    ResultRepr().install(Celery("result-repr-test", set_as_current=False))
+    assert trace.saferepr is saferepr, "installed before the worker starts"
+
+    signals.worker_init.send(sender=None)
+
+    assert trace.saferepr is result_repr
