@@ -13,19 +13,18 @@ import datetime
 import struct
 from decimal import Decimal
 
-import pytest
 from amqp import serialization
 from amqp.basic_message import Message
 from amqp.spec import Basic
-from celery import Celery, signals
+from celery import Celery
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from e2e.lib.waiting import wait_for
 from raw_messages import Wire, consuming_worker, json_body, task_headers
+from worker_support import before_and_after_worker_start
 from taskherd import compat
 from taskherd.worker.amqp_properties import decoder
-from taskherd.worker.components import default_components
 from taskherd.worker.components.amqp_headers import AmqpHeaders
 
 PY_AMQP = serialization.decode_properties_basic
@@ -175,25 +174,11 @@ def test_buffers_of_other_types_go_to_py_amqp_whole():
 
 
 # -- installed by the component --------------------------------------------------------------------
-@pytest.fixture
-def py_amqps_decoder():
-    """py-amqp's table of decoders as it was, put back after the test."""
-    saved = dict(serialization.PROPERTY_CLASSES)
-    serialization.PROPERTY_CLASSES[Basic.CLASS_ID] = PY_AMQP
-    yield
-    serialization.PROPERTY_CLASSES.clear()
-    serialization.PROPERTY_CLASSES.update(saved)
-
-
-def test_the_worker_reads_properties_with_taskherds_decoder_once_it_starts(py_amqps_decoder):
-    assert any(isinstance(component, AmqpHeaders) for component in default_components())
-    AmqpHeaders().install(Celery("amqp-headers-test", set_as_current=False))
-    assert serialization.PROPERTY_CLASSES[Basic.CLASS_ID] is PY_AMQP, "installed before the worker starts"
-
-    signals.worker_init.send(sender=None)
-
-    installed = serialization.PROPERTY_CLASSES[Basic.CLASS_ID]
-    assert installed is not PY_AMQP and installed.slow is PY_AMQP
+def test_the_worker_reads_properties_with_taskherds_decoder_once_it_starts(monkeypatch):
+    monkeypatch.setitem(serialization.PROPERTY_CLASSES, Basic.CLASS_ID, PY_AMQP)  # put back after
+    before, installed = before_and_after_worker_start(AmqpHeaders(),
+                                                      lambda: serialization.PROPERTY_CLASSES[Basic.CLASS_ID])
+    assert before is PY_AMQP and installed is not PY_AMQP and installed.slow is PY_AMQP
     assert compat.use_amqp_properties_decoder() is False, "a second install must not wrap the first"
     assert serialization.PROPERTY_CLASSES[Basic.CLASS_ID] is installed
     headers = {"lang": "py", "task": "t", "retries": 3, "timelimit": [None, Decimal("1.5")]}

@@ -9,13 +9,12 @@ import uuid
 from decimal import Decimal
 
 import pytest
-from celery import Celery, signals
 from hypothesis import given
 from hypothesis import strategies as st
 from kombu.serialization import registry
 from kombu.utils import json as kombu_json
 
-from taskherd.worker.components import default_components
+from worker_support import before_and_after_worker_start
 from taskherd.worker.components.json_bodies import JsonBodies, loads
 
 
@@ -60,31 +59,17 @@ def test_celerys_task_body_and_registered_types():
     assert isinstance(loads(body)[1]["at"], datetime.datetime)
 
 
-@pytest.fixture
-def kombus_decoder():
-    """kombu's registry entry for application/json as it was, put back after the test."""
-    saved = registry._decoders.get("application/json")
-    registry._decoders["application/json"] = kombu_json.loads
-    yield
-    registry._decoders["application/json"] = saved
-
-
-def test_the_worker_decodes_bodies_with_it_once_it_starts(kombus_decoder):
-    assert any(isinstance(component, JsonBodies) for component in default_components())
-    JsonBodies().install(Celery("json-bodies-test", set_as_current=False))
-    assert registry._decoders["application/json"] is kombu_json.loads, "installed before the worker starts"
-
-    signals.worker_init.send(sender=None)
-
-    assert registry._decoders["application/json"] is loads
+def test_the_worker_decodes_bodies_with_it_once_it_starts(monkeypatch):
+    monkeypatch.setitem(registry._decoders, "application/json", kombu_json.loads)  # put back after
+    assert before_and_after_worker_start(JsonBodies(), lambda: registry._decoders["application/json"]) == (
+        kombu_json.loads, loads)
     assert registry._encoders["json"].encoder is kombu_json.dumps, "the encoder stays kombu's"
 
 
-def test_an_apps_own_json_decoder_is_left_in_place(kombus_decoder):
+def test_an_apps_own_json_decoder_is_left_in_place(monkeypatch):
+    monkeypatch.setitem(registry._decoders, "application/json", kombu_json.loads)  # put back after
     def own(data):
         return "own"
 
     registry.register("json", None, own, content_type="application/json")
-    JsonBodies().install(Celery("json-bodies-own", set_as_current=False))
-    signals.worker_init.send(sender=None)
-    assert registry._decoders["application/json"] is own
+    assert before_and_after_worker_start(JsonBodies(), lambda: registry._decoders["application/json"]) == (own, own)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 
 import pytest
-from celery import Celery, signals
 from celery.app import trace
 from celery.app.task import Context
 from hypothesis import given
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 
 from e2e.lib.waiting import wait_for
 from raw_messages import Wire, consuming_worker, json_body, task_headers
-from taskherd.worker.components import default_components
+from worker_support import before_and_after_worker_start
 from taskherd.worker.components.request_context import OnePassContext, RequestContext, celery_keys
 
 # Request keys as a worker's request dict holds them: Celery's (the class's attributes and the
@@ -50,23 +49,9 @@ def test_an_attribute_added_to_celerys_context_is_no_custom_header(monkeypatch):
     assert Context({"x-new": 1}).headers is None
 
 
-@pytest.fixture
-def celerys_tracer_context():
-    """The tracer's Context as it was, put back after the test."""
-    saved = trace.Context
-    trace.Context = Context
-    yield
-    trace.Context = saved
-
-
-def test_the_worker_builds_contexts_with_it_once_it_starts(celerys_tracer_context):
-    assert any(isinstance(component, RequestContext) for component in default_components())
-    RequestContext().install(Celery("request-context-test", set_as_current=False))
-    assert trace.Context is Context, "installed before the worker starts"
-
-    signals.worker_init.send(sender=None)
-
-    assert trace.Context is OnePassContext
+def test_the_worker_builds_contexts_with_it_once_it_starts(monkeypatch):
+    monkeypatch.setattr(trace, "Context", Context)  # as before any worker started here; put back after
+    assert before_and_after_worker_start(RequestContext(), lambda: trace.Context) == (Context, OnePassContext)
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "redis"])

@@ -2,14 +2,12 @@
 component makes it the tracer's when the worker starts."""
 from __future__ import annotations
 
-import pytest
-from celery import Celery, signals
 from celery.app import trace
 from celery.utils.saferepr import saferepr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskherd.worker.components import default_components
+from worker_support import before_and_after_worker_start
 from taskherd.worker.components.result_repr import ResultRepr, result_repr
 
 _limits = st.none() | st.integers(0, 40)
@@ -29,19 +27,6 @@ def test_none_and_bools_at_every_limit():
             assert result_repr(value, maxlen) == saferepr(value, maxlen), (value, maxlen)
 
 
-@pytest.fixture
-def celerys_tracer_repr():
-    saved = trace.saferepr
-    trace.saferepr = saferepr
-    yield
-    trace.saferepr = saved
-
-
-def test_the_worker_writes_results_with_it_once_it_starts(celerys_tracer_repr):
-    assert any(isinstance(component, ResultRepr) for component in default_components())
-    ResultRepr().install(Celery("result-repr-test", set_as_current=False))
-    assert trace.saferepr is saferepr, "installed before the worker starts"
-
-    signals.worker_init.send(sender=None)
-
-    assert trace.saferepr is result_repr
+def test_the_worker_writes_results_with_it_once_it_starts(monkeypatch):
+    monkeypatch.setattr(trace, "saferepr", saferepr)  # as before any worker started here; put back after
+    assert before_and_after_worker_start(ResultRepr(), lambda: trace.saferepr) == (saferepr, result_repr)

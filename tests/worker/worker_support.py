@@ -1,11 +1,11 @@
 """Helpers for the reliability-core tests: a recording Redis next to each broker, DLQ reading."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from taskherd.worker import configure
 from taskherd.commands.dlq import DeadLetter, open_dead_letters
@@ -90,3 +90,16 @@ def make_dlq_unwritable(broker_url: str, dlq: str, *, queue_type: str = "classic
             connection.default_channel.queue_delete(dlq)
 
     return repair
+
+
+def before_and_after_worker_start(component: Any, read: Callable[[], Any]) -> tuple[Any, Any]:
+    """What ``read()`` gives once ``component`` (one of the default components) is installed in an
+    app, and then once Celery's worker_init has been sent: what a producer importing the app
+    sees, and what the started worker's process (and the children it forks) runs with."""
+    from taskherd.worker.components import default_components
+
+    assert any(isinstance(default, type(component)) for default in default_components())
+    component.install(Celery(f"{type(component).__name__}-test", set_as_current=False))
+    before = read()
+    signals.worker_init.send(sender=None)
+    return before, read()

@@ -68,6 +68,24 @@ class Component:
         return dataclasses.replace(self, **changes) if changes else self
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AtWorkerStart(Component):
+    """A component that changes the worker's process once, as the worker starts: its
+    :meth:`at_worker_start` runs on Celery's ``worker_init``, in the main process before the pool
+    forks (the children inherit the change). Used to swap a library's per-task code for taskherd's
+    equivalent, which a producer importing the same app should not get."""
+
+    def install(self, app: Any, profile: Any = None) -> None:
+        from celery.signals import worker_init
+
+        kind = type(self)
+        worker_init.connect(kind.at_worker_start, weak=False, dispatch_uid=f"{kind.__module__}.{kind.__qualname__}")
+
+    @staticmethod
+    def at_worker_start(**_: Any) -> None:
+        raise NotImplementedError
+
+
 def installed(app: Any, kind: type[Component]) -> Component | None:
     """The component of class ``kind`` (or a subclass) installed in ``app``, if any."""
     for component in getattr(app, INSTALLED_ATTRIBUTE, {}).values():

@@ -9,25 +9,17 @@ broker); nothing changes on Redis, whose transport does not use py-amqp.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from taskherd import compat
 
-from . import Component
-
-_DISPATCH_UID = "taskherd.worker.components.amqp_headers"
+from . import AtWorkerStart
 
 
-def install_decoder(**_: Any) -> None:
-    compat.use_amqp_properties_decoder()
 
+class AmqpHeaders(AtWorkerStart):
+    """Installs taskherd's decoder of AMQP properties as the worker starts."""
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AmqpHeaders(Component):
-    """Connects :func:`install_decoder` to Celery's ``worker_init``."""
-
-    def install(self, app: Any, profile: Any = None) -> None:
-        from celery.signals import worker_init
-
-        worker_init.connect(install_decoder, weak=False, dispatch_uid=_DISPATCH_UID)
+    @staticmethod
+    def at_worker_start(**_: Any) -> None:
+        compat.use_amqp_properties_decoder()

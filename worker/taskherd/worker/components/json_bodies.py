@@ -12,7 +12,6 @@ forks — unless the app registered a JSON decoder of its own, which it leaves a
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -20,9 +19,8 @@ from kombu.utils import json as kombu_json
 
 from taskherd import compat
 
-from . import Component
+from . import AtWorkerStart
 
-_DISPATCH_UID = "taskherd.worker.components.json_bodies"
 #: What json.loads(s, object_hook=kombu's hook) builds for every call, built once (the json module
 #: shares its own default decoder between threads the same way).
 _decoder = json.JSONDecoder(object_hook=kombu_json.object_hook)
@@ -37,16 +35,9 @@ def loads(s: Any) -> Any:
     return kombu_json.loads(s)
 
 
-def install_decoder(**_: Any) -> None:
-    compat.use_json_body_decoder(loads, replacing=kombu_json.loads)
+class JsonBodies(AtWorkerStart):
+    """Registers :func:`loads` as kombu's JSON decoder as the worker starts."""
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class JsonBodies(Component):
-    """Connects :func:`install_decoder` to Celery's ``worker_init`` (the main process, before the
-    pool children are forked: they inherit it)."""
-
-    def install(self, app: Any, profile: Any = None) -> None:
-        from celery.signals import worker_init
-
-        worker_init.connect(install_decoder, weak=False, dispatch_uid=_DISPATCH_UID)
+    @staticmethod
+    def at_worker_start(**_: Any) -> None:
+        compat.use_json_body_decoder(loads, replacing=kombu_json.loads)

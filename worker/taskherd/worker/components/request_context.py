@@ -11,16 +11,14 @@ forks; a task called directly (``apply``, ``push_request``) keeps Celery's own.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from celery.app.task import Context
 
 from taskherd import compat
 
-from . import Component
+from . import AtWorkerStart
 
-_DISPATCH_UID = "taskherd.worker.components.request_context"
 #: What Context._get_custom_headers leaves out besides the class's own attribute names.
 _PROTOCOL_KEYS = ("lang", "task", "argsrepr", "kwargsrepr", "compression")
 #: (len(Context.__dict__) when built, the names): a class that gains an attribute gets new names.
@@ -46,16 +44,9 @@ class OnePassContext(Context):
         return {key: value for key, value in headers.items() if key not in known} or None
 
 
-def install_context(**_: Any) -> None:
-    compat.use_tracer_context_class(OnePassContext)
+class RequestContext(AtWorkerStart):
+    """Makes :class:`OnePassContext` the tracer's Context as the worker starts."""
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RequestContext(Component):
-    """Connects :func:`install_context` to Celery's ``worker_init`` (the main process, before the
-    pool children are forked: they inherit it)."""
-
-    def install(self, app: Any, profile: Any = None) -> None:
-        from celery.signals import worker_init
-
-        worker_init.connect(install_context, weak=False, dispatch_uid=_DISPATCH_UID)
+    @staticmethod
+    def at_worker_start(**_: Any) -> None:
+        compat.use_tracer_context_class(OnePassContext)

@@ -10,16 +10,14 @@ it the tracer's ``saferepr`` when the worker starts, before the pool forks.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from celery.utils.saferepr import saferepr
 
 from taskherd import compat
 
-from . import Component
+from . import AtWorkerStart
 
-_DISPATCH_UID = "taskherd.worker.components.result_repr"
 #: The shortest limit under which saferepr leaves 'False' (the longest of the three) whole.
 _WHOLE_FROM = 6
 _TEXT = {None: "None", True: "True", False: "False"}
@@ -32,16 +30,9 @@ def result_repr(o: Any, maxlen: int | None = None, maxlevels: int = 3, seen: Any
     return saferepr(o, maxlen, maxlevels, seen)
 
 
-def install_result_repr(**_: Any) -> None:
-    compat.use_tracer_result_repr(result_repr)
+class ResultRepr(AtWorkerStart):
+    """Makes :func:`result_repr` the tracer's saferepr as the worker starts."""
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ResultRepr(Component):
-    """Connects :func:`install_result_repr` to Celery's ``worker_init`` (the main process, before
-    the pool children are forked: they inherit it)."""
-
-    def install(self, app: Any, profile: Any = None) -> None:
-        from celery.signals import worker_init
-
-        worker_init.connect(install_result_repr, weak=False, dispatch_uid=_DISPATCH_UID)
+    @staticmethod
+    def at_worker_start(**_: Any) -> None:
+        compat.use_tracer_result_repr(result_repr)
