@@ -16,7 +16,6 @@ from taskherd import compat
 from . import AtWorkerStart
 
 
-
 class AmqpHeaders(AtWorkerStart):
     """Installs taskherd's decoder of AMQP properties as the worker starts."""
 

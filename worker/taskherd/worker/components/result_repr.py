@@ -4,8 +4,8 @@ After each task the pool child's tracer writes its result's text for the main pr
 events with ``saferepr`` (celery.utils.saferepr): a streaming, truncating repr that costs ~23k
 instructions even for ``None`` — what most tasks return — out of a ~400k no-op task in the child
 (docs/benchmarks.md, "Celery's own hot paths"). :func:`result_repr` gives ``'None'``, ``'True'``
-or ``'False'`` itself when the limit leaves them whole (saferepr truncates them below six
-characters), and hands every other value to saferepr: the same text always. The component makes
+or ``'False'`` itself when the limit leaves them whole (saferepr truncates them under a limit of
+six), and hands every other value to saferepr: the same text always. The component makes
 it the tracer's ``saferepr`` when the worker starts, before the pool forks.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from taskherd import compat
 
 from . import AtWorkerStart
 
-#: The shortest limit under which saferepr leaves 'False' (the longest of the three) whole.
+#: The smallest limit at which saferepr leaves all three whole ('False', the longest, needs six).
 _WHOLE_FROM = 6
 _TEXT = {None: "None", True: "True", False: "False"}
 
