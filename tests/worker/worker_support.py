@@ -92,6 +92,13 @@ def make_dlq_unwritable(broker_url: str, dlq: str, *, queue_type: str = "classic
     return repair
 
 
+class _WorkerOf:
+    """What a worker_init receiver gets as its sender: a WorkController, which knows its app."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+
 def before_and_after_worker_start(component: Any, read: Callable[[], Any]) -> tuple[Any, Any]:
     """What ``read()`` gives once ``component`` (one of the default components) is installed in an
     app, and then once Celery's worker_init has been sent: what a producer importing the app
@@ -99,7 +106,10 @@ def before_and_after_worker_start(component: Any, read: Callable[[], Any]) -> tu
     from taskherd.worker.components import default_components
 
     assert any(isinstance(default, type(component)) for default in default_components())
-    component.install(Celery(f"{type(component).__name__}-test", set_as_current=False))
+    app = Celery(f"{type(component).__name__}-test", set_as_current=False)
+    component.install(app)
     before = read()
-    signals.worker_init.send(sender=None)
+    # Sent as that app's worker would (a WorkController has .app): receivers of other apps this test
+    # process configured (the Metrics component's, say) let it pass, as they would in a real worker.
+    signals.worker_init.send(sender=_WorkerOf(app))
     return before, read()
