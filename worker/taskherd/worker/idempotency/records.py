@@ -43,6 +43,13 @@ def new_token() -> str:
     return os.urandom(16).hex()  # a uuid4's randomness without building a UUID (per task)
 
 
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
+
+
+def _json_value(value: Any) -> str:
+    return "null" if value is None else json.dumps(value)
+
+
 def in_progress_record(holder: str, token: str | None = None) -> str:
     # The token makes every claim's record unique, so compare-and-set scripts recognise their own.
     # Written as json.dumps writes the dict {"state", "holder", "token"}, without its encoder (per task).
@@ -55,13 +62,6 @@ def done_record(holder: str, result: Any, token: str | None = None) -> str:
     # As json.dumps writes {"state", "holder", "result"[, "token"]}: only the result goes through it.
     record = f'{{"state": "{DONE}", "holder": {_json_string(holder)}, "result": {_json_value(result)}'
     return f'{record}, "token": {_json_string(token)}}}' if token else record + "}"
-
-
-_json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
-
-
-def _json_value(value: Any) -> str:
-    return "null" if value is None else json.dumps(value)
 
 
 def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: str | None = None) -> Decision:

@@ -91,12 +91,11 @@ class _Wire:
 
     def arguments(self, keys: Sequence, args: Sequence) -> tuple[int, bytes]:
         """(how many, `numkeys key… arg…` packed as RESP bulk strings), by redis-py's Encoder rules."""
-        numkeys = b"%d" % len(keys)
-        packed = [b"$%d\r\n%s\r\n" % (len(numkeys), numkeys)]
+        packed = [_bulk(b"%d" % len(keys))]
         for value in (*keys, *args):
             # str, the usual case, encoded here: a call per value costs more than the encoding
-            data = value.encode(self._encoding, self._errors) if type(value) is str else self._encode(value)
-            packed.append(b"$%d\r\n%s\r\n" % (len(data), data))
+            packed.append(_bulk(value.encode(self._encoding, self._errors) if type(value) is str
+                                else self._encode(value)))
         return len(packed), b"".join(packed)
 
     def _encode(self, value: Any) -> bytes:
