@@ -5,8 +5,9 @@ redis-server (started here, so nothing else runs on it) and the loopback Postgre
 database), and counts:
 
 - round trips: requests the client waited for. Redis: packets sent by redis-py (a pipeline or a
-  script is one) and scripts the store sent on its own connection (its RESP wire). PostgreSQL: the protocol's synchronisation points in libpq's trace (one per
-  statement, or per pipeline), transaction control included;
+  script is one) and packets the store sent on its own connection (a script; the commit of an
+  effect queued with `in_transaction`). PostgreSQL: the protocol's synchronisation points in
+  libpq's trace (one per statement, or per pipeline), transaction control included;
 - CPU of this process (µs per task) and wall time.
 
 Each guarded scenario is printed beside the same effect without a guard, so the difference is what
@@ -38,7 +39,7 @@ from taskherd.worker.idempotency import scripts as store_scripts
 
 _sent = {"redis": 0}
 _send = redis.connection.AbstractConnection.send_packed_command
-_round_trip = store_scripts._Wire.round_trip
+_wire_send = store_scripts._Wire._send
 
 
 def _counting_send(self, command, check_health=True):
@@ -46,13 +47,13 @@ def _counting_send(self, command, check_health=True):
     return _send(self, command, check_health)
 
 
-def _counting_round_trip(self, command_and_script, arguments):
+def _counting_wire_send(self, packet):
     _sent["redis"] += 1
-    return _round_trip(self, command_and_script, arguments)
+    return _wire_send(self, packet)
 
 
 redis.connection.AbstractConnection.send_packed_command = _counting_send
-store_scripts._Wire.round_trip = _counting_round_trip
+store_scripts._Wire._send = _counting_wire_send
 
 
 class PgTrace:
@@ -178,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     pg = results["PostgreSQL"]
     pg_added = pg["guarded, inside the user's transaction"]["round trips"] - \
         pg["effect inside the user's transaction"]["round trips"]
+    redis_tx_added = results["Redis"]["guarded, effect committed with the done mark"]["round trips"] - \
+        results["Redis"]["effect alone (RPUSH)"]["round trips"]
     print(f"Redis guard: {redis_added:.2f} round trips added per task (target 2: claim, complete)")
+    print(f"Redis guard, effect committed with the done mark: {redis_tx_added:.2f} round trips added per task "
+          "(the claim; the effect goes in the commit's one packet)")
     print(f"PostgreSQL guard inside the user's transaction: {pg_added:.2f} round trips added per task "
           f"(target 2: its INSERT and UPDATE, the savepoint travelling with them)")
     return 0

@@ -163,6 +163,13 @@ INTERNALS: tuple[Internal, ...] = (
              why="check a Redis item's body_encoding as kombu will decode it"),
     Internal("redis", "redis.client:Redis.parse_response", "callable", parameters=("connection", "command_name"),
              why="check each item a Redis channel pops before kombu parses it"),
+    # The idempotency store (taskherd.worker.idempotency): its scripts on a connection's own socket,
+    # and the commands an effect queued, sent with the commit's check in one packet.
+    Internal("redis", "redis.connection:AbstractConnection", "instance attributes", parameters=("_sock",),
+             why="send the idempotency store's scripts on a connection's socket (compat.redis_socket)"),
+    Internal("redis", "redis.client:Pipeline", "instance attributes", parameters=("command_stack",),
+             why="send the commands an idempotent effect queued in the commit's one packet "
+                 "(compat.redis_queued_commands)"),
     # Bad messages: a task's argument check, as apply_async runs it (celery.app.task).
     Internal("celery", "celery.utils.functional:head_from_fun", "callable", parameters=("fun", "bound"),
              why="check a message's arguments against its task's signature before it reaches the pool"),
@@ -492,6 +499,16 @@ def wrap_redis_brpop(start: Callable[..., Any], read: Callable[..., Any]) -> Non
 
     _brpop_start.taskherd_original, _brpop_read.taskherd_original = original_start, original_read
     channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
+
+
+def redis_socket(connection: Any) -> Any:
+    """A redis-py connection's socket (None until it connects)."""
+    return connection._sock
+
+
+def redis_queued_commands(pipeline: Any) -> list[tuple[Any, ...]]:
+    """The arguments of each command queued on a redis-py pipeline that has not run, in order."""
+    return [args for args, _options in pipeline.command_stack]
 
 
 def redis_consumed_lists(channel: Any) -> list[str]:

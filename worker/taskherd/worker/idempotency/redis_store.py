@@ -16,7 +16,8 @@ An effect that is itself a write to the store's Redis can commit WITH the done r
 `claim.in_transaction(lambda pipe: pipe.rpush("ledger", order))` queues it, and the end of the
 guard runs it and the done record in one MULTI/EXEC, WATCHing the key — so the effect is applied
 exactly when the key becomes done, and not at all if another holder took the key over. For such
-effects the gap between "effect committed" and "done record written" does not exist.
+effects the gap between "effect committed" and "done record written" does not exist. The commit
+is one round trip (`_COMMIT_CHECK`), so such an effect costs the claim and one packet in all.
 
 Redis unreachable: before the effect, `StoreUnavailable` (transient: nothing ran). After the
 effect, the done mark is retried briefly and then given up with an error log rather than raised:
@@ -34,8 +35,11 @@ import time
 from typing import Any, Callable, Iterator
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
+
+from taskherd import compat
 
 from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
 from .records import Action, decide, done_record, in_progress_record, new_token
@@ -63,6 +67,22 @@ _COMPLETE = """
 local current = redis.call('get', KEYS[1])
 if current == ARGV[1] or current == ARGV[2] then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end
 if not current then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 2 end
+return 0
+"""
+# The commit's check, sent in one packet between WATCH and MULTI: a key that is not this claim's
+# any more is rewritten as it is (its value, then its TTL). That write changes nothing but counts
+# as a modification of the watched key — also for the client that watches it — so our own EXEC
+# aborts and nothing queued is applied: the one way to make a pipelined transaction depend on what
+# the server finds, and it works on every Redis version (SET KEEPTTL would need 6.0).
+# 1: ours, or lapsed with nobody taking it (EXEC applies). 2: done by an earlier try whose reply
+# was lost. 0: taken over.
+_COMMIT_CHECK = """
+local current = redis.call('get', KEYS[1])
+if current == ARGV[1] or not current then return 1 end
+local ttl = redis.call('pttl', KEYS[1])
+redis.call('set', KEYS[1], current)
+if ttl > 0 then redis.call('pexpire', KEYS[1], ttl) end
+if current == ARGV[2] then return 2 end
 return 0
 """
 _RELEASE = """
@@ -124,7 +144,7 @@ class RedisStore:
         self.result_ttl_seconds = _positive("result_ttl_seconds", result_ttl_seconds, self.lease_seconds)
         #: how often `wait_seconds` polls a busy key
         self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
-        scripts = Scripts(client)
+        self._scripts = scripts = Scripts(client)
         self._claim = scripts.register(_CLAIM)
         self._renew = Scripts(client, socket_timeout=self.lease_seconds / 3).register(_RENEW)
         self._renewer = Renewer(name=f"taskherd-lease-renewer-{prefix}")
@@ -198,29 +218,42 @@ class RedisStore:
     def _commit(self, key: str, redis_key: str, record: str, done: str, ttl_ms: int,
                 effects: list[Callable[[Any], Any]]) -> None:
         """The effects and the done record in one MULTI/EXEC, if the key is still ours (or lapsed
-        with nobody taking it). Nothing has happened yet, so a Redis failure is raised (the task
-        retries; its retry finds the key done if this EXEC was applied and only its reply lost)."""
+        with nobody taking it), in one packet: WATCH, `_COMMIT_CHECK`, MULTI, the effects, the done
+        record, EXEC. Nothing has happened yet, so a Redis failure is raised (the task retries; its
+        retry finds the key done if this EXEC was applied and only its reply lost)."""
+        queued = self.client.pipeline(transaction=True)  # only records what the effects queue
+        for queue_effects in effects:
+            queue_effects(queued)
+        effect_commands = compat.redis_queued_commands(queued)
+        commands = [("WATCH", redis_key), ("EVAL", _COMMIT_CHECK, 1, redis_key, record, done), ("MULTI",),
+                    *effect_commands, ("SET", redis_key, done, "PX", ttl_ms), ("EXEC",)]
         for delay in (*_FINISH_RETRY_DELAYS, None):
             try:
-                with self.client.pipeline() as pipe:
-                    pipe.watch(redis_key)
-                    current = pipe.get(redis_key)
-                    current = current.decode() if isinstance(current, bytes) else current
-                    if current == done:
-                        return  # an earlier try was applied; its reply was lost
-                    if current not in (record, None):
-                        raise LeaseLost(key, lease_seconds=self.lease_seconds)
-                    pipe.multi()
-                    for queue_effects in effects:
-                        queue_effects(pipe)
-                    pipe.set(redis_key, done, px=ttl_ms)
-                    pipe.execute()
-                    return
-            except WatchError:
-                pass  # the key changed between WATCH and EXEC (a renewal in flight): look again
+                replies = self._scripts.pipeline(commands)
             except _UNREACHABLE as exc:
                 if delay is None:
                     raise StoreUnavailable(key, cause=exc) from exc
+            else:
+                check, executed = replies[1], replies[-1]
+                if isinstance(check, ResponseError):
+                    raise check
+                if check == 2:
+                    return  # an earlier try was applied; its reply was lost
+                if check == 0:
+                    raise LeaseLost(key, lease_seconds=self.lease_seconds)
+                if isinstance(executed, ResponseError):
+                    # EXECABORT: Redis refused a queued command (its own error says which), so
+                    # nothing was applied and the key is still ours until its lease lapses.
+                    queued_replies = replies[3:-1]
+                    raise next((r for r in queued_replies if isinstance(r, ResponseError)), executed)
+                if executed is not None:
+                    # Applied. A command that failed as it ran (WRONGTYPE…) raises, as redis-py's
+                    # pipeline does; the others and the done record were applied with it.
+                    failed = next((r for r in executed if isinstance(r, ResponseError)), None)
+                    if failed is not None:
+                        raise failed
+                    return
+                # None: the key changed between WATCH and EXEC (a renewal in flight): look again
             if delay is not None:
                 time.sleep(delay)
         raise StoreUnavailable(key, cause=WatchError(f"{redis_key} kept changing under the commit"))

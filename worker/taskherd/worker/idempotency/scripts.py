@@ -13,6 +13,10 @@ without a connection pool (cluster clients and the like) take redis-py's ordinar
 
 ``socket_timeout`` overrides the client's own (often none) on these connections: the lease
 renewals use it, so that one Redis that stops answering cannot hang the renewing thread.
+
+:meth:`Scripts.pipeline` sends several commands in one packet on the same connection and returns
+every reply: the store's commit (WATCH, a check, MULTI, the effects, the done record, EXEC) is one
+round trip.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import threading
 from typing import Any, Callable, Sequence
 
 from redis.exceptions import ConnectionError, DataError, NoScriptError, ResponseError, TimeoutError
+
+from taskherd import compat
 
 
 class Scripts:
@@ -64,6 +70,22 @@ class Scripts:
                     raise
 
         return call
+
+    def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Sends `commands` (each a tuple of arguments, packed by redis-py's rules) in one packet on
+        this thread's connection and returns their replies in order, errors as ResponseError objects
+        rather than raised: each belongs to its own command. Not retried here: only the caller knows
+        whether its commands may run twice."""
+        if self._pool is None or not hasattr(self._pool, "make_connection"):
+            raise TypeError(f"{type(self._client).__name__} has no connection pool: the idempotency store's "
+                            "commit needs a redis.Redis client (standalone or Sentinel)")
+        wire = self._wire()
+        try:
+            return wire.exchange(commands)
+        except BaseException:
+            # A reply may still be in flight, or a WATCH left set: never reuse the connection.
+            wire.disconnect()
+            raise
 
     def _wire(self) -> "_Wire":
         local = self._local
@@ -112,36 +134,52 @@ class _Wire:
         """Sends the command (EVALSHA or EVAL and its script, packed by _bulk) with ``arguments``
         and reads its reply."""
         count, packed = arguments
-        packet = b"*%d\r\n%s%s" % (count + 2, command_and_script, packed)
+        self._send(b"*%d\r\n%s%s" % (count + 2, command_and_script, packed))
+        reply = self._read()
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    def exchange(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Sends the commands in one packet; their replies in order (errors returned, not raised)."""
+        self._send(b"".join(self.connection.pack_commands(commands)))
+        return [self._read() for _ in commands]
+
+    def _send(self, packet: bytes) -> None:
         connection = self.connection
-        if connection._sock is None:
+        if compat.redis_socket(connection) is None:
             connection.connect()  # handshake (AUTH, SELECT, HELLO) through redis-py
             self._buffer.clear()
-        sock = connection._sock
         try:
-            sock.sendall(packet)
+            compat.redis_socket(connection).sendall(packet)
+        except socket.timeout as exc:
+            raise TimeoutError("Timeout writing to socket") from exc
+        except OSError as exc:
+            raise ConnectionError(f"Error while talking to Redis: {exc}") from exc
+
+    def _read(self) -> Any:
+        """The next reply, read from the buffer or the socket."""
+        buffer = self._buffer
+        try:
             while True:
-                if self._buffer:  # empty until the first recv: nothing to parse yet
+                if buffer:  # empty until the first recv: nothing to parse yet
                     # The scripts' usual replies (an integer; the claim's [1]) recognised whole
-                    if len(self._buffer) <= _SMALL_REPLY_BYTES:
-                        reply = _SMALL_REPLIES.get(bytes(self._buffer), _INCOMPLETE)
+                    if len(buffer) <= _SMALL_REPLY_BYTES:
+                        reply = _SMALL_REPLIES.get(bytes(buffer), _INCOMPLETE)
                         if reply is not _INCOMPLETE:
-                            self._buffer.clear()
+                            buffer.clear()
                             return list(reply) if type(reply) is tuple else reply
-                    reply = _Reply(self._buffer, self._decode).parse()
+                    reply = _Reply(buffer, self._decode).parse()
                     if reply is not _INCOMPLETE:
-                        break
-                chunk = sock.recv(65536)
+                        return reply
+                chunk = compat.redis_socket(self.connection).recv(65536)
                 if not chunk:
                     raise ConnectionError("Connection closed by server.")
-                self._buffer += chunk
+                buffer += chunk
         except socket.timeout as exc:
             raise TimeoutError("Timeout reading from socket") from exc
         except OSError as exc:
             raise ConnectionError(f"Error while talking to Redis: {exc}") from exc
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
 
     def disconnect(self) -> None:
         self._buffer.clear()
