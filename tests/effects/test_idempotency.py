@@ -260,16 +260,9 @@ def test_a_redis_effect_commits_with_the_done_record_or_not_at_all(redis_client)
     with store.guard(key) as again:
         assert again.done and again.result == "ok"
 
-    class NoRenewals:  # a holder paused past its lease: its renewals never run
-        def add(self, renew, every_seconds):
-            return 0
-
-        def remove(self, lease_id):
-            return False
-
     # Paused past its lease, taken over by another holder: the first holder's effect is discarded.
     paused_store = RedisStore(client=redis_client, lease_seconds=0.5)
-    paused_store._renewer = NoRenewals()  # noqa: SLF001
+    paused_store._renewer = _NoRenewals()  # noqa: SLF001
     paused = f"tx-{uuid.uuid4().hex}"
     with pytest.raises(LeaseLost):
         with paused_store.guard(paused) as first:
@@ -278,6 +271,131 @@ def test_a_redis_effect_commits_with_the_done_record_or_not_at_all(redis_client)
             with store.guard(paused) as second:
                 second.in_transaction(lambda pipe: pipe.rpush(ledger, "second"))
     assert redis_client.lrange(ledger, 0, -1) == [b"charged", b"second"]
+
+
+class _NoRenewals:
+    """A holder paused past its lease: its renewals never run."""
+
+    def add(self, renew, every_seconds):
+        return 0
+
+    def remove(self, lease_id):
+        return False
+
+
+def _wrap_commit_packets(store, monkeypatch, change):
+    """Replaces the store's one-packet sends by ``change(send, commands, attempt)``; returns the
+    attempts' commands."""
+    send, attempts = store._scripts.pipeline, []  # noqa: SLF001
+
+    def changed(commands):
+        attempts.append(commands)
+        return change(send, commands, len(attempts))
+
+    monkeypatch.setattr(store._scripts, "pipeline", changed)  # noqa: SLF001
+    return attempts
+
+
+def test_a_commit_whose_reply_was_lost_is_not_applied_again(redis_client, monkeypatch):
+    """The commit is applied, then the connection drops before its reply: the retry finds the key
+    done by its own record and applies nothing more."""
+    store = RedisStore(client=redis_client)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+
+    def reply_lost_once(send, commands, attempt):
+        replies = send(commands)
+        if attempt == 1:
+            raise redis.ConnectionError("connection dropped before the reply")
+        return replies
+
+    attempts = _wrap_commit_packets(store, monkeypatch, reply_lost_once)
+    with store.guard(key) as claim:
+        claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
+        claim.set_result("ok")
+    assert len(attempts) == 2
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged"]
+    assert store.state(key)["state"] == "done" and store.state(key)["result"] == "ok"
+
+
+def test_a_commit_whose_key_changed_under_it_is_applied_on_the_next_try(redis_client, monkeypatch):
+    """A write to the key between WATCH and EXEC (our own renewal in flight) aborts the EXEC; the
+    commit looks again and applies the effect once."""
+    store = RedisStore(client=redis_client)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+
+    def renewed_in_between_once(send, commands, attempt):
+        if attempt > 1:
+            return send(commands)
+        watch, *rest = commands
+        renewal = ("PEXPIRE", store.prefix + key, 30000)
+        watch_reply, renewal_reply, *rest_replies = send([watch, renewal, *rest])
+        assert renewal_reply == 1 and rest_replies[-1] is None, "the renewal should have aborted the EXEC"
+        return [watch_reply, *rest_replies]
+
+    attempts = _wrap_commit_packets(store, monkeypatch, renewed_in_between_once)
+    with store.guard(key) as claim:
+        claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
+    assert len(attempts) == 2
+    assert redis_client.lrange(ledger, 0, -1) == [b"charged"] and store.state(key)["state"] == "done"
+
+
+def test_an_effect_redis_refuses_is_not_applied_and_one_that_fails_as_it_runs_is(redis_client):
+    """As redis-py's own transactions: a command Redis refuses when queued (wrong arguments) aborts
+    the whole commit, its error raised and the key left to its lease; a command that fails as it
+    runs (WRONGTYPE) raises too, the rest and the done record applied."""
+    store = RedisStore(client=redis_client)
+    ledger, text = f"ledger-{uuid.uuid4().hex}", f"text-{uuid.uuid4().hex}"
+    refused = f"tx-{uuid.uuid4().hex}"
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
+        with store.guard(refused) as claim:
+            claim.in_transaction(lambda pipe: pipe.rpush(ledger, "a").execute_command("RPUSH", ledger))
+    assert redis_client.llen(ledger) == 0 and store.state(refused)["state"] == "in_progress"
+
+    redis_client.set(text, "not a list")
+    failed = f"tx-{uuid.uuid4().hex}"
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        with store.guard(failed) as claim:
+            claim.in_transaction(lambda pipe: pipe.rpush(text, "x").rpush(ledger, "b"))
+    assert redis_client.lrange(ledger, 0, -1) == [b"b"] and store.state(failed)["state"] == "done"
+
+
+def test_holders_racing_past_their_leases_apply_exactly_the_effects_of_the_keys_they_completed(redis_client):
+    """Eight holders of one key, none renewing, each pausing past the 50 ms lease at random before
+    its commit: every holder that took the key over makes the earlier ones' commits fail. The
+    ledger holds exactly one effect, the one of the holder whose record is done; every other
+    holder got LeaseLost (or found the key busy) and applied nothing."""
+    from taskherd.worker.idempotency import LeaseLost
+
+    store = RedisStore(client=redis_client, lease_seconds=0.1)
+    store._renewer = _NoRenewals()  # noqa: SLF001
+    key, ledger = f"race-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+    outcomes: dict[str, str] = {}
+    barrier = threading.Barrier(8)
+
+    def holder(name: str, pause: float) -> None:
+        barrier.wait()
+        try:
+            with store.guard(key, wait_seconds=2) as claim:
+                if claim.done:
+                    outcomes[name] = "found done"
+                    return
+                time.sleep(pause)
+                claim.in_transaction(lambda pipe: pipe.rpush(ledger, name))
+                claim.set_result(name)
+            outcomes[name] = "committed"
+        except LeaseLost:
+            outcomes[name] = "lease lost"
+
+    pauses = [0.0, 0.15, 0.02, 0.3, 0.12, 0.0, 0.25, 0.05]
+    threads = [threading.Thread(target=holder, args=(f"h{i}", pause)) for i, pause in enumerate(pauses)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    committed = sorted(name for name, outcome in outcomes.items() if outcome == "committed")
+    assert len(outcomes) == 8, outcomes
+    assert [entry.decode() for entry in redis_client.lrange(ledger, 0, -1)] == committed, outcomes
+    assert store.state(key)["state"] == "done" and store.state(key)["result"] in committed, outcomes
 
 
 def test_postgres_duplicate_threads_run_the_effect_once(ledger_dsn):
