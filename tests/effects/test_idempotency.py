@@ -359,6 +359,29 @@ def test_an_effect_redis_refuses_is_not_applied_and_one_that_fails_as_it_runs_is
     assert redis_client.lrange(ledger, 0, -1) == [b"b"] and store.state(failed)["state"] == "done"
 
 
+@pytest.mark.parametrize("options", [{}, {"decode_responses": True}, {"protocol": 3},
+                                     {"protocol": 3, "decode_responses": True}],
+                         ids=["resp2", "resp2-decoded", "resp3", "resp3-decoded"])
+def test_a_commit_reads_every_reply_shape_redis_py_clients_get(redis_url, options):
+    """The commit's replies (OK, QUEUED, the check's integer, EXEC's array) read in both protocols,
+    with and without decode_responses; the duplicate gets the stored result back."""
+    client = redis.Redis.from_url(redis_url, **options)
+    store = RedisStore(client=client)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+    results = []
+    for _ in range(2):
+        with store.guard(key) as claim:
+            if not claim.done:
+                claim.in_transaction(lambda pipe: pipe.rpush(ledger, "x").hset(f"{ledger}:h", mapping={"a": 1}))
+                claim.set_result({"n": 1})
+            results.append((claim.done, claim.result))
+    assert results == [(False, {"n": 1}), (True, {"n": 1})]
+    raw = redis.Redis.from_url(redis_url)
+    assert raw.lrange(ledger, 0, -1) == [b"x"] and raw.hgetall(f"{ledger}:h") == {b"a": b"1"}
+    raw.close()
+    client.close()
+
+
 def test_holders_racing_past_their_leases_apply_exactly_the_effects_of_the_keys_they_completed(redis_client):
     """Eight holders of one key, none renewing, each pausing past the 50 ms lease at random before
     its commit: every holder that took the key over makes the earlier ones' commits fail. The
