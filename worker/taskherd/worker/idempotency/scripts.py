@@ -146,12 +146,13 @@ class _Wire:
         return [self._read() for _ in commands]
 
     def _send(self, packet: bytes) -> None:
-        connection = self.connection
-        if compat.redis_socket(connection) is None:
-            connection.connect()  # handshake (AUTH, SELECT, HELLO) through redis-py
+        sock = compat.redis_socket(self.connection)
+        if sock is None:
+            self.connection.connect()  # handshake (AUTH, SELECT, HELLO) through redis-py
             self._buffer.clear()
+            sock = compat.redis_socket(self.connection)
         try:
-            compat.redis_socket(connection).sendall(packet)
+            sock.sendall(packet)
         except socket.timeout as exc:
             raise TimeoutError("Timeout writing to socket") from exc
         except OSError as exc:
