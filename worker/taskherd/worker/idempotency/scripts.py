@@ -35,12 +35,14 @@ class Scripts:
     def __init__(self, client, *, socket_timeout: float | None = None):
         self._client = client
         self._pool = getattr(client, "connection_pool", None)
+        #: whether this client's connections can be opened here for a wire of our own
+        self._wired = self._pool is not None and hasattr(self._pool, "make_connection")
         self._socket_timeout = socket_timeout
         self._local = threading.local()
 
     def register(self, source: str) -> Callable[..., Any]:
         """A callable `script(keys=[...], args=[...])` returning the script's reply."""
-        if self._pool is None or not hasattr(self._pool, "make_connection"):
+        if not self._wired:
             return self._client.register_script(source)
         sha = hashlib.sha1(source.encode()).hexdigest().encode()
         # The command and the script, packed once: only the keys and arguments change per call.
@@ -76,7 +78,7 @@ class Scripts:
         this thread's connection and returns their replies in order, errors as ResponseError objects
         rather than raised: each belongs to its own command. Not retried here: only the caller knows
         whether its commands may run twice."""
-        if self._pool is None or not hasattr(self._pool, "make_connection"):
+        if not self._wired:
             raise TypeError(f"{type(self._client).__name__} has no connection pool: the idempotency store's "
                             "commit needs a redis.Redis client (standalone or Sentinel)")
         wire = self._wire()
@@ -163,7 +165,7 @@ class _Wire:
         buffer = self._buffer
         try:
             while True:
-                if buffer:  # empty until the first recv: nothing to parse yet
+                if buffer:  # empty: nothing to parse until a recv fills it
                     # The scripts' usual replies (an integer; the claim's [1]) recognised whole
                     if len(buffer) <= _SMALL_REPLY_BYTES:
                         reply = _SMALL_REPLIES.get(bytes(buffer), _INCOMPLETE)
