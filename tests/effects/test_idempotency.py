@@ -273,6 +273,31 @@ def test_a_redis_effect_commits_with_the_done_record_or_not_at_all(redis_client)
     assert redis_client.lrange(ledger, 0, -1) == [b"charged", b"second"]
 
 
+class _PoollessClient:
+    """A client without a connection pool, as redis-py's cluster client is: every command passes
+    through to a real Redis, only `connection_pool` is missing."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name):
+        if name == "connection_pool":
+            raise AttributeError(name)
+        return getattr(self._client, name)
+
+
+def test_a_client_without_a_pool_is_refused_the_commit_at_once_and_the_key_released(redis_client):
+    store = RedisStore(client=_PoollessClient(redis_client), lease_seconds=30)
+    key, ledger = f"tx-{uuid.uuid4().hex}", f"ledger-{uuid.uuid4().hex}"
+    with pytest.raises(TypeError, match=r"_PoollessClient has no connection pool.*in_transaction"):
+        with store.guard(key) as claim:
+            claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
+    assert redis_client.llen(ledger) == 0 and store.state(key) is None, "nothing applied, key free at once"
+    with store.guard(key) as claim:  # the plain guard still works on such a client (redis-py's scripts)
+        redis_client.rpush(ledger, "charged")
+    assert redis_client.llen(ledger) == 1 and store.state(key)["state"] == "done"
+
+
 class _NoRenewals:
     """A holder paused past its lease: its renewals never run."""
 

@@ -96,12 +96,17 @@ class RedisClaim(Claim):
     """A Redis store's claim: also takes effects that commit with the done record."""
 
     _transactional: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list, repr=False)
+    #: raises TypeError when the store's client cannot send the commit (Scripts.require_pipeline)
+    _require_commit: Callable[[], None] = dataclasses.field(default=lambda: None, repr=False)
 
     def in_transaction(self, queue_effects: Callable[[Any], Any]) -> None:
         """``queue_effects(pipeline)`` queues commands on the store's own Redis; they run at the end
         of the guard in the same MULTI/EXEC as the done record (module docstring)."""
         if self.done:
             raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        # Here, not at the commit: raised in the body, it releases the key at once (the commit
+        # runs after the body, when a failure could only leave the key to its lease).
+        self._require_commit()
         self._transactional.append(queue_effects)
 
 
@@ -183,7 +188,7 @@ class RedisStore:
 
         lease_id = self._renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
                                      self.lease_seconds / 3)
-        claim = RedisClaim(key, done=False)
+        claim = RedisClaim(key, done=False, _require_commit=self._scripts.require_pipeline)
         try:
             yield claim
         except BaseException:

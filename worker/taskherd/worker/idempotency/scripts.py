@@ -78,9 +78,7 @@ class Scripts:
         this thread's connection and returns their replies in order, errors as ResponseError objects
         rather than raised: each belongs to its own command. Not retried here: only the caller knows
         whether its commands may run twice."""
-        if not self._wired:
-            raise TypeError(f"{type(self._client).__name__} has no connection pool: the idempotency store's "
-                            "commit needs a redis.Redis client (standalone or Sentinel)")
+        self.require_pipeline()
         wire = self._wire()
         try:
             return wire.exchange(commands)
@@ -88,6 +86,13 @@ class Scripts:
             # A reply may still be in flight, or a WATCH left set: never reuse the connection.
             wire.disconnect()
             raise
+
+    def require_pipeline(self) -> None:
+        """Raises TypeError unless :meth:`pipeline` can run on this client: callers check before
+        anything depends on it (the store, when an effect is queued for the commit)."""
+        if not self._wired:
+            raise TypeError(f"{type(self._client).__name__} has no connection pool: the idempotency store's "
+                            "commit (claim.in_transaction) needs a redis.Redis client (standalone or Sentinel)")
 
     def _wire(self) -> "_Wire":
         local = self._local
