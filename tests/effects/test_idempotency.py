@@ -5,6 +5,8 @@ Real Redis and PostgreSQL; duplicates as threads in this process and as separate
 from __future__ import annotations
 
 import json
+import math
+import re
 import signal
 import threading
 import time
@@ -13,6 +15,7 @@ import uuid
 import psycopg
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -534,3 +537,97 @@ def test_postgres_guard_inside_the_callers_transaction_keeps_it_usable(ledger_ds
                 assert (again.done, again.result) == (True, {"n": 9})
     assert ledger(ledger_dsn, "order:9") == ["caller"]
     assert ledger(ledger_dsn, "invoice:9") == ["kept"] and ledger(ledger_dsn, "receipt:9") == ["inner"]
+
+
+# --- arguments refused where they are written ------------------------------------------------------
+
+def _redis_store(**settings):
+    return RedisStore(**{"client": redis.Redis(), **settings})  # not contacted
+
+
+def _guard_redis(**options):
+    with _redis_store().guard("k", **options):
+        pass
+
+
+def _guard_postgres(key="k", conn=None):
+    with PostgresStore().guard(key, conn=conn):
+        pass
+
+
+_NOT_A_DURATION = [math.nan, math.inf, -math.inf, True, "30", None]
+
+
+@pytest.mark.parametrize(("make", "error", "message"), [
+    *[(lambda v=v: _redis_store(lease_seconds=v), (TypeError, ValueError),
+       rf"RedisStore lease_seconds={re.escape(repr(v))}.*valid: a number >= 0.1 and <= 1e\+15")
+      for v in _NOT_A_DURATION],
+    *[(lambda v=v: _redis_store(result_ttl_seconds=v), (TypeError, ValueError),
+       rf"RedisStore result_ttl_seconds={re.escape(repr(v))}.*valid: a number >= 30.0 and <= 1e\+15")
+      for v in [*_NOT_A_DURATION, 10 ** 20, 10 ** 400]],
+    *[(lambda v=v: _redis_store(poll_interval_seconds=v), (TypeError, ValueError),
+       rf"RedisStore poll_interval_seconds={re.escape(repr(v))}.*valid: a number >= 0.001")
+      for v in [*_NOT_A_DURATION, 0]],
+    (lambda: RedisStore(client=None), TypeError, r"RedisStore client= got a NoneType; valid: a synchronous redis-py"),
+    (lambda: RedisStore(client="redis://:secret@host"), TypeError, r"client= got a str; valid: .*redis.Redis"),
+    (lambda: RedisStore(client=redis.asyncio.Redis()), TypeError, r"client= got a Redis; valid: a synchronous"),
+    (lambda: _redis_store(prefix=None), TypeError, r"RedisStore prefix=None \(NoneType\); valid: a str"),
+    (lambda: _redis_store(prefix=b"app:"), TypeError, r"RedisStore prefix=b'app:' \(bytes\); valid: a str"),
+    *[(lambda v=v: _guard_redis(wait_seconds=v), (TypeError, ValueError),
+       rf"RedisStore.guard wait_seconds={re.escape(repr(v))}.*valid: a number >= 0 \(finite\)")
+      for v in [-1, "x", None, math.nan, math.inf]],
+    (lambda: PostgresStore(table=None), TypeError, r"PostgresStore table=None; valid: an unquoted identifier"),
+    (lambda: PostgresStore(table="ledger\n"), ValueError, r"PostgresStore table='ledger\\n'; valid: an unquoted"),
+    (lambda: _guard_postgres(conn=None), TypeError, r"PostgresStore.guard conn= got a NoneType; valid: a psycopg"),
+    (lambda: _guard_postgres(conn="postgresql://u:secret@h/db"), TypeError, r"^PostgresStore.guard conn= got a str"),
+    (lambda: _guard_postgres(key="a\x00b"), InvalidKey, r"idempotency key 'a\\x00b' contains NUL"),
+    (lambda: PostgresStore().purge(None, older_than_seconds=1), TypeError, r"PostgresStore.purge conn= got a None"),
+    (lambda: PostgresStore().is_done(None, "k"), TypeError, r"PostgresStore.is_done conn= got a NoneType"),
+    (lambda: PostgresStore().create_table(None), TypeError, r"PostgresStore.create_table conn= got a NoneType"),
+    *[(lambda v=v: idempotent(_redis_store(), key=str, wait_seconds=v), (TypeError, ValueError),
+       rf"idempotent wait_seconds={re.escape(repr(v))}.*valid: a number >= 0 \(finite\)")
+      for v in [-1, "x", None, math.nan, math.inf, True]],
+    *[(lambda v=v: idempotent(_redis_store(), key=v), TypeError,
+       rf"idempotent key={re.escape(repr(v))}; valid: a function of the task's arguments returning the key")
+      for v in ["static", None, 42]],
+    (lambda: idempotent(None, key=str), TypeError, r"idempotent store= got a NoneType; valid: a RedisStore or"),
+    (lambda: idempotent(PostgresStore(), key=str, connection="conn"), TypeError,
+     r"idempotent connection= got a str; valid: a function of the task's arguments"),
+    (lambda: idempotent(PostgresStore(), key=str, connection=lambda: None, wait_seconds=5), TypeError,
+     r"idempotent\(PostgresStore\) takes no wait_seconds="),
+    (lambda: idempotent(_redis_store(), key=str)("charge"), TypeError, r"decorates a function, got 'charge'"),
+])
+def test_bad_arguments_are_refused_at_once_naming_them_and_the_valid_range(make, error, message):
+    """Refused where the user writes them (construction, decoration, the `with`), not inside a task
+    where they would be dead-lettered as a permanent error that names no argument; never a URL's or
+    a DSN's password in the message."""
+    with pytest.raises(error, match=message) as raised:
+        make()
+    assert "secret" not in str(raised.value)
+
+
+def test_a_bad_key_function_or_wait_is_refused_at_decoration_not_in_the_call():
+    """`key=` and `wait_seconds=` fail at decoration: the function never runs with them."""
+    calls = []
+
+    def charge(order_id):
+        calls.append(order_id)
+
+    with pytest.raises(TypeError, match="idempotent key='static'"):
+        idempotent(_redis_store(), key="static")(charge)
+    with pytest.raises(ValueError, match="idempotent wait_seconds=-1"):
+        idempotent(_redis_store(), key=str, wait_seconds=-1)(charge)
+    assert calls == []
+
+
+def test_valid_edge_values_and_clients_without_a_pool_are_accepted(redis_client):
+    store = RedisStore(client=_PoollessClient(redis_client), prefix="", lease_seconds=0.1, result_ttl_seconds=1e15,
+                       poll_interval_seconds=0.001)
+    assert (store.lease_seconds, store.result_ttl_seconds) == (0.1, 1e15)
+    key = f"edge-{uuid.uuid4().hex}"
+    with store.guard(key, wait_seconds=0) as claim:
+        claim.set_result(1)
+    with store.guard(key, wait_seconds=2.5) as claim:
+        assert (claim.done, claim.result) == (True, 1)
+    assert idempotent(store, key=str, wait_seconds=1)(str.upper)(key) == 1  # done: the stored result
+    redis_client.delete(key)

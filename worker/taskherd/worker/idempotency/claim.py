@@ -1,6 +1,8 @@
 """What a guard hands to its body, and the errors both stores raise."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +76,24 @@ class Claim:
 
 def validate_key(key: object) -> str:
     if not isinstance(key, str) or not key:
-        raise InvalidKey(f"idempotency key must be a non-empty str, got {key!r} ({type(key).__name__})")
+        raise InvalidKey(f"idempotency key must be a str of 1..{MAX_KEY_LENGTH} characters, "
+                         f"got {key!r} ({type(key).__name__})")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(f"idempotency key {key[:40]!r}… is {len(key)} characters long; "
                          f"valid: 1..{MAX_KEY_LENGTH} (hash long natural keys)")
     return key
+
+
+def validate_seconds(owner: str, name: str, value: object, minimum: float, maximum: float = math.inf) -> float:
+    """`value` as a float, or an error naming `name` as the user wrote it and the valid range: raised
+    where the setting is given, not later inside a task (where it would be dead-lettered)."""
+    valid = f"a number >= {minimum}" + (f" and <= {maximum:g}" if maximum < math.inf else " (finite)")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner} {name}={value!r} ({type(value).__name__}); valid: {valid}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        seconds = math.inf
+    if not (math.isfinite(seconds) and minimum <= seconds <= maximum):
+        raise ValueError(f"{owner} {name}={value!r}; valid: {valid}")
+    return seconds

@@ -25,27 +25,44 @@ import itertools
 import re
 from typing import Iterator
 
-from psycopg import ClientCursor, pq, sql
+from psycopg import ClientCursor, Connection, pq, sql
 from psycopg.types.json import Jsonb
 
-from .claim import Claim, validate_key
+from .claim import MAX_KEY_LENGTH, Claim, InvalidKey, validate_key, validate_seconds
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 #: savepoint names of guards opened inside a caller's transaction (nested guards get their own)
 _savepoints = itertools.count()
 
 
+def _connection(method: str, conn: object) -> None:
+    # The type only: a DSN passed by mistake would show its password.
+    if not isinstance(conn, Connection):
+        raise TypeError(f"PostgresStore.{method} conn= got a {type(conn).__name__}; valid: a psycopg "
+                        "(version 3) Connection: the one the effect uses, so that the key commits with it")
+
+
+def _key(key: object) -> str:
+    key = validate_key(key)
+    if "\x00" in key:
+        raise InvalidKey(f"idempotency key {key[:40]!r} contains NUL (\\x00), which PostgreSQL text cannot "
+                         f"hold; valid: a str of 1..{MAX_KEY_LENGTH} characters other than NUL")
+    return key
+
+
 class PostgresStore:
     def __init__(self, *, table: str = "taskherd_idempotency"):
-        if not _IDENTIFIER.match(table):
-            raise ValueError(f"PostgresStore table={table!r}; valid: an unquoted identifier "
-                             "(letters, digits, underscore, at most 63 characters)")
+        if not isinstance(table, str) or not _IDENTIFIER.fullmatch(table):
+            error = ValueError if isinstance(table, str) else TypeError
+            raise error(f"PostgresStore table={table!r}; valid: an unquoted identifier "
+                        "(letters, digits, underscore, at most 63 characters)")
         #: the table holding one row per key (create it with `create_table`)
         self.table = table
         self._t = sql.Identifier(table)
 
     def create_table(self, conn) -> None:
         """Creates the key table if it does not exist (safe to run on every start)."""
+        _connection("create_table", conn)
         with conn.transaction():
             conn.execute(sql.SQL("""
                 CREATE TABLE IF NOT EXISTS {t} (
@@ -57,19 +74,23 @@ class PostgresStore:
 
     def purge(self, conn, *, older_than_seconds: float) -> int:
         """Deletes keys older than the window in which a duplicate can still arrive."""
+        _connection("purge", conn)
+        older_than_seconds = validate_seconds("PostgresStore.purge", "older_than_seconds", older_than_seconds, 0)
         with conn.transaction():
             cur = conn.execute(sql.SQL("DELETE FROM {t} WHERE created_at < now() - make_interval(secs => %s)")
                                .format(t=self._t), (older_than_seconds,))
             return cur.rowcount
 
     def is_done(self, conn, key: str) -> bool:
+        _connection("is_done", conn)
         row = conn.execute(sql.SQL("SELECT 1 FROM {t} WHERE key = %s").format(t=self._t),
-                           (validate_key(key),)).fetchone()
+                           (_key(key),)).fetchone()
         return row is not None
 
     @contextlib.contextmanager
     def guard(self, key: str, *, conn) -> Iterator[Claim]:
-        key = validate_key(key)
+        key = _key(key)
+        _connection("guard", conn)
         if conn.info.transaction_status == pq.TransactionStatus.INTRANS:
             with self._inside(key, conn) as claim:
                 yield claim

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from redis.exceptions import WatchError
 
 from taskherd import compat
 
-from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key
+from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key, validate_seconds
 from .records import Action, decide, done_record, in_progress_record, new_token
 from .renewer import Renewer
 from .scripts import Scripts
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 #: Pauses between attempts to write the done mark after the effect ran.
 _FINISH_RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0)
+#: Leases and result TTLs are sent as milliseconds (PX) in a signed 64-bit integer, which Redis
+#: also adds to its clock: a longer one is refused by the command, after the effect for the TTL.
+_MAX_SECONDS = 1e15
 
 _CLAIM = """
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1} end
@@ -122,10 +126,20 @@ def _holder() -> str:
     return _holder_of_pid[1]
 
 
-def _positive(name: str, value: float, minimum: float) -> float:
-    if not isinstance(value, (int, float)) or value < minimum:
-        raise ValueError(f"RedisStore {name}={value!r}; valid: a number >= {minimum}")
-    return float(value)
+def _seconds(name: str, value: object, minimum: float) -> float:
+    return validate_seconds("RedisStore", name, value, minimum, _MAX_SECONDS)
+
+
+def _client(client: object) -> object:
+    # The scripts need register_script (clients without a connection pool, such as RedisCluster,
+    # run them through it); an asyncio client would hand back coroutines that nothing awaits.
+    if not callable(getattr(client, "register_script", None)) or inspect.iscoroutinefunction(
+            getattr(client, "execute_command", None)):
+        # The type only: a URL passed by mistake would show its password.
+        raise TypeError(f"RedisStore client= got a {type(client).__name__}; valid: a synchronous "
+                        "redis-py client: redis.Redis (e.g. redis.Redis.from_url(url)), a Sentinel master, "
+                        "or redis.RedisCluster")
+    return client
 
 
 class RedisStore:
@@ -139,16 +153,19 @@ class RedisStore:
         poll_interval_seconds: float = 0.1,
     ):
         #: a redis.Redis client (thread-safe; the renewer thread shares it)
-        self.client = client
+        self.client = _client(client)
+        if not isinstance(prefix, str):
+            raise TypeError(f"RedisStore prefix={prefix!r} ({type(prefix).__name__}); valid: a str "
+                            "(every key is stored as prefix + key)")
         #: every key is stored as prefix + key
         self.prefix = prefix
         #: how long a dead holder blocks its key; renewed every third of it while the holder lives
-        self.lease_seconds = _positive("lease_seconds", lease_seconds, 0.1)
+        self.lease_seconds = _seconds("lease_seconds", lease_seconds, 0.1)
         #: how long a done key answers duplicates: must outlive every way a duplicate can arrive
         #: (Redis visibility timeout, retries with their backoff, an outbox relay restarted late)
-        self.result_ttl_seconds = _positive("result_ttl_seconds", result_ttl_seconds, self.lease_seconds)
+        self.result_ttl_seconds = _seconds("result_ttl_seconds", result_ttl_seconds, self.lease_seconds)
         #: how often `wait_seconds` polls a busy key
-        self.poll_interval_seconds = _positive("poll_interval_seconds", poll_interval_seconds, 0.001)
+        self.poll_interval_seconds = _seconds("poll_interval_seconds", poll_interval_seconds, 0.001)
         self._scripts = scripts = Scripts(client)
         self._claim = scripts.register(_CLAIM)
         self._renew = Scripts(client, socket_timeout=self.lease_seconds / 3).register(_RENEW)
@@ -164,6 +181,8 @@ class RedisStore:
     @contextlib.contextmanager
     def guard(self, key: str, *, wait_seconds: float = 0.0) -> Iterator[Claim]:
         key = validate_key(key)
+        if wait_seconds != 0.0:  # the default costs one comparison (the guard's CPU is measured)
+            wait_seconds = validate_seconds("RedisStore.guard", "wait_seconds", wait_seconds, 0)
         redis_key = self.prefix + key
         lease_ms = int(self.lease_seconds * 1000)
         holder = _holder()
