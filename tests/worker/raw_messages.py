@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -115,8 +116,15 @@ class ConsumingWorker:
         properties = {"content_type": message.content_type, "content_encoding": message.content_encoding,
                       "application_headers": message.headers, "delivery_mode": 2}
         amqp_message = amqp.Message(message.body, **{k: v for k, v in properties.items() if v is not None})
-        # confirm_publish: returns once RabbitMQ has it, so it is ahead of anything published next
-        self.connection.default_channel.basic_publish(amqp_message, exchange="", routing_key=self.queue)
+        # confirm_publish: returns once RabbitMQ has it, so it is ahead of anything published next.
+        # py-amqp writes nested tables recursively, two frames a level: a producer in another
+        # language has no such limit, so none here either (a header nested 900 deep, say).
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 20_000))
+        try:
+            self.connection.default_channel.basic_publish(amqp_message, exchange="", routing_key=self.queue)
+        finally:
+            sys.setrecursionlimit(limit)
 
     def _redis_item(self, message: Wire | RedisItem) -> bytes:
         if isinstance(message, RedisItem):

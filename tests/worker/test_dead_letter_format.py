@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from taskherd.worker.deadletter import ENVELOPE_HEADER, Envelope, Reason, json_safe
+from taskherd.worker.deadletter import ENVELOPE_HEADER, MAX_SHOWN_DEPTH, Envelope, Reason, json_safe
 from taskherd.worker.deliveries import delivery_key, exceeds
 from taskherd.commands.dlq import parse, redrive_message
 
@@ -73,6 +73,17 @@ def test_delivery_budget():
     assert delivery_key("abc", 2, 1) == "taskherd:deliveries:abc:2:1"
     # the counter holds redeliveries: delivery number = count + 1
     assert not exceeds(None, 5) and not exceeds(4, 5) and exceeds(5, 5)
+
+
+def test_json_safe_shows_values_nested_deeper_than_it_can_walk_as_a_note():
+    deep: list = []
+    for _ in range(5000):  # deeper than the recursion limit: walking it would raise RecursionError
+        deep = [deep]
+    shown = json_safe({"x-deep": deep})
+    for _ in range(MAX_SHOWN_DEPTH - 1):
+        shown = shown["x-deep"] if isinstance(shown, dict) else shown[0]
+    assert shown == [f"<list nested deeper than {MAX_SHOWN_DEPTH} levels: not shown>"]
+    assert json.loads(json.dumps(json_safe({"x-deep": deep})))  # and the envelope encodes
 
 
 def test_json_safe_keeps_what_it_can():

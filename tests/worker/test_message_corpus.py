@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import json
 import pickle
+import sys
 import uuid
 
 import pytest
@@ -39,6 +40,14 @@ class Case:
 
 def _task(body, **headers) -> Wire:
     return Wire(json_body(body) if not isinstance(body, bytes) else body, headers=task_headers(**headers))
+
+
+def _nested(depth: int) -> list:
+    """[[[…]]], ``depth`` lists deep (built without recursion)."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def _item(**changes) -> RedisItem:
@@ -155,6 +164,14 @@ CASES = [
          (INVALID, "header 'timelimit' must be [soft, hard]")),
     Case("group-index-string", _task(GOOD_BODY, group_index="first"),
          (INVALID, "header 'group_index' must be an integer or null, got 'first'")),
+    Case("stamped-headers-not-a-list", _task(GOOD_BODY, stamped_headers=5, stamps={}),
+         (INVALID, "header 'stamped_headers' must be a list of strings or null, got 5")),
+    Case("stamps-not-an-object", _task(GOOD_BODY, stamped_headers=["tenant"], stamps="acme"),
+         (INVALID, "header 'stamps' must be a table/object or null, got 'acme'")),
+    # Nested deeper than pickle goes: Celery fails to hand it to the pool child, after it took a
+    # pool slot for it (the worker has one: a slot kept would stop it for good).
+    Case("header-nested-too-deep-for-the-pool", _task(GOOD_BODY, **{"x-deep": _nested(900)}),
+         (INVALID, "the task could not be handed to the pool: RecursionError")),
     Case("unknown-task", _task(GOOD_BODY, task="core.no_such_task"),
          (UNKNOWN, "no task named 'core.no_such_task' is registered on this worker")),
     # -- protocol 1 (Celery 3, some clients in other languages) ------------------------------------
@@ -224,6 +241,35 @@ def test_an_envelope_names_the_message_it_came_from(consuming):
     assert by_id[headers["id"]].task == "core.record" and by_id[headers["id"]].headers["retries"] == "x"
     assert by_id["p1-id"].task == "core.record"
     assert json.loads(base64.b64decode(by_id["p1-id"].raw_body_b64))["args"] == "ab"
+
+
+def test_headers_nested_deeper_than_python_reads_are_dead_lettered_and_the_worker_stays(consuming):
+    """A producer in another language can nest headers deeper than Python's recursion limit: the
+    AMQP header table, or the Redis item's JSON, cannot be read. Raised where it is read, the
+    error ended the worker (RabbitMQ: "Unrecoverable error") and the message went to the next."""
+    consuming.purge_dead_letters()
+    log_before = len(consuming.worker.log())
+    message = _task(GOOD_BODY, **{"x-deep": _nested(5000)})
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # to write it here (json, py-amqp): the worker runs with the default
+    try:
+        if consuming.broker == "redis":  # the item, as written once (its delivery tag is random)
+            message = RedisItem(consuming._redis_item(message))
+        consuming.publish(message)
+    finally:
+        sys.setrecursionlimit(limit)
+    key = f"after-deep-headers-{uuid.uuid4().hex[:6]}"
+    consuming.publish_good(key)
+
+    wait_for("the good message after it", lambda: consuming.recorded(key), timeout=30, explain=consuming.worker.tail)
+    [letter] = wait_for("its envelope", consuming.letters, timeout=10, explain=consuming.worker.tail)
+    detail = ("AMQP headers could not be decoded: the headers table is nested too deep to read"
+              if consuming.broker == "rabbitmq" else "not a kombu message: not valid kombu JSON")
+    assert (letter.envelope.reason, detail in letter.envelope.detail) == (UNDECODABLE, True), letter.envelope.detail
+    assert base64.b64decode(letter.envelope.raw_body_b64) == message.raw, "the raw bytes are kept"
+    consuming.assert_alive_and_unchanged()
+    assert "Unrecoverable error" not in consuming.worker.log()[log_before:]
+    settle(consuming)
 
 
 WELL_FORMED = [

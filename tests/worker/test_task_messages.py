@@ -15,6 +15,13 @@ from taskherd.worker.components.bad_messages import Verdict, verdict_on
 GOOD = {"id": "t-1", "task": "shop.charge"}
 
 
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("headers,problem", [
     ({"task": "t"}, "header 'id' must be a non-empty string, got None"),
     ({"task": "t", "id": ""}, "header 'id' must be a non-empty string, got ''"),
@@ -36,6 +43,14 @@ GOOD = {"id": "t-1", "task": "shop.charge"}
     ({**GOOD, "retries": 3, "eta": "2026-01-01T00:00:00", "expires": "2026-01-02T00:00:00+02:00",
       "timelimit": [10, 20.5], "shadow": None, "group_index": 0, "ignore_result": False}, None),
     ({**GOOD, "eta": "", "expires": None, "timelimit": None}, None),  # Celery reads a falsy eta as none
+    ({**GOOD, "stamped_headers": 5, "stamps": {}}, "header 'stamped_headers' must be a list of strings or null, got 5"),
+    ({**GOOD, "stamped_headers": "on_signature"}, "header 'stamped_headers' must be a list of strings or null"),
+    ({**GOOD, "stamped_headers": [["x"]]}, "header 'stamped_headers' must be a list of strings or null"),
+    ({**GOOD, "stamped_headers": ["tenant"], "stamps": ["acme"]}, "header 'stamps' must be a table/object or null"),
+    ({**GOOD, "stamped_headers": ["tenant"], "stamps": {"tenant": "acme"}}, None),
+    ({**GOOD, "stamped_headers": None, "stamps": None}, None),
+    # too deep for repr: the detail still says what is wrong
+    ({**GOOD, "id": _nested(5000)}, "header 'id' must be a non-empty string, got a list that cannot be shown"),
 ])
 def test_header_problem(headers, problem):
     found = task_messages.header_problem(headers)

@@ -130,6 +130,12 @@ INTERNALS: tuple[Internal, ...] = (
     # Drain (taskherd.worker.components.drain): messages held but not started go back.
     Internal("celery", "celery.worker.state:scheduled_requests", "attribute",
              why="give back ETA/countdown messages a draining worker holds"),
+    Internal("celery", "celery.worker:WorkController._process_task", "callable", parameters=("req",),
+             why="keep a request the pool cannot take from holding its pool slot for ever"),
+    Internal("celery", "celery.worker:WorkController._process_task_sem", "callable", parameters=("req",),
+             why="keep a request the pool cannot take from holding its pool slot for ever"),
+    Internal("celery", "celery.worker.state:task_ready", "callable", parameters=("request",),
+             why="keep a request the pool cannot take from holding its pool slot for ever"),
     Internal("celery", "celery.worker.consumer.consumer:Consumer.cancel_task_queue", "callable",
              parameters=("queue",), why="stop consuming when draining"),
     Internal("billiard", "billiard.pool:ApplyResult", "instance attributes",
@@ -392,6 +398,47 @@ def drop_cancelled_timers(timer: Any) -> int | None:
         heapq.heapify(live)
         queue[:] = live
     return dropped
+
+
+def guard_pool_submission(controller: Any, consumer: Any, *, on_refused: Callable[[Any, Exception], None],
+                          passes_through: Callable[[Exception], bool]) -> bool:
+    """Has an exception raised while Celery hands a request to the pool go to
+    ``on_refused(request, exc)`` instead of escaping, after the pool slot it took is given back
+    and the request is forgotten as reserved. Returns False when ``controller`` is not a
+    WorkController this applies to (a consumer built without one, in tests).
+
+    Why: with prefork Celery takes a slot of its semaphore, then calls ``_process_task``, which
+    checks whether the request was revoked and pickles it for a child. A message that makes either
+    raise (``stamped_headers: 5``; headers nested too deep to pickle) left the slot taken for good —
+    after ``concurrency`` of them the worker took nothing more, alive and consuming — or, raised from
+    the semaphore's release or the ETA timer, ended up where Celery does not expect it.
+    ``passes_through(exc)`` picks the exceptions still raised once the slot is back (a lost
+    connection, for the consumer to recover from)."""
+    if controller is None or not callable(getattr(controller, "_process_task", None)):
+        return False
+    from celery.worker.state import task_ready
+
+    submit = controller._process_task
+    under_semaphore = getattr(controller, "process_task", None) == getattr(controller, "_process_task_sem", None)
+    release = controller._quick_release if under_semaphore else None
+
+    def process_task(req: Any) -> None:
+        try:
+            submit(req)
+        except Exception as exc:  # noqa: BLE001 - what the message did to the pool hand-off
+            task_ready(req)
+            if release is not None:
+                release()  # may hand the slot straight to the next waiting request
+            if passes_through(exc):
+                raise
+            on_refused(req, exc)
+
+    # _process_task_sem looks the method up on the instance at each call; without a semaphore the
+    # consumer calls process_task directly.
+    controller._process_task = process_task
+    if not under_semaphore:
+        controller.process_task = consumer.on_task_request = process_task
+    return True
 
 
 def default_strategy():

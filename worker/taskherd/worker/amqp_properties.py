@@ -30,6 +30,10 @@ _u64 = Struct(">Q").unpack_from
 # 't' a bool, 'I' a signed 32-bit int, 'L' and 'l' signed 64-bit, 'A' an array, 'F' a table.
 _S, _V, _t, _I, _L, _l, _A, _F = b"SVtILlAF"
 
+#: The only application header of a delivery whose headers could not be read (nested deeper than
+#: Python reads): why. The consumer dead-letters such a message (components/bad_messages.py).
+UNREADABLE_HEADERS = "taskherd_unreadable_headers"
+
 #: Properties that are a short string, by flag bit, in the order of AMQP's basic class.
 _SHORT_STRINGS_BEFORE_HEADERS = ((0x8000, "content_type"), (0x4000, "content_encoding"))
 _SHORT_STRINGS_AFTER_PRIORITY = ((0x0400, "correlation_id"), (0x0200, "reply_to"), (0x0100, "expiration"),
@@ -128,13 +132,34 @@ def decoder(slow_properties: Callable[[Any, int], tuple[dict, int]],
             offset += 8
         return properties, short_strings(buf, offset, flags, _SHORT_STRINGS_AFTER_TIMESTAMP, properties)
 
+    def without_headers(buf: bytes, offset: int, problem: str) -> tuple[dict, int]:
+        """The properties, the application headers table skipped and replaced by
+        {UNREADABLE_HEADERS: problem}."""
+        flags = _u16(buf, offset)[0]
+        start = offset + 2
+        for flag, _ in _SHORT_STRINGS_BEFORE_HEADERS:
+            if flags & flag:
+                start += 1 + buf[start]
+        length = _u32(buf, start)[0]
+        # The same frame with an empty table in its place, read as usual; its end moved back.
+        properties, end = fast(buf[:start] + b"\0\0\0\0" + buf[start + 4 + length:], offset)
+        properties["application_headers"] = {UNREADABLE_HEADERS: problem}
+        return properties, end + length
+
     def decode_properties_basic(buf: Any, offset: int) -> tuple[dict, int]:
         if type(buf) is bytes:  # what py-amqp's transports read frames into; anything else: its own
             try:
                 return fast(buf, offset)
             except Exception:  # a malformed frame: py-amqp's decoder raises its own error for it
                 pass
-        return slow_properties(buf, offset)
+        try:
+            return slow_properties(buf, offset)
+        except RecursionError as exc:
+            # Headers nested deeper than Python's recursion limit lets anyone read them: raised
+            # here, the error ends the worker (Celery: "Unrecoverable error") and the broker hands
+            # the message to the next worker, which ends the same way. Delivered with the table
+            # replaced, the consumer dead-letters it with its body.
+            return without_headers(bytes(buf), offset, f"the headers table is nested too deep to read ({exc})")
 
     decode_properties_basic.slow = slow_properties  # type: ignore[attr-defined]
     return decode_properties_basic

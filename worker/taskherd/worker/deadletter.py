@@ -108,19 +108,32 @@ def raw_body_fields(body: bytes | str | None, content_type: str | None, content_
     }
 
 
-def json_safe(value: Any) -> Any:
-    """Headers and arguments made JSON-serialisable without losing what they were."""
+#: How deep an envelope shows a message's values: a message's own headers or arguments may nest
+#: deeper than Python's recursion limit lets this walk them, or JSON encode them, from inside a
+#: worker's stack (two frames a level here). Far deeper than any data a task is given in practice
+#: (and than what Celery itself can pickle to a pool child, ~500 levels).
+MAX_SHOWN_DEPTH = 200
+
+
+def json_safe(value: Any, *, _depth: int = 0) -> Any:
+    """Headers and arguments made JSON-serialisable without losing what they were (below
+    MAX_SHOWN_DEPTH levels of nesting; deeper, a note says so: the raw body keeps the rest)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
+    if isinstance(value, (dict, list, tuple, set)) and _depth >= MAX_SHOWN_DEPTH:
+        return f"<{type(value).__name__} nested deeper than {MAX_SHOWN_DEPTH} levels: not shown>"
     if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v, _depth=_depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):
-        return [json_safe(v) for v in value]
+        return [json_safe(v, _depth=_depth + 1) for v in value]
     if hasattr(value, "isoformat"):
         return value.isoformat()
-    return repr(value)
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - an object whose repr fails must not fail its envelope
+        return f"<{type(value).__name__}: its repr failed>"
 
 
 def dead_letter_queue_declaration(name: str, *, queue_type: str = "classic"):

@@ -80,6 +80,15 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
         problem = date_time_problem(value) if value else None  # falsy: none (as Celery reads it)
         if problem:
             return f"{noun} {name!r} {problem}"
+    # Celery's revocation check iterates these in the main process, after the request has taken a
+    # pool slot: a producer that sends anything else would have wedged the worker (see compat.guard_pool_submission).
+    stamped_headers = get("stamped_headers")
+    if stamped_headers is not None and not (isinstance(stamped_headers, list)
+                                            and all(isinstance(name, str) for name in stamped_headers)):
+        return f"{noun} 'stamped_headers' must be a list of strings or null, got {_shown(stamped_headers)}"
+    stamps = get("stamps")
+    if stamps is not None and not isinstance(stamps, dict):
+        return f"{noun} 'stamps' must be a table/object or null, got {_shown(stamps)}"
     timelimit = get("timelimit")
     if not time_limit_ok(timelimit):
         return (f"{noun} 'timelimit' must be [soft, hard] with each a number of seconds >= 0 or null, "
@@ -200,5 +209,8 @@ def _listed(values) -> str:
 
 def _shown(value: Any, limit: int = 80) -> str:
     """The value as the producer sent it, shortened: a detail line must stay one line."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - nested deeper than repr can go (RecursionError), or a repr that fails
+        return f"a {type(value).__name__} that cannot be shown (nested too deep?)"
     return text if len(text) <= limit else f"{text[:limit]}… ({type(value).__name__}, {len(text)} chars)"

@@ -34,6 +34,7 @@ from vine import promise
 
 from taskherd import compat
 from taskherd.worker import redis_items, task_messages
+from taskherd.worker.amqp_properties import UNREADABLE_HEADERS
 from taskherd.worker.deadletter import (Envelope, Reason, dead_letter_queue_declaration, exception_fields,
                                        json_safe, publish_envelope, raw_body_fields)
 from taskherd.worker.profile import Profile, get_profile
@@ -76,6 +77,9 @@ def verdict_on(message: Any, *, accepted: set[str], tasks: dict) -> Verdict | No
     unreadable = unreadable_item_problem(message)
     if unreadable:
         return Verdict(Reason.UNDECODABLE, f"not a kombu message: {unreadable}")
+    unreadable = _headers_of(message).get(UNREADABLE_HEADERS)
+    if unreadable:
+        return Verdict(Reason.UNDECODABLE, f"AMQP headers could not be decoded: {unreadable}")
     problem = task_messages.refused_content_problem(message.content_type, accepted)
     if problem:
         return Verdict(Reason.CONTENT_REFUSED, problem)
@@ -116,6 +120,15 @@ def _task_message_problem(headers: dict, body: Any, tasks: dict) -> str | None:
     return task_messages.signature_problem(name, compat.argument_checker(task), args, kwargs)
 
 
+def _shown_exception(exc: BaseException) -> str:
+    """``repr(exc)``, even for an exception whose repr fails (one carrying the message's own
+    deeply nested values, say)."""
+    try:
+        return repr(exc)
+    except Exception:  # noqa: BLE001 - RecursionError and the like
+        return f"{type(exc).__name__} (its text could not be shown)"
+
+
 def _protocol1_body(message: Any) -> dict:
     """The decoded body of a protocol-1 message (already decoded and cached by then), else {}."""
     try:
@@ -134,6 +147,18 @@ class Consumer(CeleryConsumer):
         compat.guard_redis_items(functools.partial(redis_items.guarded, loads=compat.redis_item_loads,
                                                    body_codecs=compat.redis_body_codecs()))
         self._accepted_content = set(prepare_accept_content(self.app.conf.accept_content))
+        compat.guard_pool_submission(self.controller, self, on_refused=self._refused_by_pool,
+                                     passes_through=self._is_lost_connection)
+
+    def _is_lost_connection(self, exc: BaseException) -> bool:
+        # kombu's Redis transport counts KeyError among its connection errors: a missing key in a
+        # message must not pass for a lost connection (that restarts the consumer and redelivers
+        # the same message, forever).
+        return isinstance(exc, tuple(self.connection_errors or ())) and not isinstance(exc, _MESSAGE_FAULTS)
+
+    def _refused_by_pool(self, request: Any, exc: BaseException) -> None:
+        self._dead_letter_message(request.message, Verdict(
+            Reason.INVALID_MESSAGE, f"the task could not be handed to the pool: {_shown_exception(exc)}", exc))
 
     def on_decode_error(self, message, exc):
         reason = Reason.CONTENT_REFUSED if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
@@ -160,7 +185,6 @@ class Consumer(CeleryConsumer):
 
     def create_task_handler(self, promise=promise):
         handle = super().create_task_handler(promise)
-        connection_errors = tuple(self.connection_errors or ())
         # Looked up once: app.tasks is a cached property, a Python-level descriptor call per message.
         # The registry is the same dict for the worker's life (tasks registered later land in it).
         accepted, tasks = self._accepted_content, self.app.tasks
@@ -172,13 +196,11 @@ class Consumer(CeleryConsumer):
             try:
                 return handle(message)
             except Exception as exc:  # what the checks did not foresee: dead-letter, keep consuming
-                # kombu's Redis transport counts KeyError among its connection errors: a missing
-                # key in a message must not pass for a lost connection (that restarts the
-                # consumer and redelivers the same message, forever).
-                if isinstance(exc, connection_errors) and not isinstance(exc, _MESSAGE_FAULTS):
+                if self._is_lost_connection(exc):
                     raise  # the connection is gone: Celery reconnects and the broker redelivers
                 self._dead_letter_message(message, Verdict(
-                    Reason.INVALID_MESSAGE, f"message could not be turned into a task: {exc!r}", exc))
+                    Reason.INVALID_MESSAGE, f"message could not be turned into a task: {_shown_exception(exc)}",
+                    exc))
 
         return on_task_received
 
