@@ -296,6 +296,10 @@ def test_a_client_without_a_pool_is_refused_the_commit_at_once_and_the_key_relea
         with store.guard(key) as claim:
             claim.in_transaction(lambda pipe: pipe.rpush(ledger, "charged"))
     assert redis_client.llen(ledger) == 0 and store.state(key) is None, "nothing applied, key free at once"
+    with pytest.raises(TypeError, match=r"in_transaction\(queue_effects\): a function .* got a str"):
+        with RedisStore(client=redis_client).guard(key) as claim:
+            claim.in_transaction("RPUSH ledger charged")
+    assert store.state(key) is None, "refused in the body: the key is free at once"
     with store.guard(key) as claim:  # the plain guard still works on such a client (redis-py's scripts)
         redis_client.rpush(ledger, "charged")
     assert redis_client.llen(ledger) == 1 and store.state(key)["state"] == "done"

@@ -108,6 +108,9 @@ class RedisClaim(Claim):
         of the guard in the same MULTI/EXEC as the done record (module docstring)."""
         if self.done:
             raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        if not callable(queue_effects):
+            raise TypeError(f"claim.in_transaction(queue_effects): a function given the pipeline, e.g. "
+                            f"lambda pipe: pipe.rpush('ledger', order); got a {type(queue_effects).__name__}")
         # Here, not at the commit: raised in the body, it releases the key at once (the commit
         # runs after the body, when a failure could only leave the key to its lease).
         self._require_commit()
