@@ -3,7 +3,8 @@
 Configured from the environment: TEST_BROKER_URL, TEST_QUEUE, TEST_RECORD_URL (a Redis database
 where tasks record what they did), TEST_KEYPREFIX (Redis global_keyprefix), TEST_RESTORE_SWEEP=1
 (kombu's visibility sweep every second), TEST_TASK_TIME_LIMIT (registers core.own_time_limit with
-that limit), TEST_FAST_RECOVERY=0 (leaves the FastRecovery component out), and TEST_* knobs for
+that limit), TEST_FAST_RECOVERY=0 (leaves the FastRecovery component out), TEST_LATE_BROKER_URL
+(set as the broker URL after configure(), a mistake the worker refuses), and TEST_* knobs for
 the profile.
 """
 import os
@@ -46,6 +47,9 @@ configure(
     components=without(default_components(), FastRecovery) if env("TEST_FAST_RECOVERY") == "0" else None,
     prefetch_multiplier=int(env("TEST_PREFETCH_MULTIPLIER", "1")),
 )
+
+if env("TEST_LATE_BROKER_URL"):  # a newcomer's mistake: the URL set after configure()
+    app.conf.broker_url = env("TEST_LATE_BROKER_URL")
 
 _record = redis.Redis.from_url(env("TEST_RECORD_URL")) if env("TEST_RECORD_URL") else None
 

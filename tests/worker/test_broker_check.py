@@ -98,6 +98,12 @@ def test_the_workers_own_time_limit_and_prefetch_options_are_checked_like_config
     assert ("--prefetch-multiplier=4" in refusal) == broker_url.startswith("redis"), "an error on Redis only"
     assert "--prefetch-multiplier=4" in said, "a warning on RabbitMQ"
 
+    # A soft limit not below the hard one (the profile's 10 s), from the command line.
+    with pytest.raises(AssertionError, match=r"worker exited \(1\)") as exited:
+        worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env,
+                       extra_args=["--soft-time-limit", "12"])
+    assert "soft time limit of 12.0 s, not below its hard time limit of 10.0 s" in str(exited.value)
+
     # Options equal to the profile's (the chart passes --time-limit too) start as before.
     worker = worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env,
                             extra_args=["--time-limit", "10", "--soft-time-limit", "8"])
@@ -108,3 +114,43 @@ def test_the_workers_own_time_limit_and_prefetch_options_are_checked_like_config
         found = worker_option_findings(time_limit=0, prefetch_multiplier=2, profile=amqp)
         assert found.errors == [] and "--prefetch-multiplier=2" in found.warnings[0], \
             "no consumer timeout on the broker: no hard limit is fine; the prefetch is a warning"
+
+
+def test_a_broker_url_set_after_configure_is_refused_at_worker_start(broker_url, record_url, unique_name,
+                                                                     worker_factory):
+    """configure() reads the URL once: set later, the worker consumed from one broker and sent its
+    dead letters to Celery's default amqp://localhost (found by a newcomer: no error, a poison task
+    cycling for ever)."""
+    env = {**core_env(broker_url, unique_name, record_url), "TEST_BROKER_URL": "", "TEST_LATE_BROKER_URL": broker_url}
+    with pytest.raises(AssertionError, match=r"worker exited \(1\)") as exited:
+        worker_factory("apps.core_app", queues=[unique_name], concurrency=1, env=env)
+    said = str(exited.value)
+    assert "configure(app) ran when the broker URL was none, but this worker connects to" in said, said[-3000:]
+    assert "call configure(app) after the broker URL is set" in said
+
+
+def test_the_broker_url_findings():
+    from taskherd.worker.components.broker_check import broker_url_findings
+
+    url = "amqp://user:secret@rabbit:5672/shop"
+    assert broker_url_findings(configured=url, connecting=url).errors == []
+    [unset] = broker_url_findings(configured="", connecting=None).errors
+    assert unset.startswith("no broker URL is set (Celery would connect to its default")
+    [moved] = broker_url_findings(configured=url, connecting="redis://:pw@cache:6379/0").errors
+    assert "was 'amqp://user:**@rabbit:5672/shop', but this worker connects to 'redis://:**@cache:6379/0'" in moved
+    assert "secret" not in moved and "pw@" not in moved
+
+
+@pytest.mark.parametrize("soft,hard,refused", [(8, 10, False), (10, 10, True), (40, 30, True), (None, 30, False)])
+def test_a_soft_time_limit_not_below_the_hard_one_is_refused(soft, hard, refused):
+    """`--soft-time-limit 40` with a hard limit of 30 started without a word: the task is killed
+    before its soft limit could ask it to stop (configure() refuses the same of its settings)."""
+    from taskherd.worker.components.broker_check import worker_option_findings
+
+    profile = configure(Celery("soft", broker="redis://127.0.0.1:1/0"), soft_time_limit=8, time_limit=30)
+    errors = worker_option_findings(time_limit=hard, soft_time_limit=soft, prefetch_multiplier=1,
+                                    profile=profile).errors
+    assert bool(errors) == refused, errors
+    if refused:
+        assert f"soft time limit of {soft!r} s, not below its hard time limit of {hard!r} s" in errors[0]
+        assert f"(valid: 0 < --soft-time-limit < {hard!r})" in errors[0]

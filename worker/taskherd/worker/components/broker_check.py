@@ -119,7 +119,37 @@ def task_limit_findings(tasks: Mapping[str, Any], *, limit: float | None, what: 
     return findings
 
 
-def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any) -> Findings:
+def broker_url_findings(*, configured: Any, connecting: Any) -> Findings:
+    """configure() read the broker URL once: the dead-letter envelopes, the delivery counter and
+    every broker rule follow it. A URL set after configure() (``config_from_object`` later,
+    ``app.conf.broker_url = …`` below the call) went unnoticed: the worker consumed from one broker
+    and published its dead letters to another (Celery's default amqp://localhost, say)."""
+    findings = Findings()
+    if not connecting:
+        findings.errors.append(
+            "no broker URL is set (Celery would connect to its default, amqp://guest@localhost//): set it "
+            "before configure(app) — Celery(broker=…), app.conf.broker_url, CELERY_BROKER_URL or TASKHERD_BROKER_URL")
+    elif configured != connecting:
+        findings.errors.append(
+            f"configure(app) ran when the broker URL was {_shown_url(configured)}, but this worker connects to "
+            f"{_shown_url(connecting)}: dead letters, delivery counts and the broker checks would follow the "
+            f"first — call configure(app) after the broker URL is set (after config_from_object or "
+            f"app.conf.broker_url = …)")
+    return findings
+
+
+def _shown_url(url: Any) -> str:
+    """A broker URL (or a list of them) without its password; "none" when unset."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    if not url:
+        return "none"
+    urls = url if isinstance(url, (list, tuple)) else str(url).split(";")
+    return repr(";".join(maybe_sanitize_url(each.strip()) for each in urls))
+
+
+def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any,
+                           soft_time_limit: Any = None) -> Findings:
     """The worker's own options (``celery worker --time-limit … --prefetch-multiplier …``) override
     the settings configure() checked; the same rules, applied to what this worker will really use.
 
@@ -136,6 +166,14 @@ def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile
             f"the worker runs with {given}, not below {what}={limit!r}: a task running that long is delivered "
             f"a second time while it still runs (valid: 0 < --time-limit < {limit!r}; or leave the option out: "
             f"configure() set time_limit={profile.time_limit!r})")
+    if (isinstance(time_limit, (int, float)) and time_limit > 0 and isinstance(soft_time_limit, (int, float))
+            and soft_time_limit > 0 and soft_time_limit >= time_limit):
+        # Celery runs it anyway: the hard limit kills the task before its soft limit can ask it to stop.
+        findings.errors.append(
+            f"the worker runs with a soft time limit of {soft_time_limit!r} s, not below its hard time limit of "
+            f"{time_limit!r} s (--soft-time-limit / --time-limit, or configure()'s soft_time_limit={profile.soft_time_limit!r} "
+            f"and time_limit={profile.time_limit!r}): the task is killed before it is asked to stop (valid: "
+            f"0 < --soft-time-limit < {time_limit!r})")
     if isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1:
         why = (f"the worker runs with --prefetch-multiplier={prefetch_multiplier}: with late acks prefetched "
                f"messages sit unacked behind running tasks")
@@ -226,8 +264,11 @@ class BrokerCheck(Component):
                 from taskherd.worker.profile import get_profile
 
                 profile = get_profile(worker.app)
-                findings = check(worker.app, profile)
+                findings = broker_url_findings(configured=profile.broker_url, connecting=worker.app.conf.broker_url)
+                if not findings.errors:  # else the broker it would read is not the one configure() judged
+                    findings.extend(check(worker.app, profile))
                 findings.extend(worker_option_findings(time_limit=worker.time_limit,
+                                                       soft_time_limit=worker.soft_time_limit,
                                                        prefetch_multiplier=worker.prefetch_multiplier,
                                                        profile=profile))
                 for warning in findings.warnings:
