@@ -51,6 +51,27 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
     producer.close()
 
 
+def test_a_metrics_port_already_taken_is_said_by_the_variables_that_set_it(redis_url, unique_name, worker_factory,
+                                                                           tmp_path):
+    """Two workers on one host with the default port: the second served no probes, and said only
+    "Signal handler … raised: OSError(98, 'Address already in use')"."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    env = {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": unique_name, "TASKHERD_HEARTBEAT_DIR": str(tmp_path / "hb"),
+           "TASKHERD_METRICS_PORT": str(port), "TASKHERD_METRICS_ADDR": "127.0.0.1"}
+    try:
+        worker = worker_factory("apps.runtime_profile_app", queues=[unique_name], env=env, concurrency=1)
+        said = wait_for("the worker to say why", worker.log, timeout=20, until=lambda log: "cannot serve" in log)
+    finally:
+        taken.close()
+    line = next(line for line in said.splitlines() if "cannot serve /metrics" in line)
+    assert f"127.0.0.1:{port}" in line and "Address already in use" in line and "TASKHERD_METRICS_PORT" in line, line
+
+
 def _connected() -> set[str]:
     """The per-task signals the Metrics component's receivers are connected to (by dispatch_uid)."""
     from celery import signals

@@ -138,6 +138,11 @@ def test_the_charts_dead_letter_queues_are_where_the_worker_dead_letters(
      "TASKHERD_TIME_LIMIT='200', TASKHERD_VISIBILITY_TIMEOUT='150'"),
     ({"TASKHERD_QUEUES": "orders,orders"}, "queues=['orders', 'orders'] names 'orders' more than once",
      "TASKHERD_QUEUES='orders,orders'"),
+    # a component's own rule (FastRecovery), set by its variables
+    ({"TASKHERD_RECOVERY_TIMEOUT": "1"}, "FastRecovery(timeout=1.0) must be at least twice heartbeat_interval=1.0",
+     "TASKHERD_RECOVERY_TIMEOUT='1'"),
+    ({"TASKHERD_RECOVERY_HEARTBEAT_INTERVAL": "10"}, "FastRecovery(timeout=4.0) must be at least twice "
+                                                     "heartbeat_interval=10.0", "TASKHERD_RECOVERY_HEARTBEAT_INTERVAL='10'"),
 ])
 def test_a_contradiction_the_environment_made_names_the_variables_as_written(monkeypatch, redis_url, env, says,
                                                                              named):
@@ -165,3 +170,42 @@ def test_a_bad_variable_is_refused_by_name_and_never_printed_with_its_password(m
     with pytest.raises(ProfileError) as error:  # TASKHERD_BROKER_TYPE='Redis' was a KeyError
         configure(Celery("env-test", broker=redis_url))
     assert says in str(error.value) and "hunter2" not in str(error.value)
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("TASKHERD_BROKER_URL", "http://example.com", "scheme 'http' is not a broker taskherd runs on (valid: redis, "),
+    ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0;ftp://b", "scheme 'ftp' is not a broker taskherd runs on"),
+    ("TASKHERD_ALERTMANAGER_URL", "ftp://am", "not an http:// or https:// URL with a host"),
+    ("TASKHERD_ALERTMANAGER_URL", "http://am:9093/?team=ops", "a base URL has no ?query or #fragment"),
+    ("TASKHERD_ALERTMANAGER_URL", "http://am:0", "port 0 cannot be connected to (valid: a port in 1..65535)"),
+    ("TASKHERD_METRICS_ADDR", "not an address", "expected an IP address or host name to listen on"),
+    ("TASKHERD_LEASE_NAME", "Bad_Lease!", "expected a Lease name (a lowercase RFC 1123 subdomain"),
+    ("TASKHERD_WATCH_NAMESPACES", "Shop,dev", "expected a comma-separated list of namespaces (lowercase RFC 1123"),
+])
+def test_a_variable_outside_what_its_reader_can_use_is_refused_when_read(name, value, says):
+    """Accepted before, they failed later or never: a worker consuming nothing from an http:// broker,
+    the operator paging an ftp:// Alertmanager, a probe server that never listened."""
+    from taskherd import contract
+
+    values, problems = contract.read((name,), {name: value})
+    assert values == {} and len(problems) == 1 and problems[0].startswith(f"{name}=")
+    assert says in problems[0] and "hunter2" not in problems[0], problems[0]
+
+
+@pytest.mark.parametrize("name,value", [
+    ("TASKHERD_BROKER_URL", "amqp://u:p@rabbit:5672//"), ("TASKHERD_BROKER_URL", "sentinel://s1:26379;sentinel://s2"),
+    ("TASKHERD_ALERTMANAGER_URL", "https://am.monitoring.svc:9093/prefix"), ("TASKHERD_METRICS_ADDR", "::"),
+    ("TASKHERD_METRICS_ADDR", "127.0.0.1"), ("TASKHERD_METRICS_ADDR", "worker-0.local"),
+    ("TASKHERD_LEASE_NAME", "th-taskherd-operator"), ("TASKHERD_WATCH_NAMESPACES", "shop, dev-2"),
+])
+def test_what_a_user_writes_for_those_variables_still_reads(name, value):
+    from taskherd import contract
+
+    assert contract.read((name,), {name: value})[1] == []
+
+
+def test_a_metrics_address_given_in_code_is_checked_too(redis_url):
+    from taskherd.worker.components.metrics import Metrics
+
+    with pytest.raises(ProfileError, match=r"Metrics\(address='not an address'\) is not an address to listen on"):
+        configure(Celery("addr", broker=redis_url), components=[Metrics(address="not an address")])

@@ -179,9 +179,11 @@ def url_problem(url):
             continue
         try:
             parts = urlsplit(one)
-            parts.port  # raises ValueError for ':99999' or ':abc'
+            port = parts.port  # raises ValueError for ':99999' or ':abc'
         except ValueError as exc:
             return f"{exc} (valid: a port in 1..65535)"
+        if port == 0:
+            return "port 0 cannot be connected to (valid: a port in 1..65535)"
         if broker_kind(one) == "redis" and parts.scheme != "redis+socket":
             database = parts.path.strip("/")
             if database and not database.isdigit():
@@ -196,6 +198,75 @@ def url(raw):
     if problem:
         raise ValueError(problem)
     return raw
+
+
+def broker_url(raw):
+    """A URL of a broker taskherd runs on: Redis or RabbitMQ (each URL, when ';'-joined for failover)."""
+    url(raw)
+    schemes = {part.strip().partition("://")[0].lower() for part in raw.split(";") if part.strip()}
+    unknown = sorted(schemes - set(REDIS_SCHEMES) - set(AMQP_SCHEMES))
+    if unknown:
+        raise ValueError(f"scheme {unknown[0]!r} is not a broker taskherd runs on "
+                         f"(valid: {', '.join(REDIS_SCHEMES + AMQP_SCHEMES)})")
+    return raw
+
+
+def http_url(raw):
+    """An http(s) base URL (an API's root: no ?query or #fragment, which a client appends paths to)."""
+    from urllib.parse import urlsplit
+
+    url(raw)
+    parts = urlsplit(raw)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http:// or https:// URL with a host")
+    if parts.query or parts.fragment or raw.endswith(("?", "#")):
+        raise ValueError("a base URL has no ?query or #fragment")
+    return raw
+
+
+#: A host name (RFC 1123) or an IPv4/IPv6 address, as a server binds to.
+_HOST = r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+
+
+def listen_address(raw):
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(raw.strip("[]")))
+    except ValueError:
+        pass
+    import re
+
+    if not re.match(_HOST, raw):
+        raise ValueError
+    return raw
+
+
+#: A Kubernetes object name (an RFC 1123 subdomain) and a namespace (an RFC 1123 label).
+#: (Patterns, not compiled here: `taskherd probe` imports this module and never needs them.)
+_SUBDOMAIN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+def object_name(raw):
+    import re
+
+    if not re.match(_SUBDOMAIN, raw):
+        raise ValueError
+    return raw
+
+
+def namespaces(raw):
+    import re
+
+    values = names(raw)
+    if any(not re.match(_LABEL, name) for name in values):
+        raise ValueError
+    return values
+
+
+#: Parsers of values that may carry a password: shown redacted in errors.
+_URL_PARSERS = (url, broker_url, http_url)
 
 
 class Variable:
@@ -225,7 +296,7 @@ _CONFIGURE = "taskherd.worker.configure"
 
 VARIABLES = (
     # The broker, for every program that talks to it.
-    Variable("TASKHERD_BROKER_URL", url, "a broker URL (redis://…, amqp://…)",
+    Variable("TASKHERD_BROKER_URL", broker_url, "a broker URL (redis://…, amqp://…)",
              readers=(_CONFIGURE, "taskherd exporter", "taskherd dlq", "taskherd outbox relay", "taskherd recover",
                       "taskherd ping"),
              chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
@@ -234,7 +305,7 @@ VARIABLES = (
              chart=(_WORKER, _BEAT, _TEST),
              doc="the chart's broker.type; configure() refuses a broker URL of another kind (the chart "
                  "derived ports and Redis-only checks from it)"),
-    Variable("TASKHERD_MANAGEMENT_URL", url, "an http(s) URL of the RabbitMQ management API",
+    Variable("TASKHERD_MANAGEMENT_URL", http_url, "an http(s) base URL of the RabbitMQ management API",
              readers=("taskherd exporter",), chart=(_EXPORTER,),
              doc="RabbitMQ management API (default: the AMQP host, port 15672); set from "
                  "broker.existingSecret.managementUrlKey"),
@@ -278,7 +349,8 @@ VARIABLES = (
     Variable("TASKHERD_METRICS_PORT", port, "a port number 0-65535 (0: no HTTP server)",
              default=WORKER_METRICS_PORT, readers=("Metrics component",), chart=(_WORKER,),
              doc="port of the worker's /metrics and of its HTTP probes (/livez, /readyz, /startupz)"),
-    Variable("TASKHERD_METRICS_ADDR", text, "an address to listen on", default="0.0.0.0",
+    Variable("TASKHERD_METRICS_ADDR", listen_address, "an IP address or host name to listen on (0.0.0.0: all; :: for IPv6)",
+             default="0.0.0.0",
              readers=("Metrics component",), chart=(), doc="address of the worker's /metrics"),
     Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
              chart=(_WORKER,), doc="parent of the prometheus_client multiprocess directories "
@@ -303,10 +375,12 @@ VARIABLES = (
              readers=("taskherd outbox",),
              chart=(), doc="the database of the outbox table (then DATABASE_URL)"),
     # The operator.
-    Variable("TASKHERD_WATCH_NAMESPACES", names, "a comma-separated list of namespaces",
+    Variable("TASKHERD_WATCH_NAMESPACES", namespaces, "a comma-separated list of namespaces (lowercase RFC 1123 "
+             "labels: a-z, 0-9, '-', at most 63 characters)",
              readers=("taskherd.operator",), chart=(),
              doc="namespaces whose WorkerPools the operator serves (default: its own)"),
-    Variable("TASKHERD_LEASE_NAME", text, "a Lease name", default="taskherd-operator",
+    Variable("TASKHERD_LEASE_NAME", object_name, "a Lease name (a lowercase RFC 1123 subdomain: a-z, 0-9, '-', '.')",
+             default="taskherd-operator",
              readers=("taskherd.operator",), chart=(_OPERATOR,), doc="the leader-election Lease"),
     Variable("TASKHERD_LEADER_ELECTION", flag, "true or false", default=True,
              readers=("taskherd.operator",), chart=(), doc="false: a single replica, no Lease"),
@@ -317,7 +391,7 @@ VARIABLES = (
     Variable("TASKHERD_WORKER_METRICS_PORT", port_not_zero, "a port number 1-65535", default=WORKER_METRICS_PORT,
              readers=("taskherd.operator",), chart=(_OPERATOR,),
              doc="where the operator reads each worker's busyness (taskherd_tasks_in_flight)"),
-    Variable("TASKHERD_ALERTMANAGER_URL", url, "an http(s) URL", readers=("taskherd.operator",), chart=(_OPERATOR,),
+    Variable("TASKHERD_ALERTMANAGER_URL", http_url, "an http(s) base URL (no ?query or #fragment)", readers=("taskherd.operator",), chart=(_OPERATOR,),
              doc="Alertmanager used when a WorkerPool names no alert target (operator.defaultAlertmanagerUrl)"),
 )
 
@@ -342,7 +416,7 @@ def read(names, environ=None):
             values[name] = variable.parse(raw)
         except (ValueError, OverflowError) as exc:
             shown, why = raw, ""
-            if variable.parse is url:  # a URL's password stays out of the logs; its port problem is said
+            if variable.parse in _URL_PARSERS:  # a URL's password stays out of the logs; its problem is said
                 shown, why = redact(raw), f": {exc}" if str(exc) else ""
             problems.append(f"{name}={shown!r} is invalid{why}: expected {variable.valid}")
     return values, problems

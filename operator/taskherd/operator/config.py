@@ -48,6 +48,10 @@ class OperatorConfig:
         """Raises contract.ContractError naming every variable that is set to an invalid value."""
         env = dict(os.environ if env is None else env)
         values, problems = contract.read(VARIABLES, env)
+        metrics_port, health_port = values["TASKHERD_OPERATOR_METRICS_PORT"], values["TASKHERD_OPERATOR_HEALTH_PORT"]
+        if not problems and metrics_port and metrics_port == health_port:
+            problems.append(f"TASKHERD_OPERATOR_METRICS_PORT and TASKHERD_OPERATOR_HEALTH_PORT are both {metrics_port}: "
+                            f"two servers cannot listen on one port (valid: two different ports, or 0 to turn one off)")
         if problems:
             raise contract.ContractError(problems)
         own = env.get("POD_NAMESPACE") or "default"

@@ -277,11 +277,10 @@ def field_problems(settings: Settings) -> dict[str, str]:
     return problems
 
 
-def _name_the_variables(errors: Sequence[str], overrides: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
-    """``errors`` where each setting the pod's environment set is also named as the user wrote it
-    (``soft_time_limit=300.0 must be less than time_limit=300 …`` says nothing to whoever set
-    TASKHERD_SOFT_TIME_LIMIT=300 in the chart)."""
-    variable_of = {setting: name for name, setting in ENVIRONMENT.items() if setting in overrides}
+def _name_the_variables(errors: Sequence[str], variable_of: Mapping[str, str], environ: Mapping[str, str]) -> list[str]:
+    """``errors`` where each setting the pod's environment set (``variable_of``: setting -> the
+    variable that set it) is also named as the user wrote it (``soft_time_limit=300.0 must be less
+    than time_limit=300 …`` says nothing to whoever set TASKHERD_SOFT_TIME_LIMIT=300 in the chart)."""
     named = []
     for error in errors:
         mentioned = [f"{variable}={environ[variable].strip()!r}" for setting, variable in variable_of.items()
@@ -499,7 +498,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
             component = component.with_environment(environ)
         except contract.ContractError as exc:
             errors += exc.problems
-        errors += component.problems()
+        set_here = {field: name for name, field in component.environment.items() if contract.is_set(name, environ)}
+        errors += _name_the_variables(component.problems(), set_here, environ)
         resolved.append(component)
     errors += missing_requirements(resolved)
 
@@ -513,7 +513,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     more_errors, warns = validate(wanted, broker_url=broker_url, queues=queue_names,
                                   app_serialization=app_serialization,
                                   parks_delayed_messages=any(isinstance(c, DelayedMessages) for c in resolved))
-    errors += _name_the_variables(more_errors, overrides, environ)
+    errors += _name_the_variables(more_errors, {setting: name for name, setting in ENVIRONMENT.items()
+                                                if setting in overrides}, environ)
     if errors:
         raise ProfileError(errors)
 

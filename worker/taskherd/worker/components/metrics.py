@@ -457,9 +457,15 @@ class Metrics(Component):
     directory: str | None = None
 
     def problems(self) -> list[str]:
+        problems = []
         if not (is_whole(self.port) and 0 <= self.port <= 65535):
-            return [f"Metrics(port={self.port!r}) is not a port number (valid: 0-65535, 0 disables the server)"]
-        return []
+            problems.append(f"Metrics(port={self.port!r}) is not a port number (valid: 0-65535, 0 disables the server)")
+        try:
+            contract.listen_address(self.address if isinstance(self.address, str) else "")
+        except ValueError:
+            problems.append(f"Metrics(address={self.address!r}) is not an address to listen on (valid: an IP "
+                            f"address or host name; 0.0.0.0: all)")
+        return problems
 
     def install(self, app: Celery, profile: Any = None) -> None:
         port, addr, directory = self.port, self.address, self.directory
@@ -479,8 +485,17 @@ class Metrics(Component):
             registry.register(WorkerCollector(directory=state["directory"], heartbeat_path=heartbeat_path,
                                               slots=worker_slots(sender)))
             # One server for /metrics and the kubelet's HTTP probes (taskherd.worker.components.probes).
-            state["server"] = serve(ProbeEndpoints(make_wsgi_app(registry), heartbeat_path=heartbeat_path),
-                                    port=port, address=addr)
+            try:
+                state["server"] = serve(ProbeEndpoints(make_wsgi_app(registry), heartbeat_path=heartbeat_path),
+                                        port=port, address=addr)
+            except OSError as exc:
+                # The worker runs on (tasks are safe without it), but its HTTP probes cannot pass:
+                # say so in the words the user set it with.
+                logger.critical("taskherd: cannot serve /metrics and the HTTP probes on %s:%d: %s — the kubelet's "
+                                "httpGet probes will fail; set TASKHERD_METRICS_PORT (Metrics(port=…)) to a free "
+                                "port, or 0 for no server, and TASKHERD_METRICS_ADDR (Metrics(address=…)) to an "
+                                "address of this host", addr, port, exc)
+                return
             logger.info("taskherd: metrics and probes (/livez, /readyz, /startupz) on http://%s:%d (multiprocess "
                         "dir %s)", addr, port, state["directory"])
 
