@@ -209,3 +209,19 @@ def test_a_metrics_address_given_in_code_is_checked_too(redis_url):
 
     with pytest.raises(ProfileError, match=r"Metrics\(address='not an address'\) is not an address to listen on"):
         configure(Celery("addr", broker=redis_url), components=[Metrics(address="not an address")])
+
+
+def test_a_misspelled_variable_is_warned_about_at_worker_start_with_the_name_it_was_meant_to_be(monkeypatch,
+                                                                                               redis_url):
+    """TASKHERD_SOFT_TIMELIMIT=9999 changed nothing and said nothing."""
+    from taskherd import contract
+
+    environ = {"TASKHERD_SOFT_TIMELIMIT": "9999", "TASKHERD_WATCH_NAMESPACE": "other",
+               "TASKHERD_SOFT_TIME_LIMIT": "20", "TASKHERD_HOME": "/tmp", "TASKHERD_SERVICES_DIR": "/x"}
+    warnings = contract.misspelled(environ)
+    assert [w.split(" is not")[0] for w in warnings] == ["TASKHERD_SOFT_TIMELIMIT", "TASKHERD_WATCH_NAMESPACE"]
+    assert "did you mean TASKHERD_SOFT_TIME_LIMIT?" in warnings[0]
+    monkeypatch.setenv("TASKHERD_TIMELIMIT", "10")
+    profile = configure(Celery("typo", broker=redis_url))
+    assert any("TASKHERD_TIMELIMIT is not a taskherd variable and is ignored: did you mean TASKHERD_TIME_LIMIT?" in w
+               for w in profile.worker_warnings), profile.worker_warnings

@@ -422,6 +422,22 @@ def read(names, environ=None):
     return values, problems
 
 
+def misspelled(environ=None):
+    """A warning for each TASKHERD_* variable set in ``environ`` that is not one of the contract's but
+    nearly is (``TASKHERD_SOFT_TIMELIMIT``): read by nothing, it would change nothing, silently."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith("TASKHERD_") and name not in BY_NAME:
+            close = difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.9)
+            if close:
+                warnings.append(f"{name} is not a taskherd variable and is ignored: did you mean {close[0]}? "
+                                "(the variables: docs/chart.md, section \"The chart <-> program contract\")")
+    return warnings
+
+
 def read_one(name, environ=None):
     """The value of one variable (its default when unset); raises :class:`ContractError` when invalid."""
     values, problems = read((name,), environ)

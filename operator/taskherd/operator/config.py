@@ -3,12 +3,15 @@ variable, its value and the valid range when one is wrong), overridable by the f
 `python -m taskherd.operator`."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
 from dataclasses import dataclass, field
 
 from taskherd import contract
+
+logger = logging.getLogger(__name__)
 
 #: the operator's variables of the contract (their parsers, ranges and defaults live there).
 VARIABLES = ("TASKHERD_WATCH_NAMESPACES", "TASKHERD_LEASE_NAME", "TASKHERD_LEADER_ELECTION",
@@ -54,6 +57,8 @@ class OperatorConfig:
                             f"two servers cannot listen on one port (valid: two different ports, or 0 to turn one off)")
         if problems:
             raise contract.ContractError(problems)
+        for warning in contract.misspelled(env):
+            logger.warning("taskherd operator: %s", warning)
         own = env.get("POD_NAMESPACE") or "default"
         return cls(
             namespaces=list(values["TASKHERD_WATCH_NAMESPACES"] or ()) or [own],

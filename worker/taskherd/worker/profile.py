@@ -534,7 +534,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
         components=tuple(resolved),
     )
     profile = dataclasses.replace(profile, visibility_timeout=visibility_timeout if kind == "redis" else None,
-                                  delivery_counter_url=delivery_counter_url, worker_warnings=tuple(warns))
+                                  delivery_counter_url=delivery_counter_url,
+                                  worker_warnings=tuple(warns) + tuple(contract.misspelled(environ)))
 
     transport_options = dict(conf.broker_transport_options or {})
     if profile.visibility_timeout is not None:
