@@ -1,4 +1,5 @@
 """configure(): the settings it applies, and every invalid combination refused with a clear message."""
+import os
 import warnings
 
 import pytest
@@ -221,3 +222,31 @@ def test_rabbitmq_consumer_timeout_that_is_not_a_finite_number_is_refused():
     for value in (True, float("inf"), "1800"):
         assert f"rabbitmq_consumer_timeout={value!r} must be a number of seconds > 0, or None" in _error(
             broker=AMQP, rabbitmq_consumer_timeout=value)
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_per_call_limits_the_worker_could_not_honour_are_refused_at_publish_on_both_brokers(broker):
+    """`apply_async(soft_time_limit=50)` under a 30 s hard limit was published and ran (killed
+    before it was asked to stop); `time_limit='x'` was published and dead-lettered by the worker."""
+    url = os.environ["TASKHERD_REDIS_URL" if broker == "redis" else "TASKHERD_AMQP_URL"]
+    app = Celery("producer", broker=url, set_as_current=False)
+    configure(app, queues=["limits"], soft_time_limit=20, time_limit=30)
+
+    @app.task(name="limits.own_hard", time_limit=25)
+    def own_hard():
+        pass
+
+    cases = [
+        (dict(soft_time_limit=50), "task 'limits.remote': soft_time_limit=50 is not below its hard time limit 30 "
+                                   "(valid: 0 < soft_time_limit < 30)"),
+        (dict(time_limit=40, soft_time_limit=40), "soft_time_limit=40 is not below its hard time limit 40"),
+        (dict(time_limit="x"), "task 'limits.remote': time_limit='x' is not a number of seconds (valid: a number > 0"),
+        (dict(soft_time_limit=-1), "soft_time_limit=-1 is not a number of seconds"),
+    ]
+    for options, says in cases:
+        with pytest.raises(ProfileError) as refused:
+            app.send_task("limits.remote", queue="limits", **options)
+        assert says in str(refused.value), (options, str(refused.value))
+    with pytest.raises(ProfileError, match="soft_time_limit=26 is not below its hard time limit 25"):
+        own_hard.apply_async(soft_time_limit=26)  # the task's own hard limit
+    app.close()

@@ -70,3 +70,4 @@ def test_a_task_whose_own_time_limit_reaches_the_visibility_timeout_stops_the_wo
         worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
     assert ("task 'core.own_time_limit': time_limit=90.0 is not below visibility_timeout=60.0"
             in str(exited.value)), str(exited.value)[-3000:]
+

@@ -203,7 +203,8 @@ INTERNALS: tuple[Internal, ...] = (
              why="take ETA/countdown messages out of the worker into the Redis delay set"),
     Internal("celery", "celery.app.amqp:AMQP.create_task_message", "attribute",
              why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
-    Internal("celery", "celery.app.amqp:AMQP.as_task_v2", "callable", parameters=("task_id", "name", "time_limit"),
+    Internal("celery", "celery.app.amqp:AMQP.as_task_v2", "callable",
+             parameters=("task_id", "name", "time_limit", "soft_time_limit"),
              why="refuse, at publish, a time limit that Redis would cut short by redelivering"),
     # A task created with base= (taskherd.worker.components.task_class): Celery makes that class its
     # only base, leaving out the app's default Task class.

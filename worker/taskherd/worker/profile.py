@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import os
 import re
 import warnings
@@ -445,26 +446,51 @@ def time_limit_problem(task: str, time_limit: Any, *, below: float, what: str = 
     return None
 
 
-def refuse_time_limits_at_publish(app: Any, *, below: float) -> None:
-    """Every task message ``app`` builds with a hard time limit not below ``below`` raises
-    :class:`ProfileError` instead of being published (Redis: see the module docstring)."""
+def call_time_limit_problem(app: Any, task: str, time_limit: Any, soft_time_limit: Any, *,
+                            below: float | None) -> str | None:
+    """Why a message of ``task`` must not be published with these per-call limits
+    (``apply_async(time_limit=…, soft_time_limit=…)``), or None: not numbers (the worker would
+    dead-letter it), a soft limit not below the hard one (the task is killed before it is asked to
+    stop), or a hard limit not below ``below`` (Redis's visibility timeout)."""
+    for option, value in (("time_limit", time_limit), ("soft_time_limit", soft_time_limit)):
+        if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and value > 0):
+            return f"task {task!r}: {option}={value!r} is not a number of seconds (valid: a number > 0, or leave it out)"
+    if time_limit is not None and below is not None:
+        problem = time_limit_problem(task, time_limit, below=below)
+        if problem:
+            return problem
+    if soft_time_limit is not None:
+        registered = app.tasks.get(task) if task in app.tasks else None
+        hard = time_limit if time_limit is not None else (getattr(registered, "time_limit", None)
+                                                          or app.conf.task_time_limit)
+        if hard and soft_time_limit >= hard:
+            return (f"task {task!r}: soft_time_limit={soft_time_limit!r} is not below its hard time limit {hard!r} "
+                    f"(valid: 0 < soft_time_limit < {hard!r}): the task would be killed before it is asked to stop")
+    return None
+
+
+def refuse_time_limits_at_publish(app: Any, *, below: float | None) -> None:
+    """Every task message ``app`` builds with per-call time limits it must not run with
+    (:func:`call_time_limit_problem`) raises :class:`ProfileError` instead of being published."""
     create = compat.task_message_creator(app)
-    if getattr(create, "taskherd_limit", None) is not None:  # configure() ran before: replace the limit
+    if getattr(create, "taskherd_checked", False):  # configure() ran before: replace the check
         create = create.__wrapped__
     parameters = list(inspect.signature(create).parameters)
-    name_at, limit_at = parameters.index("name"), parameters.index("time_limit")
+    name_at, limit_at, soft_at = (parameters.index(name) for name in ("name", "time_limit", "soft_time_limit"))
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         time_limit = args[limit_at] if len(args) > limit_at else kwargs.get("time_limit")
-        if time_limit is not None:
+        soft_time_limit = args[soft_at] if len(args) > soft_at else kwargs.get("soft_time_limit")
+        if time_limit is not None or soft_time_limit is not None:
             name = args[name_at] if len(args) > name_at else kwargs.get("name")
-            problem = time_limit_problem(name, time_limit, below=below)
+            problem = call_time_limit_problem(app, name, time_limit, soft_time_limit, below=below)
             if problem:
                 raise ProfileError([problem])
         return create(*args, **kwargs)
 
     checked.__wrapped__ = create
-    checked.taskherd_limit = below
+    checked.taskherd_checked = True
     compat.set_task_message_creator(app, checked)
 
 
@@ -569,8 +595,7 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
-    if profile.visibility_timeout is not None:
-        refuse_time_limits_at_publish(app, below=profile.visibility_timeout)
+    refuse_time_limits_at_publish(app, below=profile.visibility_timeout)
     install_components(app, profile.components, profile)  # each class once: configure() may run twice
     _warn_when_a_worker_starts(app)
     return profile
