@@ -347,6 +347,71 @@ def test_rendered_workerpools_use_only_fields_the_crd_declares(values):
         assert set(schema["properties"]["spec"]["required"]) <= set(pool["spec"]), name
 
 
+def _crd_refusals(value: object, schema: dict, path: str) -> list[str]:
+    """What the CRD's OpenAPI schema says of a rendered spec: types, required fields, ranges, lengths,
+    enums and sets (its CEL rules are the cluster's: tests/operator/test_workerpool_corpus.py)."""
+    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+             "boolean": bool}
+    if not isinstance(value, kinds[schema["type"]]) or (schema["type"] == "integer" and isinstance(value, bool)):
+        return [f"{path}={value!r}: not of type {schema['type']}"]
+    out = []
+    if isinstance(value, dict):
+        out += [f"{path}.{key}: required" for key in schema.get("required", []) if key not in value]
+        for key, item in value.items():
+            out += _crd_refusals(item, schema["properties"][key], f"{path}.{key}")
+    if isinstance(value, list):
+        if len(value) > schema.get("maxItems", len(value)) or len(value) < schema.get("minItems", 0):
+            out.append(f"{path}: {len(value)} items")
+        if schema.get("x-kubernetes-list-type") == "set" and len(set(value)) != len(value):
+            out.append(f"{path}: duplicates")
+        out += [e for i, item in enumerate(value) for e in _crd_refusals(item, schema["items"], f"{path}[{i}]")]
+    if isinstance(value, str) and not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value)):
+        out.append(f"{path}: {len(value)} characters")
+    if isinstance(value, (int, float)) and not schema.get("minimum", value) <= value <= schema.get("maximum", value):
+        out.append(f"{path}={value}: out of range")
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{path}={value!r}: not in the enum")
+    return out
+
+
+def _at_the_bounds(bound: str) -> dict:
+    """A pool whose every autoscaling number is at the chart schema's `bound` (minimum or maximum),
+    with the most and the longest queue names the schema allows."""
+    schema = json.loads((CHART / "values.schema.json").read_text())["definitions"]["pool"]["properties"]
+
+    def numbers(node: dict) -> dict:
+        return {key: numbers(sub) if "properties" in sub else sub[bound]
+                for key, sub in node["properties"].items() if "properties" in sub or sub.get("type") == "integer"}
+
+    autoscaling = numbers(schema["autoscaling"])
+    longest = schema["queues"]["items"]["maxLength"] - len(".dlq")  # the default dead-letter queue fits
+    if bound == "maximum":
+        queues = [f"{i:02d}" + "q" * (longest - 2) for i in range(schema["queues"]["maxItems"])]
+        autoscaling["deadLetter"]["alertmanagerUrl"] = "http://[fd00::1]:65535/alertmanager%20eu"
+    else:
+        queues = ["q"]
+        autoscaling["deadLetter"]["webhookUrl"] = "https://hooks.example:1/dlq?token=a%2Fb#x"
+    return {**BROKER, "workerPools": [{"name": "p", "app": "tasks", "queues": queues, "autoscaling": autoscaling}]}
+
+
+@pytest.mark.parametrize("values", [*CI_VALUES, "minimum", "maximum"],
+                         ids=lambda v: v if isinstance(v, str) else v.stem)
+def test_every_workerpool_the_chart_renders_passes_the_crd_and_the_operator(values):
+    """Anything the chart renders must be stored by the API server and read by the operator: a bound
+    looser in values.schema.json than in the CRD (targetDepthPerWorker 1000000 vs 100000) was an
+    error from the API server at install, and one looser than parse_spec's a Ready=False pool later."""
+    from taskherd.operator.policy import parse_spec
+
+    crd = yaml.safe_load((CHART / "crds" / "workerpools.taskherd.io.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    objects = render([values]) if not isinstance(values, str) else render(values=_at_the_bounds(values))
+    pools = by_kind(objects, "WorkerPool")
+    assert pools or not isinstance(values, str)
+    for name, pool in pools.items():
+        assert _crd_refusals(pool["spec"], schema, "spec") == [], name
+        parse_spec(pool["spec"])
+
+
 def test_an_image_digest_pins_the_image():
     digest = "sha256:" + "a" * 64
     values = {**BROKER, "workerPoolDefaults": {"image": {"registry": "registry.example", "repository": "app",

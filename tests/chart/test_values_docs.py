@@ -81,6 +81,29 @@ def test_schema_declares_every_value_and_refuses_unknown_keys():
     assert pool_keys == set(values["workerPoolDefaults"]) | {"name"}
 
 
+def test_every_integer_value_has_a_maximum():
+    """docs/chart.md promises it (no sum of values overflows); a uid, gid or fsGroup is Kubernetes'
+    int32 (0..2147483647)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    unbounded = []
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if (kind == "integer" or (isinstance(kind, list) and "integer" in kind)) and "maximum" not in node:
+                unbounded.append(where)
+            for key, sub in node.items():
+                walk(sub, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, sub in enumerate(node):
+                walk(sub, f"{where}[{i}]")
+
+    walk(schema, "")
+    assert unbounded == []
+    security = schema["properties"]["podSecurityContext"]["properties"]
+    assert {security[k]["maximum"] for k in ("runAsUser", "runAsGroup", "fsGroup")} == {2**31 - 1}
+
+
 def test_every_structured_default_is_required_so_null_never_reaches_a_template():
     """Helm deletes a default set to null (`timeLimits: null`); the schema must then say which key is
     missing rather than let a template dereference nothing."""

@@ -23,9 +23,11 @@ def test_defaults_and_dead_letter_queue_names():
 
 @pytest.mark.parametrize("change,message", [
     ({"minReplicas": 5}, "spec.minReplicas=5 is invalid: must be <= maxReplicas (4)"),
-    ({"maxReplicas": 0}, "spec.maxReplicas=0 is invalid: must be >= 1"),
-    ({"targetDepthPerWorker": 0}, "spec.targetDepthPerWorker=0 is invalid: must be >= 1"),
-    ({"maxOldestMessageAgeSeconds": 0}, "spec.maxOldestMessageAgeSeconds=0.0 is invalid: must be > 0"),
+    ({"maxReplicas": 0}, "spec.maxReplicas=0 is invalid: must be a whole number from 1 to 1000"),
+    ({"maxReplicas": "10"}, "spec.maxReplicas='10' is invalid: must be a whole number from 1 to 1000"),
+    ({"targetDepthPerWorker": 0}, "spec.targetDepthPerWorker=0 is invalid: must be a whole number from 1 to 100000"),
+    ({"maxOldestMessageAgeSeconds": 0},
+     "spec.maxOldestMessageAgeSeconds=0 is invalid: must be a whole number from 1 to 86400"),
     ({"broker": {"type": "kafka", "secretRef": {"name": "b"}, "queues": ["q"]}}, "spec.broker.type='kafka'"),
     ({"broker": {"type": "redis", "secretRef": {"name": "b"}, "queues": []}}, "spec.broker.queues=[]"),
     ({"scaleTargetRef": {"kind": "deployment", "name": "x"}}, "spec.scaleTargetRef.kind='deployment'"),

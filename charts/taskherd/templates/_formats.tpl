@@ -1,6 +1,8 @@
 {{/*
 The formats Kubernetes and the container runtime accept, as regular expressions (RE2), with the
-words a message uses to say what is valid. Read with: $f := fromYaml (include "taskherd.formats" .)
+words a message uses to say what is valid. `queue`, `url` and `alertmanagerUrl` are also the
+WorkerPool CRD's and the operator's (policy.py): tests/operator/test_workerpool_agreement.py
+compares them. Read with: $f := fromYaml (include "taskherd.formats" .)
 and `regexMatch (index $f "dnsLabel").re $value`.
 */}}
 {{- define "taskherd.formats" -}}
@@ -29,8 +31,11 @@ cidr:
   re: '^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(3[0-2]|[12]?[0-9])$|^[0-9a-fA-F]{0,4}(:[0-9a-fA-F]{0,4}){2,7}/(12[0-8]|1[01][0-9]|[1-9]?[0-9])$'
   valid: 'a CIDR: an IPv4 address and a prefix length 0-32 (10.0.0.0/8), or an IPv6 address and 0-128 (fd00::/8)'
 url:
-  re: '^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:[0-9]{1,5})?(/[^\s]*)?$'
-  valid: 'an http:// or https:// URL with a host name, no spaces'
+  re: '^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/([^\s\p{Z}%\p{Cc}]|%[0-9A-Fa-f]{2})*)?$'
+  valid: 'an http:// or https:// URL with a host name, a port from 1 to 65535 if any, no spaces or control characters, "%" only as %XX, at most 2048 characters'
+alertmanagerUrl:
+  re: '^https?://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?)(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?(/([^\s\p{Z}?#%\p{Cc}]|%[0-9A-Fa-f]{2})*)?$'
+  valid: 'Alertmanager''s base URL (/api/v2/alerts is added to it): an http:// or https:// URL with a host name, a port from 1 to 65535 if any, no ?query or #fragment, no spaces or control characters, "%" only as %XX, at most 2048 characters'
 registry:
   re: '^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$'
   valid: 'a registry host with an optional port and path (registry.example.com:5000/mirror), no scheme, no tag'
@@ -42,7 +47,7 @@ tag:
   valid: 'an image tag: at most 128 letters, digits, "_", "." and "-", not starting with "." or "-"'
 queue:
   re: '^[^,\s\p{Z}\p{Cc}]+$'
-  valid: 'a queue name without commas, whitespace or control characters (the chart joins queue names with commas and writes them into YAML)'
+  valid: 'a queue name without commas, whitespace or control characters, at most 255 characters (the chart joins queue names with commas and writes them into YAML)'
 celeryApp:
   re: '^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)?$'
   valid: 'a Python module path, optionally with :attribute (myproject.celery or myproject.celery:app)'

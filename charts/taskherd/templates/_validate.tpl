@@ -72,10 +72,11 @@ schema's job (values.schema.json), which Helm checks first.
 {{- end }}
 {{- end }}
 
-{{/* A URL that must be http(s) with a host: (dict "f" $f "key" … "value" …); empty is fine. */}}
+{{/* A URL that must be http(s) with a host: (dict "f" $f "key" … "value" …); empty is fine.
+"format" "alertmanagerUrl" for a base URL that /api/v2/alerts is added to. */}}
 {{- define "taskherd.check.url" -}}
 {{- if .value }}
-{{- include "taskherd.check.format" (dict "f" .f "format" "url" "key" .key "value" .value "max" 2048) }}
+{{- include "taskherd.check.format" (dict "f" .f "format" (.format | default "url") "key" .key "value" .value "max" 2048) }}
 {{- end }}
 {{- end }}
 
@@ -484,6 +485,8 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- range $q := $pool.queues }}
 {{- if not (regexMatch $f.queue.re (toString $q)) }}
 {{ $k.queues }} contains {{ toJson $q }}, which is invalid; valid: {{ $f.queue.valid }}
+{{- else if and $pool.deadLetterQueuesDerived (gt (len (toString $q)) 251) }}
+{{ $k.queues }} contains a queue name of {{ len (toString $q) }} characters ({{ toJson (trunc 40 (toString $q)) }}…): its dead-letter queue <queue>.dlq would be longer than 255; valid: at most 251 characters, or name the dead-letter queues in workerPools[{{ $i }}].deadLetterQueues
 {{- end }}
 {{- end }}
 {{- if ne (len (uniq $pool.queues)) (len $pool.queues) }}
@@ -569,12 +572,28 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{- $taken := list "taskherd-worker" }}
 {{- range $pool.initContainers }}{{ if kindIs "map" . }}{{ $taken = append $taken (toString .name) }}{{ end }}{{ end }}
 {{- include "taskherd.check.containers" (dict "f" $f "key" $k.sidecars "containers" $pool.sidecars "taken" $taken) }}
-{{- /* scaling and disruption */}}
+{{- /* scaling and disruption: autoscaling.* is checked even when disabled (it is the pool's
+WorkerPool the day autoscaling is turned on); a page target without a WorkerPool is refused, or
+the pool's dead letters would page nobody */}}
 {{- $as := $pool.autoscaling }}
-{{- if $as.enabled }}
 {{- if gt (int64 $as.minReplicas) (int64 $as.maxReplicas) }}
 {{ index $k "autoscaling.minReplicas" }}={{ int64 $as.minReplicas }} must not exceed {{ index $k "autoscaling.maxReplicas" }}={{ int64 $as.maxReplicas }}
 {{- end }}
+{{- if and $as.deadLetter.alertmanagerUrl $as.deadLetter.webhookUrl }}
+{{ index $k "autoscaling.deadLetter.alertmanagerUrl" }} and {{ index $k "autoscaling.deadLetter.webhookUrl" }} are both set; choose one page target
+{{- end }}
+{{- include "taskherd.check.url" (dict "f" $f "format" "alertmanagerUrl" "key" (index $k "autoscaling.deadLetter.alertmanagerUrl") "value" $as.deadLetter.alertmanagerUrl) }}
+{{- include "taskherd.check.url" (dict "f" $f "key" (index $k "autoscaling.deadLetter.webhookUrl") "value" $as.deadLetter.webhookUrl) }}
+{{- if and (not $as.enabled) (or $as.deadLetter.alertmanagerUrl $as.deadLetter.webhookUrl) }}
+{{- $target := ternary "autoscaling.deadLetter.alertmanagerUrl" "autoscaling.deadLetter.webhookUrl" (not (empty $as.deadLetter.alertmanagerUrl)) }}
+{{- $url := toJson (get $as.deadLetter (trimPrefix "autoscaling.deadLetter." $target)) }}
+{{- if $v.monitoring.prometheusRule.enabled }}
+{{ index $k $target }}={{ $url }} would page nobody: {{ index $k "autoscaling.enabled" }}=false, so pool {{ toJson $pool.name }} has no WorkerPool; its dead letters page through the PrometheusRule (monitoring.prometheusRule.enabled=true), so set workerPools[{{ $i }}].{{ $target }}=""
+{{- else }}
+{{ index $k $target }}={{ $url }} would page nobody: {{ index $k "autoscaling.enabled" }}=false, so pool {{ toJson $pool.name }} has no WorkerPool and the operator does not watch its dead-letter queues; set autoscaling.enabled=true, or page through monitoring.prometheusRule.enabled=true (every pool's dead-letter queues) and set workerPools[{{ $i }}].{{ $target }}=""
+{{- end }}
+{{- end }}
+{{- if $as.enabled }}
 {{- if not $v.operator.enabled }}
 {{ index $k "autoscaling.enabled" }}=true but operator.enabled=false; nothing would scale pool {{ toJson $pool.name }} (disable autoscaling and set replicas, or enable the operator)
 {{- end }}
@@ -584,11 +603,6 @@ workerPools[{{ $i }}].replicas={{ toJson $entry.replicas }} would be ignored: {{
 {{- if ne (int64 $pool.metrics.port) (int64 $v.workerPoolDefaults.metrics.port) }}
 {{ index $k "metrics.port" }}={{ int64 $pool.metrics.port }} differs from workerPoolDefaults.metrics.port={{ int64 $v.workerPoolDefaults.metrics.port }}; the operator reads busyness of autoscaled pools on the default port, so set it there
 {{- end }}
-{{- if and $as.deadLetter.alertmanagerUrl $as.deadLetter.webhookUrl }}
-{{ index $k "autoscaling.deadLetter.alertmanagerUrl" }} and {{ index $k "autoscaling.deadLetter.webhookUrl" }} are both set; choose one page target
-{{- end }}
-{{- include "taskherd.check.url" (dict "f" $f "key" (index $k "autoscaling.deadLetter.alertmanagerUrl") "value" $as.deadLetter.alertmanagerUrl) }}
-{{- include "taskherd.check.url" (dict "f" $f "key" (index $k "autoscaling.deadLetter.webhookUrl") "value" $as.deadLetter.webhookUrl) }}
 {{- end }}
 {{- if $pool.podDisruptionBudget.enabled }}
 {{- $mu := $pool.podDisruptionBudget.maxUnavailable }}
@@ -675,7 +689,7 @@ workerPools[{{ int $pool.index }}] (pool {{ toJson $pool.name }}) uses {{ toJson
 {{- if and $op.enabled (eq (int64 $op.healthPort) (int64 $op.metricsPort)) }}
 operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ int64 $op.metricsPort }}; the health endpoint and /metrics are two servers and need two ports
 {{- end }}
-{{- include "taskherd.check.url" (dict "f" $f "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
+{{- include "taskherd.check.url" (dict "f" $f "format" "alertmanagerUrl" "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.serviceAccount.annotations" "annotations" $op.serviceAccount.annotations) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.podAnnotations" "annotations" $op.podAnnotations) }}
 {{- include "taskherd.check.labels" (dict "f" $f "key" "operator.nodeSelector" "labels" $op.nodeSelector) }}

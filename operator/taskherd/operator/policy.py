@@ -1,10 +1,12 @@
 """A WorkerPool's spec read once into typed values, with the defaults documented in one place.
 
 The API server already refuses bad specs (OpenAPI schema + CEL rules in the CRD); this module
-re-checks the rules the operator depends on (formats, exclusive and broker-specific fields, the
-dead-letter queues; not the upper bounds of ranges it can act on anyway), so that a pool stored
-before the CRD was tightened, or a unit test, fails with a clear message instead of a confusing
-decision later. The corpus of bad pools in tests/operator runs through both.
+checks the same rules (fields, types, ranges, formats, exclusive and broker-specific fields, the
+dead-letter queues), so that a pool stored before the CRD was tightened, or a spec built by hand,
+fails with a clear message naming the key and the valid range instead of a confusing decision (or
+a TypeError) later. The corpus of bad pools in tests/operator runs through both, and
+tests/operator/test_workerpool_agreement.py compares RANGES, FIELDS and the queue rules with the
+CRD and the chart's values.schema.json, so the three cannot drift.
 """
 from __future__ import annotations
 
@@ -32,6 +34,33 @@ BROKER_TYPES = ("redis", "rabbitmq")
 MAX_PARSED_SPECS = 4096
 SEVERITIES = ("info", "warning", "critical", "page")
 
+#: Every integer field and its range (minimum, maximum), as in the CRD's schema.
+RANGES: dict[str, tuple[int, int]] = {
+    "minReplicas": (0, 1000),
+    "maxReplicas": (1, 1000),
+    "targetDepthPerWorker": (1, 100_000),
+    "maxOldestMessageAgeSeconds": (1, 86_400),
+    "pollIntervalSeconds": (1, 300),
+    "scaleDownStabilizationSeconds": (0, 3600),
+    "deadLetter.threshold": (1, 1_000_000),
+    "deadLetter.resendIntervalSeconds": (10, 600),
+}
+#: The fields of a spec and of each object in it, as in the CRD's schema: any other key is a typo
+#: (the API server prunes or refuses it; a spec built by hand would silently get the default).
+FIELDS: dict[str, tuple[str, ...]] = {
+    "": ("scaleTargetRef", "broker", "minReplicas", "maxReplicas", "targetDepthPerWorker",
+         "maxOldestMessageAgeSeconds", "pollIntervalSeconds", "scaleDownStabilizationSeconds", "deadLetter"),
+    "scaleTargetRef": ("apiVersion", "kind", "name"),
+    "broker": ("type", "secretRef", "queues", "deadLetterQueues", "globalKeyprefix"),
+    "broker.secretRef": ("name", "key", "managementUrlKey"),
+    "deadLetter": ("threshold", "alertmanagerUrl", "webhookUrl", "severity", "resendIntervalSeconds"),
+}
+#: Queues per pool, and characters per queue name (RabbitMQ's limit is 255 bytes).
+MAX_QUEUES = 64
+MAX_QUEUE_NAME_LENGTH = 255
+#: The default dead-letter queue <queue>.dlq must fit too: a queue named without one is this short.
+MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ = MAX_QUEUE_NAME_LENGTH - len(".dlq")
+
 # The formats the CRD's CEL rules check, in the same words.
 #: an object name (Deployment, Secret, ...): a DNS-1123 subdomain.
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -41,6 +70,18 @@ SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 #: group/version of an API with a scale subresource (core v1 has none worth scaling here).
 API_VERSION = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/v[0-9]+((alpha|beta)[0-9]+)?$")
+#: a queue name: the CRD's (and the chart's) ^[^,\s\p{Z}\p{Cc}]+$ in Python's words (its \s already
+#: covers \p{Z}); no commas, since the chart and the contract join queue names with them.
+QUEUE_NAME = re.compile(r"^[^,\s\x00-\x1f\x7f-\x9f]+$")
+QUEUE_NAME_VALID = "a queue name without commas, whitespace or control characters"
+#: what a URL must not hold: whitespace (Unicode's too) and control characters, as the CRD's
+#: ^[^\s\p{Z}\p{Cc}]+$ and Go's URL parser.
+URL_REFUSES = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+MAX_URL_LENGTH = 2048
+#: a '%' that does not start %XX.
+BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: a port in a URL: 1..65535, digits only.
+PORT = re.compile(r"^([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$")
 
 
 class InvalidSpec(ValueError):
@@ -119,28 +160,50 @@ class PoolSpec:
 
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
     if not ok:  # the message reaches the status: a URL pasted in the wrong field keeps its password
-        raise InvalidSpec(redact(f"spec.{key}={value!r} is invalid: must be {valid}"))
+        raise InvalidSpec(redact(f"{'spec.' + key if key else 'spec'}={value!r} is invalid: must be {valid}"))
 
 
-def _number(spec: Mapping[str, Any], key: str, default: Any, kind: type = int, *, within: str = "") -> Any:
+def _range(key: str) -> str:
+    low, high = RANGES[key]
+    return f"a whole number from {low} to {high}"
+
+
+#: the default of a field the CRD requires
+REQUIRED = object()
+
+
+def _integer(spec: Mapping[str, Any], key: str, default: Any, *, within: str = "") -> int | None:
+    """``spec[key]`` as an int within RANGES[within + key]; ``default`` when absent. None stands for
+    absent only when the default is None (an optional field): anything else would reach a
+    comparison as a TypeError."""
     value = spec.get(key, default)
-    if value is None:
+    if value is None and default is None:
         return None
+    _check(value is not REQUIRED, within + key, None, f"set (it is required): {_range(within + key)}")
+    low, high = RANGES[within + key]
     # finite first: int(inf) is an OverflowError, int(nan) a ValueError (the API server's JSON has
     # neither, but a unit test's or a stored pool's spec may)
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-          and (kind is float or value == int(value)))
-    _check(ok, within + key, value, "a whole number" if kind is int else "a finite number")
-    return kind(value)
+          and value == int(value) and low <= value <= high)
+    _check(ok, within + key, value, _range(within + key))
+    return int(value)
+
+
+def _unknown_keys(value: Mapping[str, Any], at: str) -> None:
+    valid = FIELDS[at]
+    for key in value:
+        _check(key in valid, f"{at}.{key}" if at else str(key), value[key],
+               f"left out, or spelled as one of the fields of spec{'.' + at if at else ''}: {', '.join(valid)}")
 
 
 def _object(parent: Mapping[str, Any], key: str, within: str = "") -> Mapping[str, Any]:
-    """``parent[key]`` as a mapping ({} when absent): `scaleTargetRef: workers` is a clear error, not an
-    AttributeError from ``"workers".get``."""
+    """``parent[key]`` as a mapping ({} when absent) with only the CRD's fields: `scaleTargetRef:
+    workers` is a clear error, not an AttributeError from ``"workers".get``."""
     value = parent.get(key)
     if value is None:
         return {}
     _check(isinstance(value, Mapping), within + key, value, "an object (a YAML mapping of its fields)")
+    _unknown_keys(value, within + key)
     return value
 
 
@@ -159,15 +222,30 @@ def _secret_key(value: Any, key: str) -> str:
 def _http_url(value: Any, key: str) -> str | None:
     if value is None:
         return None
-    valid = "an http:// or https:// URL with a host and no spaces"
-    _check(isinstance(value, str) and not any(c.isspace() for c in value), key, value, valid)
+    valid = "an http:// or https:// URL with a host, no spaces, and a port from 1 to 65535 if any"
+    _check(isinstance(value, str) and len(value) <= MAX_URL_LENGTH and not URL_REFUSES.search(value), key, value,
+           f"{valid}, at most {MAX_URL_LENGTH} characters")
     try:
         parts = urlsplit(value)
-        parts.port  # ':abc' or ':99999' raise here, else in the HTTP client at the first page
-    except ValueError as exc:  # also 'http://[::1' (an unclosed IPv6 host)
-        _check(False, key, value, f"{valid} ({exc}; a port is 1..65535)")
-    _check(parts.scheme in ("http", "https") and bool(parts.hostname), key, value, valid)
+        hostname = parts.hostname
+    except ValueError as exc:  # 'http://[::1' (an unclosed IPv6 host)
+        _check(False, key, value, f"{valid} ({exc})")
+    _check(parts.scheme in ("http", "https") and bool(hostname), key, value, valid)
+    # the API server's url() (Go's url.ParseRequestURI) refuses '%zz' before the ?query
+    _check(not BAD_ESCAPE.search(value.partition("?")[0]), key, value, f"{valid}, '%' only as %XX before any ?query")
+    # as written (urllib's .port takes ':0' and ':+1'); ':abc' or ':99999' would fail at the first page
+    port = _port(parts.netloc)
+    _check(not port or bool(PORT.match(port)), key, value, valid)
     return value
+
+
+def _port(netloc: str) -> str | None:
+    """The port of ``user@host:port`` or ``[v6]:port`` as written, None without one."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        rest = host.partition("]")[2]
+        return rest[1:] if rest.startswith(":") else None
+    return host.partition(":")[2] if ":" in host else None
 
 
 def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
@@ -181,6 +259,17 @@ def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
                           name=_name(target.get("name"), "scaleTargetRef.name", kind))
 
 
+def _queue_names(names: Any, key: str, how_many: str) -> None:
+    """A list of distinct queue names, as the CRD's list-type set of bounded strings."""
+    valid = (f"{how_many} {MAX_QUEUES} distinct names, each {QUEUE_NAME_VALID}, "
+             f"at most {MAX_QUEUE_NAME_LENGTH} characters")
+    _check(isinstance(names, list) and len(names) <= MAX_QUEUES, key, names, valid)
+    for i, name in enumerate(names):
+        _check(isinstance(name, str) and 0 < len(name) <= MAX_QUEUE_NAME_LENGTH and bool(QUEUE_NAME.match(name)),
+               f"{key}[{i}]", name, valid)
+    _check(len(set(names)) == len(names), key, names, valid)
+
+
 def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
     broker = _object(spec, "broker")
     kind = broker.get("type")
@@ -190,16 +279,23 @@ def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
     _check(management_key is None or kind == "rabbitmq", "broker.secretRef.managementUrlKey", management_key,
            "unset for a redis broker (it names the RabbitMQ management API URL)")
     prefix = broker.get("globalKeyprefix", "")
-    _check(isinstance(prefix, str), "broker.globalKeyprefix", prefix, "a string, e.g. 'shop:'")
+    _check(isinstance(prefix, str) and len(prefix) <= MAX_QUEUE_NAME_LENGTH, "broker.globalKeyprefix", prefix,
+           f"a string of at most {MAX_QUEUE_NAME_LENGTH} characters, e.g. 'shop:'")
     _check(not prefix or kind == "redis", "broker.globalKeyprefix", prefix,
            "unset for a rabbitmq broker (it is kombu's Redis key prefix)")
-    queues = broker.get("queues") or []
-    _check(isinstance(queues, list) and len(queues) > 0 and all(isinstance(q, str) and q for q in queues),
-           "broker.queues", queues, "a non-empty list of queue names")
+    queues = broker.get("queues")
+    queues = [] if queues is None else queues
+    _queue_names(queues, "broker.queues", "a list of 1 to")
+    _check(len(queues) > 0, "broker.queues", queues, f"a list of 1 to {MAX_QUEUES} queue names")
     explicit = broker.get("deadLetterQueues")
     # a bare string would be read letter by letter ("names 6 dead-letter queues"), numbers kept as queue names
-    _check(explicit is None or (isinstance(explicit, list) and all(isinstance(q, str) and q for q in explicit)),
-           "broker.deadLetterQueues", explicit, "a list of dead-letter queue names, one per queue")
+    _queue_names([] if explicit is None else explicit, "broker.deadLetterQueues", "one per queue, at most")
+    if not explicit:  # each queue gets <queue>.dlq: that name must fit as well
+        for i, queue in enumerate(queues):
+            _check(len(queue) <= MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ, f"broker.queues[{i}]", queue,
+                   f"a name of at most {MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ} characters, so that its "
+                   f"dead-letter queue <queue>.dlq fits in {MAX_QUEUE_NAME_LENGTH}; or name the dead-letter "
+                   "queues in spec.broker.deadLetterQueues")
     try:
         dead_letter_queues = contract.dead_letter_queues(
             queues, explicit, source="spec.broker.deadLetterQueues" if explicit else "spec.broker.queues")
@@ -227,34 +323,31 @@ def _dead_letter(spec: Mapping[str, Any]) -> DeadLetterSpec:
            "deadLetter.alertmanagerUrl", alertmanager, "a base URL without ?query or #fragment (/api/v2/alerts is added)")
     severity = dl.get("severity", DEFAULT_SEVERITY)
     _check(severity in SEVERITIES, "deadLetter.severity", severity, f"one of {', '.join(SEVERITIES)}")
-    result = DeadLetterSpec(
-        threshold=_number(dl, "threshold", DEFAULT_DEAD_LETTER_THRESHOLD, within="deadLetter."),
+    return DeadLetterSpec(
+        threshold=_integer(dl, "threshold", DEFAULT_DEAD_LETTER_THRESHOLD, within="deadLetter."),
         alertmanager_url=alertmanager, webhook_url=webhook, severity=severity,
-        resend_interval_seconds=_number(dl, "resendIntervalSeconds", DEFAULT_RESEND_INTERVAL_SECONDS, float,
-                                        within="deadLetter."),
+        resend_interval_seconds=float(_integer(dl, "resendIntervalSeconds", int(DEFAULT_RESEND_INTERVAL_SECONDS),
+                                               within="deadLetter.")),
     )
-    _check(result.threshold >= 1, "deadLetter.threshold", result.threshold, ">= 1")
-    _check(result.resend_interval_seconds > 0, "deadLetter.resendIntervalSeconds",
-           result.resend_interval_seconds, "> 0")
-    return result
 
 
 def parse_spec(spec: Mapping[str, Any]) -> PoolSpec:
     """The typed spec; raises InvalidSpec naming the first offending key."""
-    poll = _number(spec, "pollIntervalSeconds", DEFAULT_POLL_INTERVAL_SECONDS, float)
-    _check(poll > 0, "pollIntervalSeconds", poll, "> 0")
+    _check(isinstance(spec, Mapping), "", spec, "an object (a YAML mapping of its fields)")
+    _unknown_keys(spec, "")
+    age_limit = _integer(spec, "maxOldestMessageAgeSeconds", None)
     return PoolSpec(
         target=_target(spec),
         broker=_broker(spec),
         scaling=ScalingPolicy(
-            min_replicas=_number(spec, "minReplicas", 0),
-            max_replicas=_number(spec, "maxReplicas", 1),
-            target_depth_per_worker=_number(spec, "targetDepthPerWorker", 5),
-            max_oldest_message_age_seconds=_number(spec, "maxOldestMessageAgeSeconds", None, float),
-            scale_down_stabilization_seconds=_number(spec, "scaleDownStabilizationSeconds",
-                                                     DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS, float),
+            min_replicas=_integer(spec, "minReplicas", 0),
+            max_replicas=_integer(spec, "maxReplicas", REQUIRED),
+            target_depth_per_worker=_integer(spec, "targetDepthPerWorker", 5),
+            max_oldest_message_age_seconds=None if age_limit is None else float(age_limit),
+            scale_down_stabilization_seconds=float(_integer(spec, "scaleDownStabilizationSeconds",
+                                                            int(DEFAULT_SCALE_DOWN_STABILIZATION_SECONDS))),
         ),
-        poll_interval_seconds=poll,
+        poll_interval_seconds=float(_integer(spec, "pollIntervalSeconds", int(DEFAULT_POLL_INTERVAL_SECONDS))),
         dead_letter=_dead_letter(spec),
     )
 
