@@ -137,7 +137,7 @@ def test_the_broker_url_findings():
     [unset] = broker_url_findings(configured="", connecting=None).errors
     assert unset.startswith("no broker URL is set (Celery would connect to its default")
     [moved] = broker_url_findings(configured=url, connecting="redis://:pw@cache:6379/0").errors
-    assert "was 'amqp://user:**@rabbit:5672/shop', but this worker connects to 'redis://:**@cache:6379/0'" in moved
+    assert "was 'amqp://user:***@rabbit:5672/shop', but this worker connects to 'redis://:***@cache:6379/0'" in moved
     assert "secret" not in moved and "pw@" not in moved
 
 

@@ -461,8 +461,7 @@ def call_time_limit_problem(app: Any, task: str, time_limit: Any, soft_time_limi
         if problem:
             return problem
     if soft_time_limit is not None:
-        registered = app.tasks.get(task) if task in app.tasks else None
-        hard = time_limit if time_limit is not None else (getattr(registered, "time_limit", None)
+        hard = time_limit if time_limit is not None else (getattr(app.tasks.get(task), "time_limit", None)
                                                           or app.conf.task_time_limit)
         if hard and soft_time_limit >= hard:
             return (f"task {task!r}: soft_time_limit={soft_time_limit!r} is not below its hard time limit {hard!r} "

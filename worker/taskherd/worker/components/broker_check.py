@@ -36,7 +36,7 @@ import dataclasses
 import logging
 from typing import Any, Mapping
 
-from taskherd.contract import broker_kind
+from taskherd.contract import broker_kind, redact
 
 from . import Component
 from .recovery import first_broker_url
@@ -140,12 +140,9 @@ def broker_url_findings(*, configured: Any, connecting: Any) -> Findings:
 
 def _shown_url(url: Any) -> str:
     """A broker URL (or a list of them) without its password; "none" when unset."""
-    from kombu.utils.url import maybe_sanitize_url
-
     if not url:
         return "none"
-    urls = url if isinstance(url, (list, tuple)) else str(url).split(";")
-    return repr(";".join(maybe_sanitize_url(each.strip()) for each in urls))
+    return repr(redact(";".join(url) if isinstance(url, (list, tuple)) else str(url)))
 
 
 def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any,
