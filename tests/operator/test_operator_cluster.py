@@ -307,6 +307,8 @@ UNACTIONABLE = {
     "deployment-missing": ("ScaleTargetFound", "ScaleTargetNotFound", "Deployment {ns}/missing not found"),
     "secret-missing": ("BrokerReachable", "SecretNotFound", "broker Secret {ns}/no-such-secret not found"),
     "broker-unreachable": ("BrokerReachable", "BrokerUnreachable", "Redis at redis://***@127.0.0.1:1/5"),
+    "secret-of-the-other-broker": ("BrokerReachable", "SecretValueInvalid",
+                                   "Secret {ns}/other-broker: key 'url' holds a rabbitmq URL but spec.broker.type is 'redis'"),
 }
 
 
@@ -321,10 +323,15 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
               "secret-missing": {"broker": {"type": "redis", "secretRef": {"name": "no-such-secret"},
                                             "queues": [unique_name]}},
               "broker-unreachable": {"broker": {"type": "redis", "secretRef": {"name": "unreachable"},
-                                                "queues": [unique_name]}}}[problem]
-    if problem == "broker-unreachable":
-        cluster.apply(json.dumps({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "unreachable"},
-                                  "stringData": {"url": "redis://:secret-pw@127.0.0.1:1/5"}}), ns)
+                                                "queues": [unique_name]}},
+              "secret-of-the-other-broker": {"broker": {"type": "redis", "secretRef": {"name": "other-broker"},
+                                                        "queues": [unique_name]}}}[problem]
+    secrets = {"broker-unreachable": ("unreachable", "redis://:secret-pw@127.0.0.1:1/5"),
+               "secret-of-the-other-broker": ("other-broker", "amqp://shop:secret-pw@127.0.0.1:1/shop")}
+    if problem in secrets:
+        name, url = secrets[problem]
+        cluster.apply(json.dumps({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                                  "stringData": {"url": url}}), ns)
     cluster.apply(workerpool("broken", unique_name, **broken), ns)
     op = operator_factory(ns)
     type_, reason, says = UNACTIONABLE[problem]

@@ -177,7 +177,7 @@ def test_a_bad_variable_is_refused_by_name_and_never_printed_with_its_password(m
     ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0;ftp://b", "scheme 'ftp' is not a broker taskherd runs on"),
     ("TASKHERD_ALERTMANAGER_URL", "ftp://am", "not an http:// or https:// URL with a host"),
     ("TASKHERD_ALERTMANAGER_URL", "http://am:9093/?team=ops", "a base URL has no ?query or #fragment"),
-    ("TASKHERD_ALERTMANAGER_URL", "http://am:0", "port 0 cannot be connected to (valid: a port in 1..65535)"),
+    ("TASKHERD_ALERTMANAGER_URL", "http://am:0", "the port '0' is not a number in range (valid: a port from 1 to 65535)"),
     ("TASKHERD_METRICS_ADDR", "not an address", "expected an IP address or host name to listen on"),
     ("TASKHERD_LEASE_NAME", "Bad_Lease!", "expected a Lease name (a lowercase RFC 1123 subdomain"),
     ("TASKHERD_WATCH_NAMESPACES", "Shop,dev", "expected a comma-separated list of namespaces (lowercase RFC 1123"),

@@ -211,16 +211,61 @@ def broker_url(raw):
     return raw
 
 
-def http_url(raw):
-    """An http(s) base URL (an API's root: no ?query or #fragment, which a client appends paths to)."""
+#: An http(s) URL of a server (the RabbitMQ management API, Alertmanager, a webhook), in the words of
+#: the CRD's rules, which the operator's parse_spec and the chart's schema follow: what it must not
+#: hold (whitespace, Unicode's too, and control characters: ^[^\s\p{Z}\p{Cc}]+$ and Go's URL
+#: parser), a '%' not starting %XX (the API server's url(), Go's url.ParseRequestURI, refuses it
+#: before the ?query), the port as written, and the length.
+URL_REFUSES = r"[\s\x00-\x1f\x7f-\x9f]"
+BAD_ESCAPE = r"%(?![0-9A-Fa-f]{2})"
+PORT = r"^([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$"
+MAX_URL_LENGTH = 2048
+HTTP_URL_VALID = "an http:// or https:// URL with a host, no spaces, and a port from 1 to 65535 if any"
+BASE_URL_VALID = "a base URL without ?query or #fragment (the client adds its API's paths)"
+
+
+def http_url_problem(raw: str, *, base: bool) -> str | None:
+    """Why ``raw`` is not an http(s) URL of a server (None when it is). ``base``: an API's root,
+    which a client appends paths to (no ?query or #fragment), as Alertmanager's and RabbitMQ's."""
+    import re
     from urllib.parse import urlsplit
 
-    url(raw)
-    parts = urlsplit(raw)
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise ValueError("not an http:// or https:// URL with a host")
-    if parts.query or parts.fragment or raw.endswith(("?", "#")):
-        raise ValueError("a base URL has no ?query or #fragment")
+    if len(raw) > MAX_URL_LENGTH:
+        return f"at most {MAX_URL_LENGTH} characters"
+    if re.search(URL_REFUSES, raw):
+        return "a space or a control character in it"
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname
+    except ValueError as exc:  # 'http://[::1' (an unclosed IPv6 host)
+        return str(exc)
+    if parts.scheme not in ("http", "https") or not hostname:
+        return "not an http:// or https:// URL with a host"
+    if re.search(BAD_ESCAPE, raw.partition("?")[0]):
+        return "'%' only as %XX before any ?query"
+    # as written (urllib's .port takes ':0' and ':+1')
+    port = _written_port(parts.netloc)
+    if port is not None and not re.match(PORT, port):
+        return f"the port {port!r} is not a number in range (valid: a port from 1 to 65535)"
+    if base and ("?" in raw or "#" in raw):
+        return "a base URL has no ?query or #fragment"
+    return None
+
+
+def _written_port(netloc: str) -> str | None:
+    """The port of ``user@host:port`` or ``[v6]:port`` as written, None without one."""
+    host = netloc.rpartition("@")[2]
+    if host.startswith("["):
+        rest = host.partition("]")[2]
+        return rest[1:] if rest.startswith(":") else None
+    return host.partition(":")[2] if ":" in host else None
+
+
+def http_url(raw):
+    """An http(s) base URL (an API's root: no ?query or #fragment, which a client appends paths to)."""
+    problem = http_url_problem(raw, base=True)
+    if problem:
+        raise ValueError(problem)
     return raw
 
 
@@ -242,16 +287,17 @@ def listen_address(raw):
     return raw
 
 
-#: A Kubernetes object name (an RFC 1123 subdomain) and a namespace (an RFC 1123 label).
+#: A Kubernetes object name (an RFC 1123 subdomain: the operator's parse_spec checks the names in a
+#: WorkerPool with it too) and a namespace (an RFC 1123 label).
 #: (Patterns, not compiled here: `taskherd probe` imports this module and never needs them.)
-_SUBDOMAIN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SUBDOMAIN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 def object_name(raw):
     import re
 
-    if not re.match(_SUBDOMAIN, raw):
+    if not re.match(SUBDOMAIN, raw):
         raise ValueError
     return raw
 

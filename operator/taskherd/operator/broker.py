@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from taskherd import contract
 from taskherd.queues import AMQP_SCHEMES, REDIS_SCHEMES
 
 from .early_notice import PROBE_SECONDS
@@ -64,6 +65,36 @@ class ObservationError(RuntimeError):
     def __init__(self, message: str, *, reason: str = "BrokerUnreachable") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | None) -> str | None:
+    """Why the Secret's values cannot be the pool's broker (None when they can), said before
+    anything connects: a URL that is no broker's, of the other broker than spec.broker.type, or a
+    management API URL a client could not append its paths to (each shown without its password)."""
+    key = broker.secret_key
+    try:
+        contract.broker_url(url)
+    except ValueError as exc:
+        return f"key {key!r} = {contract.redact(url)!r} is not a broker URL{_with_range(str(exc), BROKER_URL_VALID)}"
+    kind = "rabbitmq" if contract.broker_kind(url) == "amqp" else "redis"
+    if kind != broker.type:
+        return (f"key {key!r} holds a {kind} URL but spec.broker.type is {broker.type!r} "
+                f"(valid: a {broker.type} URL, or spec.broker.type: {kind})")
+    if management_url is not None:
+        problem = contract.http_url_problem(management_url, base=True)
+        if problem:
+            return (f"key {broker.management_url_key!r} = {contract.redact(management_url)!r} is not the management "
+                    f"API's URL{_with_range(problem, contract.HTTP_URL_VALID + ', ' + contract.BASE_URL_VALID)}")
+    return None
+
+
+BROKER_URL_VALID = "a redis://, rediss:// or amqp:// URL (';'-joined for failover)"
+
+
+def _with_range(problem: str, valid: str) -> str:
+    """": <problem> (valid: <valid>)", saying what is valid once (a problem may say it already)."""
+    said = f": {problem}" if problem else ""
+    return said if "valid:" in problem else f"{said} (valid: {valid})"
 
 
 def aggregate(stats: Mapping[str, QueueStats], broker: BrokerSpec) -> Observation:
@@ -176,8 +207,16 @@ class BrokerObserver:
         if broker.secret_key not in secret:
             raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} "
                                    f"(keys: {sorted(secret)})", reason="SecretKeyMissing")
-        management = secret.get(broker.management_url_key) if broker.management_url_key else None
-        return BrokerAddress(secret[broker.secret_key], management, broker.global_keyprefix)
+        if broker.management_url_key and broker.management_url_key not in secret:
+            raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.management_url_key!r} "
+                                   f"(spec.broker.secretRef.managementUrlKey; keys: {sorted(secret)})",
+                                   reason="SecretKeyMissing")
+        url = secret[broker.secret_key]
+        management = secret[broker.management_url_key] if broker.management_url_key else None
+        problem = secret_values_problem(broker, url, management)
+        if problem:
+            raise ObservationError(f"Secret {namespace}/{broker.secret_name}: {problem}", reason="SecretValueInvalid")
+        return BrokerAddress(url, management, broker.global_keyprefix)
 
     async def ready_counts(self, pools: Sequence[tuple[str, BrokerSpec]]) -> list[int | None]:
         """The ready messages of each pool's work queues (namespace, broker), for the early notice

@@ -14,7 +14,6 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-from urllib.parse import urlsplit
 
 from taskherd import contract
 
@@ -63,7 +62,8 @@ MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ = MAX_QUEUE_NAME_LENGTH - len(".dlq")
 
 # The formats the CRD's CEL rules check, in the same words.
 #: an object name (Deployment, Secret, ...): a DNS-1123 subdomain.
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: (at most 253 characters: contract's pattern says so)
+DNS1123_SUBDOMAIN = re.compile(contract.SUBDOMAIN)
 #: a key of a Secret's data.
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 #: a Kind: CamelCase, as in Deployment or StatefulSet.
@@ -74,14 +74,9 @@ API_VERSION = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/v[0-9]+((alpha|beta)[
 #: covers \p{Z}); no commas, since the chart and the contract join queue names with them.
 QUEUE_NAME = re.compile(r"^[^,\s\x00-\x1f\x7f-\x9f]+$")
 QUEUE_NAME_VALID = "a queue name without commas, whitespace or control characters"
-#: what a URL must not hold: whitespace (Unicode's too) and control characters, as the CRD's
-#: ^[^\s\p{Z}\p{Cc}]+$ and Go's URL parser.
-URL_REFUSES = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
-MAX_URL_LENGTH = 2048
-#: a '%' that does not start %XX.
-BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-#: a port in a URL: 1..65535, digits only.
-PORT = re.compile(r"^([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$")
+#: a port in a URL: 1..65535, digits only; URLs are judged by contract.http_url_problem.
+PORT = re.compile(contract.PORT)
+MAX_URL_LENGTH = contract.MAX_URL_LENGTH
 
 
 class InvalidSpec(ValueError):
@@ -208,7 +203,7 @@ def _object(parent: Mapping[str, Any], key: str, within: str = "") -> Mapping[st
 
 
 def _name(value: Any, key: str, what: str) -> str:
-    _check(isinstance(value, str) and len(value) <= 253 and bool(DNS1123_SUBDOMAIN.match(value)), key, value,
+    _check(isinstance(value, str) and bool(DNS1123_SUBDOMAIN.match(value)), key, value,
            f"the name of a {what}: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253)")
     return value
 
@@ -219,33 +214,14 @@ def _secret_key(value: Any, key: str) -> str:
     return value
 
 
-def _http_url(value: Any, key: str) -> str | None:
+def _http_url(value: Any, key: str, *, base: bool) -> str | None:
     if value is None:
         return None
-    valid = "an http:// or https:// URL with a host, no spaces, and a port from 1 to 65535 if any"
-    _check(isinstance(value, str) and len(value) <= MAX_URL_LENGTH and not URL_REFUSES.search(value), key, value,
-           f"{valid}, at most {MAX_URL_LENGTH} characters")
-    try:
-        parts = urlsplit(value)
-        hostname = parts.hostname
-    except ValueError as exc:  # 'http://[::1' (an unclosed IPv6 host)
-        _check(False, key, value, f"{valid} ({exc})")
-    _check(parts.scheme in ("http", "https") and bool(hostname), key, value, valid)
-    # the API server's url() (Go's url.ParseRequestURI) refuses '%zz' before the ?query
-    _check(not BAD_ESCAPE.search(value.partition("?")[0]), key, value, f"{valid}, '%' only as %XX before any ?query")
-    # as written (urllib's .port takes ':0' and ':+1'); ':abc' or ':99999' would fail at the first page
-    port = _port(parts.netloc)
-    _check(not port or bool(PORT.match(port)), key, value, valid)
+    valid = contract.HTTP_URL_VALID + (f", {contract.BASE_URL_VALID}" if base else "")
+    _check(isinstance(value, str), key, value, valid)
+    problem = contract.http_url_problem(value, base=base)
+    _check(problem is None, key, value, f"{valid}; here: {problem}")
     return value
-
-
-def _port(netloc: str) -> str | None:
-    """The port of ``user@host:port`` or ``[v6]:port`` as written, None without one."""
-    host = netloc.rpartition("@")[2]
-    if host.startswith("["):
-        rest = host.partition("]")[2]
-        return rest[1:] if rest.startswith(":") else None
-    return host.partition(":")[2] if ":" in host else None
 
 
 def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
@@ -315,12 +291,10 @@ def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
 
 def _dead_letter(spec: Mapping[str, Any]) -> DeadLetterSpec:
     dl = _object(spec, "deadLetter")
-    alertmanager = _http_url(dl.get("alertmanagerUrl"), "deadLetter.alertmanagerUrl")
-    webhook = _http_url(dl.get("webhookUrl"), "deadLetter.webhookUrl")
+    alertmanager = _http_url(dl.get("alertmanagerUrl"), "deadLetter.alertmanagerUrl", base=True)
+    webhook = _http_url(dl.get("webhookUrl"), "deadLetter.webhookUrl", base=False)
     _check(not (alertmanager and webhook), "deadLetter.webhookUrl", webhook,
            "unset when deadLetter.alertmanagerUrl is set (one page target per pool)")
-    _check(alertmanager is None or not (urlsplit(alertmanager).query or urlsplit(alertmanager).fragment),
-           "deadLetter.alertmanagerUrl", alertmanager, "a base URL without ?query or #fragment (/api/v2/alerts is added)")
     severity = dl.get("severity", DEFAULT_SEVERITY)
     _check(severity in SEVERITIES, "deadLetter.severity", severity, f"one of {', '.join(SEVERITIES)}")
     return DeadLetterSpec(

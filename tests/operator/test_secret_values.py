@@ -1,0 +1,95 @@
+"""What the pool's Secret holds is judged before anything connects: a value that cannot be the
+pool's broker is a SecretValueInvalid condition naming the key, what is wrong and what is valid,
+with no password in it; the observer never inspects it (a rabbitmq pool given a Redis URL was
+inspected as Redis)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fakes import FakeKube
+from taskherd.operator.broker import BrokerObserver, ObservationError
+from taskherd.operator.policy import BrokerSpec
+
+AMQP = "amqp://shop:hunter2@rabbit:5672/shop"
+REDIS = "redis://:hunter2@redis:6379/0"
+
+
+class SecretKube(FakeKube):
+    def __init__(self, data: dict[str, str]) -> None:
+        super().__init__()
+        self.data = data
+
+    async def read_secret(self, namespace, name):
+        return self.data
+
+
+def observe(kind: str, data: dict[str, str], management_url_key: str | None = None):
+    inspected = []
+
+    def inspect(url, queues, *, management_url, global_keyprefix):
+        inspected.append(url)
+        return {}
+
+    spec = BrokerSpec(type=kind, secret_name="broker", management_url_key=management_url_key, queues=("mail",))
+    with pytest.raises(ObservationError) as info:
+        asyncio.run(BrokerObserver(kube=SecretKube(data), inspect=inspect)("shop", spec))
+    assert inspected == [], "a value the Secret cannot hold was inspected"
+    return info.value
+
+
+@pytest.mark.parametrize("kind,data,says", [
+    ("redis", {"url": "http://redis:6379/0"}, "key 'url' = 'http://redis:6379/0' is not a broker URL: scheme 'http'"),
+    ("redis", {"url": "redis://:hunter2@redis:99999/0"}, "(valid: a port in 1..65535)"),
+    ("redis", {"url": "redis://redis:6379/cache"}, "the Redis database 'cache' is not a number"),
+    ("redis", {"url": ""}, "key 'url' = '' is not a broker URL (valid: a redis://, rediss:// or amqp:// URL"),
+    ("redis", {"url": "redis host"}, "is not a broker URL (valid: a redis://"),
+    ("redis", {"url": AMQP}, "key 'url' holds a rabbitmq URL but spec.broker.type is 'redis' "
+                             "(valid: a redis URL, or spec.broker.type: rabbitmq)"),
+    ("rabbitmq", {"url": REDIS}, "key 'url' holds a redis URL but spec.broker.type is 'rabbitmq'"),
+])
+def test_a_broker_url_that_cannot_be_the_pools_broker_is_named_with_what_is_valid(kind, data, says):
+    error = observe(kind, data)
+    assert error.reason == "SecretValueInvalid"
+    assert str(error).startswith("Secret shop/broker: ") and says in str(error), str(error)
+    assert "hunter2" not in str(error)
+
+
+@pytest.mark.parametrize("management_url,says", [
+    ("ftp://rabbit:15672", "not an http:// or https:// URL with a host"),
+    ("rabbit:15672", "not an http:// or https:// URL with a host"),
+    ("http://guest:hunter2@rabbit:0", "the port '0' is not a number in range (valid: a port from 1 to 65535)"),
+    ("http://rabbit:15672/?vhost=shop", "a base URL has no ?query or #fragment"),
+    ("http://rabbit:15672 ", "a space or a control character in it"),
+    ("http://rabbit:15672/%zz", "'%' only as %XX"),
+])
+def test_a_management_url_that_cannot_be_used_is_named_with_what_is_valid(management_url, says):
+    error = observe("rabbitmq", {"url": AMQP, "management-url": management_url}, "management-url")
+    assert error.reason == "SecretValueInvalid"
+    assert "key 'management-url' = " in str(error) and says in str(error), str(error)
+    assert "valid:" in str(error) and "hunter2" not in str(error)
+
+
+def test_a_management_url_key_the_secret_lacks_is_missing_not_silently_the_default():
+    error = observe("rabbitmq", {"url": AMQP}, "management-url")
+    assert error.reason == "SecretKeyMissing"
+    assert "has no key 'management-url' (spec.broker.secretRef.managementUrlKey; keys: ['url'])" in str(error)
+
+
+@pytest.mark.parametrize("kind,data", [
+    ("redis", {"url": "rediss://:pw@redis:6380/2"}),
+    ("redis", {"url": "redis://a:6379/0;redis://b:6379/0"}),
+    ("rabbitmq", {"url": "amqps://shop:pw@rabbit:5671/shop", "management-url": "https://rabbit:15671/prefix/"}),
+])
+def test_values_that_can_be_the_pools_broker_are_inspected(kind, data):
+    inspected = []
+
+    def inspect(url, queues, *, management_url, global_keyprefix):
+        inspected.append((url, management_url))
+        return {}
+
+    spec = BrokerSpec(type=kind, secret_name="broker", queues=("mail",),
+                      management_url_key="management-url" if "management-url" in data else None)
+    asyncio.run(BrokerObserver(kube=SecretKube(data), inspect=inspect)("shop", spec))
+    assert inspected == [(data["url"], data.get("management-url"))]
