@@ -50,7 +50,7 @@ def test_options_are_spelled_as_celery_spells_them_everywhere(command, flag):
 
 
 #: Nothing listens on port 1 of loopback: a broker that cannot be reached, refused at once.
-UNREACHABLE_REDIS, UNREACHABLE_AMQP = "redis://127.0.0.1:1/0", "amqp://guest:secret@127.0.0.1:1//"
+UNREACHABLE_REDIS, UNREACHABLE_AMQP = "redis://127.0.0.1:1/0", "amqp://guest:hunter2@127.0.0.1:1//"
 REDIS = "redis://127.0.0.1:6390/1"
 #: (command line, environment, exit status, what stderr must say). Usage errors (2) name the flag or
 #: variable as the user wrote it and the valid range; an unreachable broker or database is one line (1).
@@ -65,10 +65,12 @@ BAD_INPUT = [
      "--dead-letter-pattern='{queue}{0}' is not a valid pattern"),
     (["dlq", "list", "-b", "redis://:99999", "-Q", "q"], {}, 2,
      "-b/--broker='redis://:99999': Port out of range 0-65535 (valid: a port in 1..65535)"),
-    (["dlq", "list", "-b", "amqp://u:secret@127.0.0.1:abc//", "-Q", "q"], {}, 2,
+    (["dlq", "list", "-b", "amqp://u:hunter2@127.0.0.1:abc//", "-Q", "q"], {}, 2,
      "-b/--broker='amqp://u:***@127.0.0.1:abc//': Port could not be cast to integer"),
     (["dlq", "list", "-b", "redis://127.0.0.1:6390/orders", "-Q", "q"], {}, 2,
      "the Redis database 'orders' is not a number (valid: /0, /1, …)"),
+    (["dlq", "list", "-b", "amqp://u:pw@127.0.0.1:5672/shop\n", "-Q", "q"], {}, 2,
+     "-b/--broker='amqp://u:***@127.0.0.1:5672/shop\\n': it ends with a newline"),
     (["dlq", "list", "-Q", "q"], {"TASKHERD_BROKER_URL": "redis://:pw@127.0.0.1:99999/0"}, 2,
      "TASKHERD_BROKER_URL='redis://:***@127.0.0.1:99999/0' is invalid: Port out of range"),
     (["dlq", "list", "-b", UNREACHABLE_REDIS, "-Q", "q"], {}, 1,
@@ -131,4 +133,4 @@ def test_bad_input_is_a_clear_error_naming_the_flag_without_a_traceback(argv, en
                             env={**environ, **env, "PYTHONPATH": TESTS_DIR})
     assert (result.returncode, "Traceback" in result.stderr) == (status, False), result.stderr
     assert says in result.stderr
-    assert "secret" not in result.stderr and ":pw@" not in result.stderr, "a password was printed"
+    assert "hunter2" not in result.stderr and ":pw@" not in result.stderr, "a password was printed"

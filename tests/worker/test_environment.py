@@ -175,6 +175,7 @@ def test_a_bad_variable_is_refused_by_name_and_never_printed_with_its_password(m
 @pytest.mark.parametrize("name,value,says", [
     ("TASKHERD_BROKER_URL", "http://example.com", "scheme 'http' is not a broker taskherd runs on (valid: redis, "),
     ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0;ftp://b", "scheme 'ftp' is not a broker taskherd runs on"),
+    ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0; redis://b:6379/0", "whitespace in it"),
     ("TASKHERD_ALERTMANAGER_URL", "ftp://am", "not an http:// or https:// URL with a host"),
     ("TASKHERD_ALERTMANAGER_URL", "http://am:9093/?team=ops", "a base URL has no ?query or #fragment"),
     ("TASKHERD_ALERTMANAGER_URL", "http://am:0", "the port '0' is not a number in range (valid: a port from 1 to 65535)"),
@@ -225,3 +226,15 @@ def test_a_misspelled_variable_is_warned_about_at_worker_start_with_the_name_it_
     profile = configure(Celery("typo", broker=redis_url))
     assert any("TASKHERD_TIMELIMIT is not a taskherd variable and is ignored: did you mean TASKHERD_TIME_LIMIT?" in w
                for w in profile.worker_warnings), profile.worker_warnings
+
+
+@pytest.mark.parametrize("url,says", [
+    # the app reads its own variable (os.environ["BROKER_URL"]) from a Secret made from a file: kombu
+    # would take the newline into the vhost (an AMQP access refused, far from the cause)
+    ("amqp://shop:hunter2@127.0.0.1:5672/shop\n", "broker_url=amqp://…: it ends with a newline (a Secret made from a file"),
+    ("redis://:hunter2@127.0.0.1:6379/0 ", "broker_url=redis://…: whitespace in it (valid: a URL without spaces"),
+])
+def test_an_apps_own_broker_url_with_whitespace_is_refused_saying_where_it_came_from(url, says):
+    with pytest.raises(ProfileError) as error:
+        configure(Celery("env-test", broker=url))
+    assert says in str(error.value) and "hunter2" not in str(error.value)

@@ -174,7 +174,10 @@ def url_problem(url):
     URLs the same way (urllib) and would raise the same ValueError later, inside a worker or command."""
     from urllib.parse import urlsplit  # here, not at the top: `taskherd probe` never needs it
 
-    for one in (part.strip() for part in url.split(";")):
+    problem = whitespace_problem(url)
+    if problem:  # kombu would take it into the vhost, the password or the next URL's scheme
+        return problem
+    for one in url.split(";"):
         if not one:
             continue
         try:
@@ -191,12 +194,23 @@ def url_problem(url):
     return None
 
 
+def whitespace_problem(raw):
+    """What a URL's whitespace most likely is, None without any: a Secret made from a file (or with
+    `echo`) keeps the file's last newline, which kombu would take into the vhost or the password."""
+    if not any(c.isspace() for c in raw):
+        return None
+    if raw.endswith(("\n", "\r")) and not any(c.isspace() for c in raw.rstrip("\r\n")):
+        return ("it ends with a newline (a Secret made from a file keeps the file's last newline: "
+                "kubectl create secret generic … --from-literal=url=…, or echo -n)")
+    return "whitespace in it (valid: a URL without spaces; a space in a password as %20)"
+
+
 def url(raw):
-    if "://" not in raw or any(c.isspace() for c in raw):
-        raise ValueError
     problem = url_problem(raw)
     if problem:
         raise ValueError(problem)
+    if "://" not in raw:
+        raise ValueError
     return raw
 
 
@@ -233,7 +247,7 @@ def http_url_problem(raw: str, *, base: bool) -> str | None:
     if len(raw) > MAX_URL_LENGTH:
         return f"at most {MAX_URL_LENGTH} characters"
     if re.search(URL_REFUSES, raw):
-        return "a space or a control character in it"
+        return whitespace_problem(raw) or "a control character in it"
     try:
         parts = urlsplit(raw)
         hostname = parts.hostname

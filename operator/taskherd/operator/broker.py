@@ -211,8 +211,10 @@ class BrokerObserver:
             raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.management_url_key!r} "
                                    f"(spec.broker.secretRef.managementUrlKey; keys: {sorted(secret)})",
                                    reason="SecretKeyMissing")
-        url = secret[broker.secret_key]
-        management = secret[broker.management_url_key] if broker.management_url_key else None
+        # as the pods read them: an environment variable's value is stripped (contract.read), and a
+        # Secret made from a file keeps the file's last newline
+        url = secret[broker.secret_key].strip()
+        management = secret[broker.management_url_key].strip() if broker.management_url_key else None
         problem = secret_values_problem(broker, url, management)
         if problem:
             raise ObservationError(f"Secret {namespace}/{broker.secret_name}: {problem}", reason="SecretValueInvalid")
