@@ -89,6 +89,14 @@ BAD_INPUT = [
     (["exporter", "-b", REDIS, "-Q", "q", "--visibility-timeout", "-5"], {}, 2,
      "--visibility-timeout='-5' is not a number of seconds > 0"),
     (["exporter", "-b", REDIS, "-Q", "q", "--port", "0"], {}, 2, "--port='0' is not an integer in 1..65535"),
+    # the flag judged as TASKHERD_MANAGEMENT_URL is (it was taken: a traceback at the first poll, or
+    # ftp:// and port 0 polled for ever)
+    (["exporter", "-b", REDIS, "-Q", "q", "--management-url", "ftp://rabbit"], {}, 2,
+     "--management-url='ftp://rabbit': not an http:// or https:// URL with a host (valid: an http:// or https://"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--management-url", "http://u:hunter2@rabbit:0"], {}, 2,
+     "--management-url='http://u:***@rabbit:0': the port '0' is not a number in range (valid: a port from 1 to"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--management-url", "rabbit:15672 "], {}, 2,
+     "--management-url='rabbit:15672 ': whitespace in it"),
     (["exporter", "-b", REDIS, "-Q", "q", "--address", "no-such-host.invalid", "--port", "19892"], {}, 1,
      "cannot serve /metrics on --address='no-such-host.invalid' --port=19892"),
     (["exporter", "-b", REDIS, "-Q", "q"], {"TASKHERD_EXPORTER_PORT": "0"}, 2,

@@ -275,6 +275,13 @@ def _written_port(netloc: str) -> str | None:
     return host.partition(":")[2] if ":" in host else None
 
 
+def said_with_valid(problem: str, valid: str) -> str:
+    """": <problem> (valid: <valid>)" to follow a value as written, saying what is valid once (a
+    problem may say it already; an empty one is only the range)."""
+    said = f": {problem}" if problem else ""
+    return said if "valid:" in problem else f"{said} (valid: {valid})"
+
+
 def http_url(raw):
     """An http(s) base URL (an API's root: no ?query or #fragment, which a client appends paths to)."""
     problem = http_url_problem(raw, base=True)

@@ -75,7 +75,8 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
     try:
         contract.broker_url(url)
     except ValueError as exc:
-        return f"key {key!r} = {contract.redact(url)!r} is not a broker URL{_with_range(str(exc), BROKER_URL_VALID)}"
+        return (f"key {key!r} = {contract.redact(url)!r} is not a broker URL"
+                + contract.said_with_valid(str(exc), BROKER_URL_VALID))
     kind = "rabbitmq" if contract.broker_kind(url) == "amqp" else "redis"
     if kind != broker.type:
         return (f"key {key!r} holds a {kind} URL but spec.broker.type is {broker.type!r} "
@@ -83,18 +84,13 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
     if management_url is not None:
         problem = contract.http_url_problem(management_url, base=True)
         if problem:
-            return (f"key {broker.management_url_key!r} = {contract.redact(management_url)!r} is not the management "
-                    f"API's URL{_with_range(problem, contract.HTTP_URL_VALID + ', ' + contract.BASE_URL_VALID)}")
+            valid = f"{contract.HTTP_URL_VALID}, {contract.BASE_URL_VALID}"
+            return (f"key {broker.management_url_key!r} = {contract.redact(management_url)!r} is not the "
+                    f"management API's URL{contract.said_with_valid(problem, valid)}")
     return None
 
 
 BROKER_URL_VALID = "a redis://, rediss:// or amqp:// URL (';'-joined for failover)"
-
-
-def _with_range(problem: str, valid: str) -> str:
-    """": <problem> (valid: <valid>)", saying what is valid once (a problem may say it already)."""
-    said = f": {problem}" if problem else ""
-    return said if "valid:" in problem else f"{said} (valid: {valid})"
 
 
 def aggregate(stats: Mapping[str, QueueStats], broker: BrokerSpec) -> Observation:

@@ -88,6 +88,18 @@ def not_empty(flag: str):
     return parse
 
 
+def base_url(flag: str):
+    """An argparse ``type`` for an http(s) base URL (an API's root), judged as its variable is
+    (contract.http_url_problem), shown without its password."""
+    def parse(raw: str) -> str:
+        problem = contract.http_url_problem(raw, base=True)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{flag}={contract.redact(raw)!r}" + contract.said_with_valid(
+                problem, f"{contract.HTTP_URL_VALID}, {contract.BASE_URL_VALID}"))
+        return raw
+    return parse
+
+
 def broker_errors() -> tuple[type[BaseException], ...]:
     """What a broker that cannot be reached (refused, timed out, bad credentials, no such database)
     raises through redis-py, py-amqp or kombu: the commands report it in one line, without traceback."""
