@@ -69,6 +69,11 @@ BAD_INPUT = [
      "-b/--broker='amqp://u:***@127.0.0.1:abc//': Port could not be cast to integer"),
     (["dlq", "list", "-b", "redis://127.0.0.1:6390/orders", "-Q", "q"], {}, 2,
      "the Redis database 'orders' is not a number (valid: /0, /1, …)"),
+    # a base64 password's '/' unescaped: urllib reads "hunter2" as the port; neither it nor the rest is shown
+    (["dlq", "list", "-b", "amqp://u:hunter2/x+y==@127.0.0.1:5672//", "-Q", "q"], {}, 2,
+     "-b/--broker='amqp://u:***@127.0.0.1:5672//': a '/', '?' or '#' in the user or password is written unescaped"),
+    (["exporter", "-b", REDIS, "-Q", "q", "--management-url", "http://u:hunter2/x@rabbit:15672"], {}, 2,
+     "--management-url='http://u:***@rabbit:15672': a '/', '?' or '#' in the user or password is written"),
     (["dlq", "list", "-b", "amqp://u:pw@127.0.0.1:5672/shop\n", "-Q", "q"], {}, 2,
      "-b/--broker='amqp://u:***@127.0.0.1:5672/shop\\n': it ends with a newline"),
     (["dlq", "list", "-Q", "q"], {"TASKHERD_BROKER_URL": "redis://:pw@127.0.0.1:99999/0"}, 2,

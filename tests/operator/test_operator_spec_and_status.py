@@ -58,6 +58,9 @@ def test_an_invalid_spec_raises_on_every_parse_not_only_the_first():
 @pytest.mark.parametrize("text,shown", [
     ("Redis at redis://:hunter2@redis:6379/0: refused", "Redis at redis://***@redis:6379/0: refused"),
     ("amqp://user:pw@rabbit// and https://a:b@hook/x", "amqp://***@rabbit// and https://***@hook/x"),
+    # passwords written unescaped, as a base64 secret is: '/', '+', '=' and '@'
+    ("Redis at redis://:ab/cd+e==@redis:6379/0: refused", "Redis at redis://***@redis:6379/0: refused"),
+    ("'amqp://shop:p@ss@rabbit/shop';'amqp://shop:x/y@rabbit2/shop'", "'amqp://***@rabbit/shop';'amqp://***@rabbit2/shop'"),
     ("no URL here, but mail@example.org", "no URL here, but mail@example.org"),
     ("inspected 2 queues", "inspected 2 queues"),
 ])

@@ -46,6 +46,9 @@ def observe(kind: str, data: dict[str, str], management_url_key: str | None = No
     ("redis", {"url": ""}, "key 'url' = '' is not a broker URL (valid: a redis://, rediss:// or amqp:// URL"),
     ("redis", {"url": "redis-host:6379"}, "is not a broker URL (valid: a redis://"),
     ("redis", {"url": "redis://a:6379/0; redis://b:6379/0"}, "whitespace in it (valid: a URL without spaces"),
+    # a base64 password's '/' unescaped: urllib reads "hunter2" as the port; not shown
+    ("rabbitmq", {"url": "amqp://shop:hunter2/a+b==@rabbit:5672/shop"},
+     "key 'url' = 'amqp://shop:***@rabbit:5672/shop' is not a broker URL: a '/', '?' or '#' in the user or password"),
     ("redis", {"url": AMQP}, "key 'url' holds a rabbitmq URL but spec.broker.type is 'redis' "
                              "(valid: a redis URL, or spec.broker.type: rabbitmq)"),
     ("rabbitmq", {"url": REDIS}, "key 'url' holds a redis URL but spec.broker.type is 'rabbitmq'"),
@@ -63,6 +66,7 @@ def test_a_broker_url_that_cannot_be_the_pools_broker_is_named_with_what_is_vali
     ("http://guest:hunter2@rabbit:0", "the port '0' is not a number in range (valid: a port from 1 to 65535)"),
     ("http://rabbit:15672/?vhost=shop", "a base URL has no ?query or #fragment"),
     ("http://rabbit :15672", "whitespace in it"),
+    ("http://guest:hunter2/a=@rabbit:15672", "'http://guest:***@rabbit:15672' is not the management API's URL: a '/'"),
     ("http://rabbit:15672/\x01", "a control character in it"),
     ("http://rabbit:15672/%zz", "'%' only as %XX"),
 ])

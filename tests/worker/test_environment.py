@@ -176,6 +176,8 @@ def test_a_bad_variable_is_refused_by_name_and_never_printed_with_its_password(m
     ("TASKHERD_BROKER_URL", "http://example.com", "scheme 'http' is not a broker taskherd runs on (valid: redis, "),
     ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0;ftp://b", "scheme 'ftp' is not a broker taskherd runs on"),
     ("TASKHERD_BROKER_URL", "redis://:hunter2@a:6379/0; redis://b:6379/0", "whitespace in it"),
+    ("TASKHERD_BROKER_URL", "amqp://shop:hunter2/a+b==@rabbit:5672/shop",
+     "TASKHERD_BROKER_URL='amqp://shop:***@rabbit:5672/shop' is invalid: a '/', '?' or '#' in the user or password"),
     ("TASKHERD_ALERTMANAGER_URL", "ftp://am", "not an http:// or https:// URL with a host"),
     ("TASKHERD_ALERTMANAGER_URL", "http://am:9093/?team=ops", "a base URL has no ?query or #fragment"),
     ("TASKHERD_ALERTMANAGER_URL", "http://am:0", "the port '0' is not a number in range (valid: a port from 1 to 65535)"),

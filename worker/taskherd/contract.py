@@ -165,7 +165,9 @@ def redact(url):
     """``url`` with its password replaced by ``***``: error messages must not print credentials."""
     import re  # here, not at the top: `taskherd probe` imports this module and never needs re
 
-    return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
+    # to the last '@' of the URL: a password is often written unescaped ('/', '+' and '@' of a
+    # base64 secret), and a password shown in part is shown
+    return re.sub(r"(://[^:@/\s;]*:)[^\s;]*@", r"\1***@", url)
 
 
 def url_problem(url):
@@ -184,6 +186,8 @@ def url_problem(url):
             parts = urlsplit(one)
             port = parts.port  # raises ValueError for ':99999' or ':abc'
         except ValueError as exc:
+            if _unescaped_in_userinfo(one):  # the "port" urllib read is part of the password: not shown
+                return UNESCAPED_USERINFO
             return f"{exc} (valid: a port in 1..65535)"
         if port == 0:
             return "port 0 cannot be connected to (valid: a port in 1..65535)"
@@ -192,6 +196,18 @@ def url_problem(url):
             if database and not database.isdigit():
                 return f"the Redis database {database!r} is not a number (valid: /0, /1, …)"
     return None
+
+
+UNESCAPED_USERINFO = ("a '/', '?' or '#' in the user or password is written unescaped, so the URL ends "
+                      "before its '@' (valid: each as %2F, %3F, %23: urllib.parse.quote(password, safe=''))")
+
+
+def _unescaped_in_userinfo(one):
+    """Whether an '@' comes after the first '/', '?' or '#' of what follows '://': a password holding
+    one unescaped (a base64 secret's '/'), as urllib (and kombu) read it."""
+    rest = one.partition("://")[2]
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    return bool(ends) and rest.rfind("@") > min(ends)
 
 
 def whitespace_problem(raw):
@@ -260,6 +276,8 @@ def http_url_problem(raw: str, *, base: bool) -> str | None:
     # as written (urllib's .port takes ':0' and ':+1')
     port = _written_port(parts.netloc)
     if port is not None and not re.match(PORT, port):
+        if _unescaped_in_userinfo(raw):  # that "port" is part of the password: not shown
+            return UNESCAPED_USERINFO
         return f"the port {port!r} is not a number in range (valid: a port from 1 to 65535)"
     if base and ("?" in raw or "#" in raw):
         return "a base URL has no ?query or #fragment"

@@ -14,7 +14,9 @@ from .alerts import rfc3339
 #: Kubernetes caps a condition message at 32768 characters; ours stay readable in `describe`.
 MESSAGE_LIMIT = 1000
 #: the user-info part of a URL (`scheme://user:password@`).
-URL_CREDENTIALS = re.compile(r"://[^/@\s]*@")
+#: to the last '@' of the URL: a password is often written unescaped ('/', '+' and '@' of a base64
+#: secret); a password shown in part is shown
+URL_CREDENTIALS = re.compile(r"://[^\s;]*@")
 
 
 def redact(text: str) -> str:
