@@ -252,6 +252,7 @@ PORT = r"^([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2]
 MAX_URL_LENGTH = 2048
 HTTP_URL_VALID = "an http:// or https:// URL with a host, no spaces, and a port from 1 to 65535 if any"
 BASE_URL_VALID = "a base URL without ?query or #fragment (the client adds its API's paths)"
+HTTP_BASE_URL_VALID = f"{HTTP_URL_VALID}, {BASE_URL_VALID}"
 
 
 def http_url_problem(raw: str, *, base: bool) -> str | None:

@@ -84,9 +84,8 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
     if management_url is not None:
         problem = contract.http_url_problem(management_url, base=True)
         if problem:
-            valid = f"{contract.HTTP_URL_VALID}, {contract.BASE_URL_VALID}"
             return (f"key {broker.management_url_key!r} = {contract.redact(management_url)!r} is not the "
-                    f"management API's URL{contract.said_with_valid(problem, valid)}")
+                    f"management API's URL{contract.said_with_valid(problem, contract.HTTP_BASE_URL_VALID)}")
     return None
 
 

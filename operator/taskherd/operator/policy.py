@@ -217,7 +217,7 @@ def _secret_key(value: Any, key: str) -> str:
 def _http_url(value: Any, key: str, *, base: bool) -> str | None:
     if value is None:
         return None
-    valid = contract.HTTP_URL_VALID + (f", {contract.BASE_URL_VALID}" if base else "")
+    valid = contract.HTTP_BASE_URL_VALID if base else contract.HTTP_URL_VALID
     _check(isinstance(value, str), key, value, valid)
     problem = contract.http_url_problem(value, base=base)
     _check(problem is None, key, value, f"{valid}; here: {problem}")

@@ -94,8 +94,8 @@ def base_url(flag: str):
     def parse(raw: str) -> str:
         problem = contract.http_url_problem(raw, base=True)
         if problem:
-            raise argparse.ArgumentTypeError(f"{flag}={contract.redact(raw)!r}" + contract.said_with_valid(
-                problem, f"{contract.HTTP_URL_VALID}, {contract.BASE_URL_VALID}"))
+            raise argparse.ArgumentTypeError(f"{flag}={contract.redact(raw)!r}"
+                                             + contract.said_with_valid(problem, contract.HTTP_BASE_URL_VALID))
         return raw
     return parse
 
