@@ -306,7 +306,7 @@ UNACTIONABLE = {
     # what is wrong -> (condition, reason, what its message says)
     "deployment-missing": ("ScaleTargetFound", "ScaleTargetNotFound", "Deployment {ns}/missing not found"),
     "secret-missing": ("BrokerReachable", "SecretNotFound", "broker Secret {ns}/no-such-secret not found"),
-    "broker-unreachable": ("BrokerReachable", "BrokerUnreachable", "Redis at redis://***@127.0.0.1:1/5"),
+    "broker-unreachable": ("BrokerReachable", "BrokerUnreachable", "Redis at redis://:***@127.0.0.1:1/5"),
     "secret-of-the-other-broker": ("BrokerReachable", "SecretValueInvalid",
                                    "Secret {ns}/other-broker: key 'url' holds a rabbitmq URL but spec.broker.type is 'redis'"),
 }

@@ -104,3 +104,37 @@ def test_values_that_can_be_the_pools_broker_are_inspected(kind, data):
     asyncio.run(BrokerObserver(kube=SecretKube(data), inspect=inspect)("shop", spec))
     management_url = data.get("management-url")
     assert inspected == [(data["url"].strip(), management_url and management_url.strip())]
+
+
+def test_the_verdict_follows_the_secret_once_it_is_read_again():
+    """Judged once per read of the Secret (every SECRET_TTL_SECONDS), not every poll: a Secret the
+    user corrects is used at its next read, and until then every poll reports the same problem."""
+    from taskherd.operator.broker import SECRET_TTL_SECONDS
+
+    now = [0.0]
+    inspected = []
+
+    def inspect(url, queues, *, management_url, global_keyprefix):
+        inspected.append(url)
+        return {}
+
+    kube = SecretKube({"url": AMQP})
+    observer = BrokerObserver(kube=kube, inspect=inspect, clock=lambda: now[0])
+    spec = BrokerSpec(type="redis", secret_name="broker", queues=("mail",))
+
+    async def polls():
+        errors = []
+        for _ in range(2):
+            with pytest.raises(ObservationError) as info:
+                await observer("shop", spec)
+            errors.append(info.value)
+        kube.data = {"url": REDIS}  # corrected; read again once the cached copy is too old
+        with pytest.raises(ObservationError):
+            await observer("shop", spec)
+        now[0] += SECRET_TTL_SECONDS
+        await observer("shop", spec)
+        return errors
+
+    first, second = asyncio.run(polls())
+    assert first is not second and str(first) == str(second) and first.reason == "SecretValueInvalid"
+    assert inspected == [REDIS]

@@ -161,13 +161,18 @@ def broker_type(raw):
     return raw
 
 
-def redact(url):
-    """``url`` with its password replaced by ``***``: error messages must not print credentials."""
+def redact(text):
+    """``text`` with the password of every URL in it replaced by ``***`` (``amqp://shop:***@rabbit/shop``):
+    errors, logs, a WorkerPool's status and Events must not print credentials. The user name stays
+    (it tells which account was refused); a user-info without ':' is hidden whole, as it may be a token
+    (``redis://***@cache``). The one redaction of a URL, for the worker, the commands and the operator."""
+    if "@" not in text:  # most texts (the operator redacts every condition message, every poll)
+        return text
     import re  # here, not at the top: `taskherd probe` imports this module and never needs re
 
     # to the last '@' of the URL: a password is often written unescaped ('/', '+' and '@' of a
     # base64 secret), and a password shown in part is shown
-    return re.sub(r"(://[^:@/\s;]*:)[^\s;]*@", r"\1***@", url)
+    return re.sub(r"(://)([^:@/\s;]*:)?[^\s;]*@", r"\1\2***@", text)
 
 
 def url_problem(url):

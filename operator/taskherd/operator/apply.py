@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
+from taskherd.contract import redact
+
 from .alerts import deliver
 from .deletion_cost import ANNOTATION
 from .plan import EventSpec, Outcome, Plan, Snapshot
 from .settle import status_changed
-from .status import redact
 
 if TYPE_CHECKING:
     from .poll import Deps

@@ -23,7 +23,6 @@ from .inspection_batch import BrokerAddress, InspectionBatcher
 from .kube import Kube, NotFound
 from .policy import BrokerSpec
 from .scaling import Observation
-from .status import redact
 
 if TYPE_CHECKING:
     from taskherd.queues import QueueStats
@@ -119,6 +118,8 @@ class BrokerObserver:
         self._inspect = inspect
         self._clock = clock
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+        #: each pool's broker address (or why none) with the read of the Secret it was judged from
+        self._judged: dict[tuple, tuple[dict[str, str], BrokerAddress | tuple[str, str]]] = {}
         self._redis_clients: dict[str, Any] = {}
         self._unacked_readers: dict[tuple[str, str], Any] = {}
         self._listings: dict[tuple[str, str | None], Any] = {}
@@ -199,21 +200,16 @@ class BrokerObserver:
 
     async def _address(self, namespace: str, broker: BrokerSpec) -> BrokerAddress:
         secret = await self._secret(namespace, broker.secret_name)
-        if broker.secret_key not in secret:
-            raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} "
-                                   f"(keys: {sorted(secret)})", reason="SecretKeyMissing")
-        if broker.management_url_key and broker.management_url_key not in secret:
-            raise ObservationError(f"Secret {namespace}/{broker.secret_name} has no key {broker.management_url_key!r} "
-                                   f"(spec.broker.secretRef.managementUrlKey; keys: {sorted(secret)})",
-                                   reason="SecretKeyMissing")
-        # as the pods read them: an environment variable's value is stripped (contract.read), and a
-        # Secret made from a file keeps the file's last newline
-        url = secret[broker.secret_key].strip()
-        management = secret[broker.management_url_key].strip() if broker.management_url_key else None
-        problem = secret_values_problem(broker, url, management)
-        if problem:
-            raise ObservationError(f"Secret {namespace}/{broker.secret_name}: {problem}", reason="SecretValueInvalid")
-        return BrokerAddress(url, management, broker.global_keyprefix)
+        key = (namespace, broker.secret_name, broker.secret_key, broker.management_url_key, broker.type,
+               broker.global_keyprefix)
+        judged = self._judged.get(key)
+        if judged is None or judged[0] is not secret:  # judged once per read of the Secret, not every poll
+            judged = self._judged[key] = (secret, _judge(namespace, broker, secret))
+        verdict = judged[1]
+        if isinstance(verdict, BrokerAddress):
+            return verdict
+        message, reason = verdict  # a new error each time: one raised again keeps every traceback before
+        raise ObservationError(message, reason=reason)
 
     async def ready_counts(self, pools: Sequence[tuple[str, BrokerSpec]]) -> list[int | None]:
         """The ready messages of each pool's work queues (namespace, broker), for the early notice
@@ -238,7 +234,7 @@ class BrokerObserver:
             try:
                 ready = await asyncio.to_thread(self._count, address, queues)
             except Exception:  # noqa: BLE001 - the pool's own poll observes and reports it
-                log.debug("early notice: the broker at %s not counted", redact(address.url), exc_info=True)
+                log.debug("early notice: the broker at %s not counted", contract.redact(address.url), exc_info=True)
                 return
             for i in indexes:
                 known = [ready[q] for q in pools[i][1].queues if ready.get(q) is not None]
@@ -264,13 +260,32 @@ class BrokerObserver:
             else:
                 stats = await self._inspect_in_thread(address, queues)
         except Exception as exc:  # BrokerUnreachable and anything the client library raises
-            raise ObservationError(redact(f"{type(exc).__name__}: {exc}")) from exc
+            raise ObservationError(contract.redact(f"{type(exc).__name__}: {exc}")) from exc
         return aggregate(stats, broker)
 
     async def _inspect_in_thread(self, address: BrokerAddress, queues: list[str]) -> Mapping[str, Any]:
         return await asyncio.to_thread(self._inspect or self._inspect_default, address.url, queues,
                                        management_url=address.management_url,
                                        global_keyprefix=address.global_keyprefix)
+
+
+def _judge(namespace: str, broker: BrokerSpec, secret: Mapping[str, str]) -> BrokerAddress | tuple[str, str]:
+    """The pool's broker address from its Secret, or why there is none (the message and reason of
+    BrokerReachable)."""
+    if broker.secret_key not in secret:
+        return (f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} (keys: {sorted(secret)})",
+                "SecretKeyMissing")
+    if broker.management_url_key and broker.management_url_key not in secret:
+        return (f"Secret {namespace}/{broker.secret_name} has no key {broker.management_url_key!r} "
+                f"(spec.broker.secretRef.managementUrlKey; keys: {sorted(secret)})", "SecretKeyMissing")
+    # as the pods read them: an environment variable's value is stripped (contract.read), and a
+    # Secret made from a file keeps the file's last newline
+    url = secret[broker.secret_key].strip()
+    management = secret[broker.management_url_key].strip() if broker.management_url_key else None
+    problem = secret_values_problem(broker, url, management)
+    if problem:
+        return f"Secret {namespace}/{broker.secret_name}: {problem}", "SecretValueInvalid"
+    return BrokerAddress(url, management, broker.global_keyprefix)
 
 
 def _counted(url: str) -> bool:

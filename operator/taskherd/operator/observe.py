@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Mapping
 
+from taskherd.contract import redact
+
 from .busyness import read_busyness
 from .child_deaths import read_child_deaths
 from .deletion_cost import ANNOTATION
@@ -18,7 +20,6 @@ from .kube import NotFound, Scale, Unsupported
 from .pause import pause_from
 from .plan import PoolMemory, Problem, Snapshot, needs_busyness
 from .policy import InvalidSpec, parse_spec_cached
-from .status import redact
 
 if TYPE_CHECKING:
     from .poll import Deps

@@ -17,7 +17,6 @@ from typing import Any, Mapping
 
 from taskherd import contract
 
-from .status import redact
 
 #: Poll interval when the spec does not say.
 DEFAULT_POLL_INTERVAL_SECONDS = 5.0
@@ -155,7 +154,7 @@ class PoolSpec:
 
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
     if not ok:  # the message reaches the status: a URL pasted in the wrong field keeps its password
-        raise InvalidSpec(redact(f"{'spec.' + key if key else 'spec'}={value!r} is invalid: must be {valid}"))
+        raise InvalidSpec(contract.redact(f"{'spec.' + key if key else 'spec'}={value!r} is invalid: must be {valid}"))
 
 
 def _range(key: str) -> str:

@@ -6,24 +6,14 @@ does not change) and the `observedGeneration` of the spec it describes.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
+
+from taskherd.contract import redact
 
 from .alerts import rfc3339
 
 #: Kubernetes caps a condition message at 32768 characters; ours stay readable in `describe`.
 MESSAGE_LIMIT = 1000
-#: the user-info part of a URL (`scheme://user:password@`).
-#: to the last '@' of the URL: a password is often written unescaped ('/', '+' and '@' of a base64
-#: secret); a password shown in part is shown
-URL_CREDENTIALS = re.compile(r"://[^\s;]*@")
-
-
-def redact(text: str) -> str:
-    """Texts end up in the status, Events and logs: never show the password of a URL."""
-    if "@" not in text:  # most texts, on every poll: the regex would find nothing
-        return text
-    return URL_CREDENTIALS.sub("://***@", text)
 
 
 class Conditions:

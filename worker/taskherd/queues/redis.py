@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import redis as redis_client
 
+from taskherd.contract import redact
+
 from .stats import AGE_FROM_STAMP, BrokerUnreachable, QueueStats
 
 if TYPE_CHECKING:
@@ -185,7 +187,7 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
     try:
         ready, oldest, unacked = _read(client, queues, prefix=global_keyprefix, steps=steps, unacked=unacked)
     except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
-        raise BrokerUnreachable(f"Redis at {_redact(broker_url)}: {exc}") from exc
+        raise BrokerUnreachable(f"Redis at {redact(broker_url)}: {exc}") from exc
     finally:
         if own_client:
             client.close()
@@ -361,11 +363,3 @@ def delivery_queues(client, entries: Iterable[tuple[Any, Any]], *, prefix: str) 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
-
-def _redact(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        parts = parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@"))
-    return urlunsplit(parts)
