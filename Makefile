@@ -57,7 +57,7 @@ test:
 
 test-run: venv services $(TEST_PREREQS)
 	@source scripts/services.sh env && $(STEPS) time tests --tee -- \
-	  $(VENV)/bin/pytest $$([ -t 1 ] && echo --color=yes) $(PYTEST_ARGS)
+	  $(PY) scripts/run_tests.py $$([ -t 1 ] && echo --color=yes) $(PYTEST_ARGS)
 
 test-fast: venv services
 	source scripts/services.sh env && $(VENV)/bin/pytest -m 'not cluster' $(PYTEST_ARGS)
