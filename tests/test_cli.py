@@ -136,6 +136,14 @@ BAD_INPUT = [
     (["worker", "-A", "apps.core_app", "-P", "forks"], {}, 2, "--pool='forks' is not a pool (valid: prefork"),
     (["worker", "-A", "no_such_module_of_yours"], {}, 2,
      "--app='no_such_module_of_yours': no module named 'no_such_module_of_yours'"),
+    # an option is written whole, as `celery worker` wants it: an abbreviation was taken for the
+    # option it began (--time for --time-limit) where the chart's check of extraArgs and Celery
+    # read another one
+    (["worker", "-A", "apps.core_app", "--conc=16"], {}, 2, "No such option '--conc'. Did you mean '--concurrency'?"),
+    (["worker", "-A", "apps.core_app", "--time=1800"], {}, 2, "No such option '--time'"),
+    (["recover", "-b", REDIS, "--glob=x"], {}, 2, "unrecognized arguments: --glob=x"),
+    (["dlq", "list", "-b", REDIS, "-Q", "q", "--lim", "3"], {}, 2, "unrecognized arguments: --lim 3"),
+    (["exporter", "-b", REDIS, "--inter=5"], {}, 2, "unrecognized arguments: --inter=5"),
 ]
 
 

@@ -5,16 +5,17 @@ environment of config.py.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
+
+from taskherd.commands.options import Parser
 
 from .config import OperatorConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     config = OperatorConfig.from_env()
-    parser = argparse.ArgumentParser(prog="python -m taskherd.operator", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m taskherd.operator", description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--namespace", action="append", dest="namespaces",
                         help="namespace to watch (repeatable); default $TASKHERD_WATCH_NAMESPACES or $POD_NAMESPACE")
     parser.add_argument("--no-leader-election", action="store_true", help="single replica: no Lease")

@@ -308,14 +308,14 @@ def _print_letter(letter: DeadLetter, out) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = options.Parser(add_help=False)
     options.add_broker(common)
     options.add_queues(common, "the work queue whose DLQ to use (one)")
     common.add_argument("--dlq", type=options.not_empty("--dlq"), help="the DLQ's name itself, instead of -Q")
     options.add_dead_letter_naming(common)
     options.add_keyprefix(common)
 
-    parser = argparse.ArgumentParser(prog="taskherd dlq", description=__doc__.split("\n\n")[0])
+    parser = options.Parser(prog="taskherd dlq", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p_list = sub.add_parser("list", parents=[common], help="one line per dead letter, oldest first")
     # At least 1: a slice [:0] or [:-1] would list everything, or all but the newest, without a word.

@@ -127,7 +127,7 @@ class QueuePoller(Collector):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="taskherd exporter", description=__doc__.split("\n")[0])
+    parser = options.Parser(prog="taskherd exporter", description=__doc__.split("\n")[0])
     options.add_broker(parser)
     parser.add_argument("--management-url", default=None, type=options.base_url("--management-url"),
                         help="RabbitMQ management API, http://user:pass@host:15672 (default: $TASKHERD_MANAGEMENT_URL, "

@@ -18,6 +18,17 @@ from taskherd import contract
 MAX_SECONDS = 7 * 24 * 3600.0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: an option is written whole, as Celery's command line (click)
+    wants it. With them `taskherd worker --time=1800` was taken for --time-limit while the chart's
+    check of extraArgs and `celery worker` both read it as another option, and an option added
+    later would change what an abbreviation in a deployed command line means."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def version() -> str:
     try:
         return metadata.version("taskherd")

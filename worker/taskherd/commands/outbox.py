@@ -19,9 +19,9 @@ PAUSE_AFTER_PUBLISH_ENV = "TASKHERD_OUTBOX_TEST_PAUSE_AFTER_PUBLISH"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taskherd outbox", description=__doc__)
+    parser = options.Parser(prog="taskherd outbox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
+    common = options.Parser(add_help=False)
     common.add_argument("--dsn", help="PostgreSQL DSN (env TASKHERD_OUTBOX_DSN, then DATABASE_URL)")
     common.add_argument("--table", default="taskherd_outbox")
     relay = sub.add_parser("relay", parents=[common], help="publish pending rows (safe as several replicas)")

@@ -23,7 +23,7 @@ REPLY_QUEUE_GRACE_SECONDS = 60
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="taskherd ping", description=__doc__.split("\n")[0].split(": ", 1)[1])
+    parser = options.Parser(prog="taskherd ping", description=__doc__.split("\n")[0].split(": ", 1)[1])
     options.add_app(parser, "Celery app to publish with, as `celery -A` takes it (default: an app set up by "
                             "taskherd.worker.configure() from the environment)")
     options.add_broker(parser)

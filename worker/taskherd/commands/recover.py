@@ -5,7 +5,6 @@ pool scaled to zero, or run as a CronJob beside workers that do not install the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -17,7 +16,7 @@ from . import options
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="taskherd recover", description=__doc__.split("\n\n")[0])
+    parser = options.Parser(prog="taskherd recover", description=__doc__.split("\n\n")[0])
     options.add_broker(parser)
     options.add_keyprefix(parser)
     parser.add_argument("--watch", type=options.seconds("--watch"), metavar="SECONDS",

@@ -18,6 +18,8 @@ import math
 import os
 import sys
 
+from .options import Parser
+
 #: flag -> (dest, kind): "value" takes an argument, "flag" is a switch (celery worker's spelling)
 OPTIONS = {
     ("-A", "--app"): ("app", "value"),
@@ -40,7 +42,7 @@ OPTIONS = {
 
 
 def parser() -> argparse.ArgumentParser:
-    result = argparse.ArgumentParser(
+    result = Parser(
         prog="taskherd worker", description=__doc__.split("\n\n")[0],
         epilog="Other `celery worker` options are passed to Celery's own command line.")
     for flags, (dest, kind) in OPTIONS.items():
