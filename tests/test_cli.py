@@ -44,7 +44,8 @@ def test_an_unknown_command_is_a_usage_error_listing_the_commands():
                                           (["recover"], "-b"), (["dlq", "list"], "-Q"), (["exporter"], "-Q"),
                                           (["outbox", "relay"], "-A"), (["dlq", "list"], "--global-keyprefix"),
                                           (["exporter"], "--global-keyprefix"), (["recover"], "--global-keyprefix"),
-                                          (["exporter"], "--dead-letter-queues"), (["dlq", "list"], "--dead-letter-queues")])
+                                          (["exporter"], "--dead-letter-queues"), (["dlq", "list"], "--dead-letter-queues"),
+                                          (["dlq", "list"], "--queue")])
 def test_options_are_spelled_as_celery_spells_them_everywhere(command, flag):
     assert flag in run(*command, "--help").stdout
 

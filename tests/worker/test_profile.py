@@ -63,10 +63,11 @@ def test_user_transport_options_are_kept():
     app = app_on(broker_transport_options={"global_keyprefix": "p:"})
     configure(app, visibility_timeout=1000)
     assert app.conf.broker_transport_options == {"global_keyprefix": "p:", "visibility_timeout": 1000,
-                                                 "socket_connect_timeout": 5.0}
-    own = app_on(broker_transport_options={"socket_connect_timeout": 30})
+                                                 "socket_connect_timeout": 5.0, "unacked_mutex_expire": 10}
+    own = app_on(broker_transport_options={"socket_connect_timeout": 30, "unacked_mutex_expire": 60})
     configure(own)
     assert own.conf.broker_transport_options["socket_connect_timeout"] == 30
+    assert own.conf.broker_transport_options["unacked_mutex_expire"] == 60
 
 
 def test_plain_app_task_gets_the_taskherd_task_class():

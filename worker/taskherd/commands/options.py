@@ -132,7 +132,9 @@ def add_app(parser: argparse.ArgumentParser, help_: str) -> None:
 
 
 def add_queues(parser: argparse.ArgumentParser, help_: str) -> None:
-    parser.add_argument("-Q", "--queues", action="append", default=[], metavar="QUEUES",
+    # --queue too: the 0.1 docs wrote `taskherd dlq list --queue orders`, which argparse took as an
+    # abbreviation of --queues; abbreviations are gone (Parser), that spelling stays
+    parser.add_argument("-Q", "--queues", "--queue", action="append", default=[], metavar="QUEUES",
                         help=f"{help_}; comma-separated or repeated (default: $TASKHERD_QUEUES)")
 
 

@@ -33,6 +33,12 @@ Settings applied and why (docs/reliability.md has the long form):
   no timeout, so a connect whose SYN goes unanswered (a broker pod restarting behind its Service)
   waits out the kernel's SYN retries, about two minutes, before the publish or the reconnect
   retries. (No read timeout: a worker's idle pub/sub connection would time out with it.)
+- ``broker_transport_options["unacked_mutex_expire"]`` (Redis, unless set): 10 s instead of
+  kombu's 300. Each worker sweeps the expired unacked messages back to their queue holding this
+  lock; a worker killed during its sweep leaves the lock behind, and every other worker's sweep
+  then waited for it to expire — a killed task's comeback after its visibility timeout was late by
+  up to five minutes. A sweep takes milliseconds, and two at once restore nothing twice (each
+  restore is a transaction watching the unacked hash).
 - ``broker_transport_options["confirm_publish"]`` (RabbitMQ): every publish — a retry, a task a
   task sends — returns once the broker has it; without confirms a retry could be lost in a broker
   crash after the original was acknowledged.
@@ -74,7 +80,8 @@ QUEUE_TYPES = ("classic", "quorum")
 #: Attribute of the Celery app holding its Profile (read by get_profile()).
 APP_ATTRIBUTE = "taskherd_profile"
 #: kombu Redis transport options set when the app has none of its own (see the docstring)
-REDIS_TRANSPORT_DEFAULTS = {"socket_connect_timeout": 5.0}
+#: kombu's Redis transport options the profile sets unless the app did (the module docstring says why)
+REDIS_TRANSPORT_DEFAULTS = {"socket_connect_timeout": 5.0, "unacked_mutex_expire": 10}
 
 
 class ProfileError(ValueError):
