@@ -476,8 +476,10 @@ workerPools:
 
 
 def test_visibility_timeout_is_not_checked_on_rabbitmq():
+    # A broker whose consumer_timeout was raised (3 h), which the hard limit must stay below.
     values = {**BROKER, "workerPools": [{"name": "p", "app": "a",
-                                         "timeLimits": {"softSeconds": 5000, "hardSeconds": 7200}}]}
+                                         "timeLimits": {"softSeconds": 5000, "hardSeconds": 7200},
+                                         "env": [{"name": "TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", "value": "10800"}]}]}
     values["broker"] = {**values["broker"], "type": "rabbitmq"}
     objects = render(values=values)
     # The broker ports follow the broker type when not given: AMQP and the management API.
@@ -634,3 +636,53 @@ def test_taskherd_worker_takes_every_option_the_chart_renders():
         "queues": ["a", "b"], "concurrency": 3, "loglevel": "DEBUG", "soft_time_limit": 50.0, "time_limit": 60.0,
         "max_tasks_per_child": 50, "max_memory_per_child": 200000, "without_mingle": True, "without_gossip": True}
     assert worker_options(parser().parse_args(chatty[2:]))["optimization"] == "fair"
+
+
+def test_a_pool_declaring_a_longer_consumer_timeout_may_run_longer_tasks_on_rabbitmq():
+    # The refusal compares the hard limit with the consumer_timeout the worker is given, not 1800.
+    values = {"broker": {"type": "rabbitmq", "existingSecret": {"name": "celery-broker"}}, "workerPools": [
+        {"name": "long", "app": "a", "timeLimits": {"softSeconds": 3000, "hardSeconds": 3500},
+         "env": [{"name": "TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", "value": "3600"}]}]}
+    worker = container(by_kind(render(values=values), "Deployment")["th-taskherd-long"], WORKER)
+    assert env_of(worker)["TASKHERD_TIME_LIMIT"] == "3500"
+    assert env_of(worker)["TASKHERD_RABBITMQ_CONSUMER_TIMEOUT"] == "3600"
+
+
+def test_extra_containers_keep_their_own_false_and_get_the_chart_s_restrictions():
+    # sprig's merge took readOnlyRootFilesystem: false for "unset" and put the chart's true over it.
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "a",
+        "initContainers": [{"name": "migrate", "image": "app:1", "securityContext": {
+            "readOnlyRootFilesystem": False, "capabilities": {"add": ["NET_BIND_SERVICE"]}}}],
+        "sidecars": [{"name": "shipper", "image": "bit:3"}]}]}
+    pod = by_kind(render(values=values), "Deployment")["th-taskherd-p"]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
+    shipper = next(c for c in pod["containers"] if c["name"] == "shipper")
+    assert shipper["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                          "capabilities": {"drop": ["ALL"]}}
+
+
+def test_a_release_name_with_a_dot_gives_a_valid_service_name():
+    # Helm takes `shop.v2`; a Service name is a DNS-1035 label (no dots).
+    values = {**BROKER, "monitoring": {"serviceMonitor": {"enabled": True}},
+              "networkPolicy": {"metricsIngress": {"enabled": True}}}
+    services = by_kind(render(values=values, release="shop.v2"), "Service")
+    assert list(services) == ["shop-v2-taskherd-operator-metrics"]
+
+
+def test_known_resource_names_and_byte_sizes_render():
+    resources = {"requests": {"cpu": "250m", "memory": "1G", "ephemeral-storage": "2Gi", "hugepages-2Mi": "64Mi",
+                              "nvidia.com/gpu": 1},
+                 "limits": {"memory": "1Gi", "hugepages-2Mi": "64Mi", "nvidia.com/gpu": 1}}
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "a", "resources": resources, "scratchSizeLimit": "16Mi"}]}
+    worker = container(by_kind(render(values=values), "Deployment")["th-taskherd-p"], WORKER)
+    assert worker["resources"] == resources
+
+
+def test_one_operator_replica_may_run_without_leader_election():
+    values = {**BROKER, "operator": {"replicas": 1, "extraArgs": ["--no-leader-election"],
+                                     "env": [{"name": "TASKHERD_LEADER_ELECTION", "value": "false"}]}}
+    operator = by_kind(render(values=values), "Deployment")["th-taskherd-operator"]
+    assert operator["spec"]["replicas"] == 1
+    assert "--no-leader-election" in operator["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -28,13 +28,19 @@ imagePullSecrets:
 
 {{/*
 initContainers / sidecars: each gets the chart's container securityContext under its own (its own
-keys win; taskherd.validate refuses the ones that would weaken the restricted profile).
+keys win, an explicit false too: readOnlyRootFilesystem: false is kept; taskherd.validate refuses
+what the restricted Pod Security Standard forbids). taskherd.deepMerge, not sprig's merge, which
+takes false for "unset" and would overwrite it.
 Call with (dict "root" $ "containers" <list>).
 */}}
 {{- define "taskherd.extraContainers" -}}
 {{- range .containers }}
-{{- $own := deepCopy (.securityContext | default dict) }}
-{{- $c := merge (dict "securityContext" (merge $own (deepCopy $.root.Values.containerSecurityContext))) (deepCopy .) }}
+{{- $c := deepCopy . }}
+{{- $securityContext := deepCopy $.root.Values.containerSecurityContext }}
+{{- if kindIs "map" .securityContext }}
+{{- include "taskherd.deepMerge" (list $securityContext (deepCopy .securityContext)) }}
+{{- end }}
+{{- $_ := set $c "securityContext" $securityContext }}
 - {{ toYaml $c | nindent 2 | trim }}
 {{- end }}
 {{- end }}

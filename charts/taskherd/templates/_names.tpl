@@ -42,6 +42,15 @@ Call with (dict "root" $ "suffix" "operator").
 {{- include "taskherd.componentName" (dict "root" . "suffix" "beat") }}
 {{- end }}
 
+{{/*
+The operator's metrics Service. A Service name is a DNS-1035 label, stricter than the DNS subdomain
+of the other objects: a release name may hold dots (shop.v2), which become "-" here. One starting
+with a digit cannot be mended so; taskherd.validate.monitoring refuses it.
+*/}}
+{{- define "taskherd.operator.metricsServiceName" -}}
+{{- include "taskherd.componentName" (dict "root" . "suffix" "operator-metrics") | replace "." "-" }}
+{{- end }}
+
 {{- define "taskherd.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -68,19 +68,22 @@ print as 1.048576e+06). The schema bounds every number, so the sums below cannot
 {{/*
 Where the user wrote a pool's key: `workerPools[<i>].<path>` when that entry sets it, else
 `workerPoolDefaults.<path>` — so a message points at the line to change.
-Call with (dict "root" $ "index" <i> "path" "timeLimits.hardSeconds").
+Call with (dict "root" $ "index" <i> "path" "timeLimits.hardSeconds"), or with "parts" (a list)
+instead of "path" when a key itself holds a dot (resources.limits."nvidia.com/gpu").
 */}}
 {{- define "taskherd.pool.key" -}}
 {{- $node := index .root.Values.workerPools (int .index) }}
 {{- $found := true }}
-{{- range $part := splitList "." .path }}
+{{- $parts := .parts }}
+{{- if not $parts }}{{ $parts = splitList "." .path }}{{ end }}
+{{- range $part := $parts }}
 {{- if and $found (kindIs "map" $node) (hasKey $node $part) }}
 {{- $node = get $node $part }}
 {{- else }}
 {{- $found = false }}
 {{- end }}
 {{- end }}
-{{- if $found }}workerPools[{{ .index }}].{{ .path }}{{ else }}workerPoolDefaults.{{ .path }}{{ end }}
+{{- if $found }}workerPools[{{ .index }}].{{ join "." $parts }}{{ else }}workerPoolDefaults.{{ join "." $parts }}{{ end }}
 {{- end }}
 
 {{/*

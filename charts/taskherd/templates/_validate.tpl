@@ -202,7 +202,11 @@ A value must be a string (an unquoted 1 or true is refused by the API server).
 {{- end }}
 {{- end }}
 
-{{/* Resources: quantities, request <= limit. (dict "f" $f "key" "workerPools[0].resources" "resources" $map) */}}
+{{/*
+Resources: names, quantities, request <= limit. (dict "f" $f "key" "operator.resources" "resources" $map);
+a pool's, whose every entry may come from workerPoolDefaults, adds "root" $ "index" <i> so each
+problem names the key where it was written.
+*/}}
 {{- define "taskherd.check.resources" -}}
 {{- $r := .resources | default dict }}
 {{- range $k, $_ := $r }}
@@ -213,11 +217,16 @@ A value must be a string (an unquoted 1 or true is refused by the API server).
 {{- range $section := list "requests" "limits" }}
 {{- $m := get $r $section }}
 {{- if and (hasKey $r $section) (not (kindIs "map" $m)) (not (kindIs "invalid" $m)) }}
-{{ $.key }}.{{ $section }}={{ toJson $m }} is invalid; valid: a map such as {cpu: 100m, memory: 256Mi}
+{{ include "taskherd.resources.key" (dict "at" $ "parts" (list $section)) }}={{ toJson $m }} is invalid; valid: a map such as {cpu: 100m, memory: 256Mi}
 {{- else }}
 {{- range $name, $q := ($m | default dict) }}
-{{- if eq (include "taskherd.quantityValue" $q) "invalid" }}
-{{ $.key }}.{{ $section }}.{{ $name }}={{ toJson $q }} is invalid; valid: {{ $.f.quantity.valid }}
+{{- $at := include "taskherd.resources.key" (dict "at" $ "parts" (list $section $name)) }}
+{{- if not (or (has $name (list "cpu" "memory" "ephemeral-storage")) (regexMatch "^hugepages-[0-9]+[A-Za-z]*$" $name) (contains "/" $name)) }}
+{{ $at }}: {{ toJson $name }} is not a resource name, and its value would be lost; valid: cpu, memory, ephemeral-storage, hugepages-<size> (e.g. hugepages-2Mi), or an extended resource with its domain (e.g. nvidia.com/gpu)
+{{- else if eq (include "taskherd.quantityValue" $q) "invalid" }}
+{{ $at }}={{ toJson $q }} is invalid; valid: {{ $.f.quantity.valid }}
+{{- else if not (or (eq $name "cpu") (contains "/" $name)) }}
+{{- include "taskherd.check.bytes" (dict "key" $at "value" $q) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -230,10 +239,35 @@ A value must be a string (an unquoted 1 or true is refused by the API server).
 {{- $lv := include "taskherd.quantityValue" $limit }}
 {{- $rv := include "taskherd.quantityValue" (get $requests $name) }}
 {{- if and (ne $lv "invalid") (ne $rv "invalid") (gt (float64 $rv) (float64 $lv)) }}
-{{ $.key }}.requests.{{ $name }}={{ get $requests $name | toJson }} is more than {{ $.key }}.limits.{{ $name }}={{ toJson $limit }}; a request may not exceed its limit
+{{ include "taskherd.resources.key" (dict "at" $ "parts" (list "requests" $name)) }}={{ get $requests $name | toJson }} is more than {{ include "taskherd.resources.key" (dict "at" $ "parts" (list "limits" $name)) }}={{ toJson $limit }}; a request may not exceed its limit
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Where a resources entry was written: (dict "at" <check.resources' arguments> "parts" (list "limits" "memory")) */}}
+{{- define "taskherd.resources.key" -}}
+{{- if .at.root }}
+{{- include "taskherd.pool.key" (dict "root" .at.root "index" .at.index "parts" (prepend .parts "resources")) }}
+{{- else }}
+{{- .at.key }}.{{ join "." .parts }}
+{{- end }}
+{{- end }}
+
+{{/*
+A size in bytes (memory, storage), already a valid quantity: it needs a unit, and "m" is milli
+(256m is a quarter of a byte), a mistake for Mi that Kubernetes accepts and then cannot run.
+(dict "key" … "value" … "min" "16Mi"); min is optional.
+*/}}
+{{- define "taskherd.check.bytes" -}}
+{{- $v := toString .value }}
+{{- if hasSuffix "m" $v }}
+{{ .key }}={{ toJson .value }} is in thousandths of a byte ("m" is milli); valid: a size with a byte unit, e.g. {{ trimSuffix "m" $v }}Mi (Ki, Mi, Gi: powers of 1024; k, M, G: of 1000)
+{{- else if not (regexMatch "(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)$" $v) }}
+{{ .key }}={{ toJson .value }} has no unit, so it is {{ $v }} bytes; valid: a size with a byte unit, e.g. 512Mi or 1Gi (Ki, Mi, Gi: powers of 1024; k, M, G: of 1000)
+{{- else if and .min (lt (float64 (include "taskherd.quantityValue" .value)) (float64 (include "taskherd.quantityValue" .min))) }}
+{{ .key }}={{ toJson .value }} is below {{ .min }}{{ with .why }} ({{ . }}){{ end }}; valid: at least {{ .min }}
 {{- end }}
 {{- end }}
 
@@ -259,25 +293,122 @@ chart's security context, which they inherit (their own keys win).
 {{- if not (and (kindIs "string" $c.image) $c.image) }}
 {{ $at }}.image={{ toJson $c.image }} is missing; every container needs an image
 {{- end }}
-{{- with $c.securityContext }}
-{{- if and (kindIs "bool" .privileged) .privileged }}
-{{ $at }}.securityContext.privileged=true is refused: pods run under the restricted Pod Security Standard
+{{- if and (hasKey $c "securityContext") (not (kindIs "map" $c.securityContext)) }}
+{{ $at }}.securityContext={{ toJson $c.securityContext }} is invalid; valid: a SecurityContext map ({runAsUser: 1000, ...}), or leave it out for the chart's
+{{- else if $c.securityContext }}
+{{- include "taskherd.check.restrictedSecurityContext" (dict "key" (printf "%s.securityContext" $at) "sc" $c.securityContext) }}
 {{- end }}
-{{- if and (kindIs "bool" .allowPrivilegeEscalation) .allowPrivilegeEscalation }}
-{{ $at }}.securityContext.allowPrivilegeEscalation=true is refused: pods run under the restricted Pod Security Standard
 {{- end }}
-{{- if and (kindIs "bool" .runAsNonRoot) (not .runAsNonRoot) }}
-{{ $at }}.securityContext.runAsNonRoot=false is refused: pods run under the restricted Pod Security Standard
 {{- end }}
-{{- if and (hasKey . "runAsUser") (eq (toString .runAsUser) "0") }}
-{{ $at }}.securityContext.runAsUser=0 is refused: pods run under the restricted Pod Security Standard (non-root)
 {{- end }}
-{{- with .capabilities }}
+
+{{/*
+RabbitMQ's consumer_timeout as the pool's worker knows it: TASKHERD_RABBITMQ_CONSUMER_TIMEOUT from
+the pool's env, else the broker's default (1800 s). taskherd.worker.configure refuses to start when
+the hard time limit is not below it (RabbitMQ would close the channel of a task running that long
+and deliver it again while it runs), so the chart refuses first, with the key to change.
+A value from valueFrom cannot be read here; the worker checks it.
+(dict "root" $ "pool" $pool "k" <the pool's keys as written>)
+*/}}
+{{- define "taskherd.check.consumerTimeout" -}}
+{{- $timeout := 1800.0 }}
+{{- $from := "the broker's default" }}
+{{- $known := true }}
+{{- range $j, $e := .pool.env }}
+{{- if and (kindIs "map" $e) (eq (toString $e.name) "TASKHERD_RABBITMQ_CONSUMER_TIMEOUT") }}
+{{- $at := printf "%s[%d]" (index $.k "env") $j }}
+{{- if not (hasKey $e "value") }}
+{{- $known = false }}
+{{- else if and (kindIs "string" $e.value) (regexMatch "^[0-9]+(\\.[0-9]+)?$" $e.value) (gt (float64 $e.value) 0.0) }}
+{{- $timeout = float64 $e.value }}
+{{- $from = printf "from %s" $at }}
+{{- else }}
+{{- $known = false }}
+{{- if kindIs "string" $e.value }}
+{{ $at }}.value={{ toJson $e.value }} (TASKHERD_RABBITMQ_CONSUMER_TIMEOUT) is invalid; valid: a number of seconds > 0, the broker's consumer_timeout (rabbitmq.conf gives it in milliseconds: 3600000 is "3600")
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $hard := float64 .pool.timeLimits.hardSeconds }}
+{{- if and $known (eq .root.Values.broker.type "rabbitmq") (ge $hard $timeout) }}
+{{ index .k "timeLimits.hardSeconds" }}={{ toJson .pool.timeLimits.hardSeconds }} must be below RabbitMQ's consumer_timeout ({{ toJson $timeout }} s, {{ $from }}): RabbitMQ closes the channel of a task running that long and delivers it again while it runs, and the worker refuses to start; lower it, or raise consumer_timeout in the broker's rabbitmq.conf (milliseconds there) and give the worker the same value in seconds: {name: TASKHERD_RABBITMQ_CONSUMER_TIMEOUT, value: "{{ mul 2 (int64 $hard) }}"} in {{ index .k "env" }}
+{{- end }}
+{{- end }}
+
+{{/*
+More than one operator replica is safe only with leader election: without it every replica polls,
+scales and pages (twice the scaling, every page twice). Off through --no-leader-election or
+TASKHERD_LEADER_ELECTION (a false value as taskherd.contract's flag reads it). Call with operator.*.
+*/}}
+{{- define "taskherd.check.leaderElection" -}}
+{{- if and .enabled (gt (int64 .replicas) 1) }}
+{{- $why := printf "with operator.replicas=%d every replica would lead: each scales the pools and pages for the same dead letters; valid: operator.replicas=1 with it, or remove it (the replicas elect one leader on a Lease)" (int64 .replicas) }}
+{{- range $j, $arg := .extraArgs }}
+{{- if eq (toString $arg) "--no-leader-election" }}
+operator.extraArgs[{{ $j }}]={{ toJson $arg }} turns leader election off, but {{ $why }}
+{{- end }}
+{{- end }}
+{{- range $j, $e := .env }}
+{{- if and (kindIs "map" $e) (eq (toString $e.name) "TASKHERD_LEADER_ELECTION") (kindIs "string" $e.value) (has (lower $e.value) (list "0" "false" "no" "off")) }}
+operator.env[{{ $j }}] (TASKHERD_LEADER_ELECTION={{ toJson $e.value }}) turns leader election off, but {{ $why }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A container's own securityContext under the restricted Pod Security Standard the chart promises:
+each setting the standard forbids is refused with its key (kubernetes.io/docs/concepts/security/
+pod-security-standards). readOnlyRootFilesystem is the chart's choice, not the standard's: a
+container may set it false. (dict "key" "workerPools[0].sidecars[0].securityContext" "sc" $map)
+*/}}
+{{- define "taskherd.check.restrictedSecurityContext" -}}
+{{- $sc := .sc }}
+{{- $why := "pods run under the restricted Pod Security Standard" }}
+{{- range $field := list "privileged" "allowPrivilegeEscalation" "runAsNonRoot" "readOnlyRootFilesystem" }}
+{{- if and (hasKey $sc $field) (not (kindIs "bool" (get $sc $field))) }}
+{{ $.key }}.{{ $field }}={{ toJson (get $sc $field) }} is not a boolean; valid: true or false, unquoted
+{{- end }}
+{{- end }}
+{{- if and (kindIs "bool" $sc.privileged) $sc.privileged }}
+{{ .key }}.privileged=true is refused: {{ $why }}
+{{- end }}
+{{- if and (kindIs "bool" $sc.allowPrivilegeEscalation) $sc.allowPrivilegeEscalation }}
+{{ .key }}.allowPrivilegeEscalation=true is refused: {{ $why }}; valid: false
+{{- end }}
+{{- if and (kindIs "bool" $sc.runAsNonRoot) (not $sc.runAsNonRoot) }}
+{{ .key }}.runAsNonRoot=false is refused: {{ $why }}; valid: true
+{{- end }}
+{{- if and (hasKey $sc "runAsUser") (eq (toString $sc.runAsUser) "0") }}
+{{ .key }}.runAsUser=0 is refused: {{ $why }} (non-root)
+{{- end }}
+{{- with $sc.seccompProfile }}
+{{- if not (and (kindIs "map" .) (has .type (list "RuntimeDefault" "Localhost"))) }}
+{{ $.key }}.seccompProfile={{ toJson . }} is refused: {{ $why }}; valid: {type: RuntimeDefault}, or {type: Localhost, localhostProfile: …}
+{{- end }}
+{{- end }}
+{{- with $sc.appArmorProfile }}
+{{- if and (kindIs "map" .) (eq (toString .type) "Unconfined") }}
+{{ $.key }}.appArmorProfile.type="Unconfined" is refused: {{ $why }}; valid: RuntimeDefault or Localhost
+{{- end }}
+{{- end }}
+{{- if and (hasKey $sc "procMount") (ne (toString $sc.procMount) "Default") }}
+{{ .key }}.procMount={{ toJson $sc.procMount }} is refused: {{ $why }}; valid: Default
+{{- end }}
+{{- if and (kindIs "map" $sc.windowsOptions) (kindIs "bool" $sc.windowsOptions.hostProcess) $sc.windowsOptions.hostProcess }}
+{{ .key }}.windowsOptions.hostProcess=true is refused: {{ $why }}
+{{- end }}
+{{- with $sc.capabilities }}
+{{- if not (kindIs "map" .) }}
+{{ $.key }}.capabilities={{ toJson . }} is invalid; valid: {drop: [ALL]}, optionally with add: [NET_BIND_SERVICE]
+{{- else }}
+{{- if and (hasKey . "drop") (not (has "ALL" (.drop | default list))) }}
+{{ $.key }}.capabilities.drop={{ toJson .drop }} replaces the chart's [ALL]: {{ $why }}, which must drop ALL; valid: [ALL] (leave drop out to keep the chart's)
+{{- end }}
 {{- range (.add | default list) }}
 {{- if ne . "NET_BIND_SERVICE" }}
-{{ $at }}.securityContext.capabilities.add contains {{ toJson . }}; the restricted Pod Security Standard allows only NET_BIND_SERVICE
-{{- end }}
-{{- end }}
+{{ $.key }}.capabilities.add contains {{ toJson . }}; the restricted Pod Security Standard allows only NET_BIND_SERVICE
 {{- end }}
 {{- end }}
 {{- end }}
@@ -313,6 +444,10 @@ broker.ports={{ toJson $b.ports }} lists a port twice
 {{- end }}
 {{- if and (eq $b.type "rabbitmq") (eq (toJson $ports) "[6379]") }}
 broker.ports=[6379] is Redis's port, but broker.type is rabbitmq; leave broker.ports empty to allow RabbitMQ's [5672, 15672] (AMQP and the management API), or list the ports your broker listens on
+{{- end }}
+{{- $v := .root.Values }}
+{{- if and (eq $b.type "rabbitmq") $ports (not (has 15672 $ports)) (not $s.managementUrlKey) $v.networkPolicy.enabled (or $v.operator.enabled $v.exporter.enabled) }}
+broker.ports={{ toJson $b.ports }} lacks 15672, the RabbitMQ management API the operator and the exporter read queues from (the broker's host, port 15672, as broker.existingSecret.managementUrlKey is empty): the NetworkPolicies would block it; add 15672, or set managementUrlKey to a Secret key holding the management URL and list its port
 {{- end }}
 {{- if and (eq $b.type "redis") $ports (not (without $ports 5672 15672)) }}
 broker.ports={{ toJson $b.ports }} are RabbitMQ's ports, but broker.type is redis; leave broker.ports empty to allow Redis's [6379], or list the port your Redis listens on
@@ -360,14 +495,17 @@ is added (taskherd.componentName), so only a real clash remains: a pool named li
 {{- if $pool.podDisruptionBudget.enabled }}
 {{- $claims = append $claims (list "PodDisruptionBudget" $pool.fullname $at) }}
 {{- end }}
-{{- if $pool.serviceAccount.create }}
+{{- if and $pool.serviceAccount.create $pool.serviceAccount.name }}
+{{- $saKey := include "taskherd.pool.key" (dict "root" $root "index" $pool.index "path" "serviceAccount.name") }}
+{{- $claims = append $claims (list "ServiceAccount" $pool.serviceAccountName (printf "%s=%s (pool %s, serviceAccount.create)" $saKey (toJson $pool.serviceAccount.name) (toJson $pool.name)) "choose another serviceAccount.name, or let one pool create it and the others use it with serviceAccount.create=false") }}
+{{- else if $pool.serviceAccount.create }}
 {{- $claims = append $claims (list "ServiceAccount" $pool.serviceAccountName (printf "%s (serviceAccount.create)" $at)) }}
 {{- end }}
 {{- end }}
 {{- range $claim := $claims }}
 {{- $id := printf "%s/%s" (index $claim 0) (index $claim 1) }}
 {{- if hasKey $names $id }}
-{{ index $claim 2 }}: {{ $id }} is also the name of {{ get $names $id }}; two objects cannot share a name: choose another pool name (or a shorter fullnameOverride)
+{{ index $claim 2 }}: {{ $id }} is also the name of {{ get $names $id }}; two objects cannot share a name: {{ if gt (len $claim) 3 }}{{ index $claim 3 }}{{ else }}choose another pool name (or a shorter fullnameOverride){{ end }}
 {{- else }}
 {{- $_ := set $names $id (index $claim 2) }}
 {{- end }}
@@ -441,6 +579,29 @@ is added (taskherd.componentName), so only a real clash remains: a pool named li
 -P: "only prefork enforces the hard time limit the grace period is derived from and keeps tasks off the heartbeat loop"
 {{- end }}
 
+{{/*
+One worker extraArgs entry: (dict "key" "workerPools[0].extraArgs[2]" "arg" … "reserved" <reservedWorkerArgs>).
+Refused: a reserved option, written whole or as an abbreviation argparse would take (a prefix of
+at least 3 letters: --time for --time-limit), and an option with its value in one entry
+("--time-limit 600"), which reaches the worker as one unknown option name.
+*/}}
+{{- define "taskherd.check.workerArg" -}}
+{{- $flag := regexReplaceAll "^(--[^=\\s]+)[=\\s].*$|^(-[A-Za-z]).+$" .arg "${1}${2}" }}
+{{- $option := "" }}
+{{- if hasKey .reserved $flag }}
+{{- $option = $flag }}
+{{- else if and (hasPrefix "--" $flag) (ge (len $flag) 5) }}
+{{- range $name := keys .reserved | sortAlpha }}
+{{- if and (not $option) (hasPrefix $flag $name) }}{{ $option = $name }}{{ end }}
+{{- end }}
+{{- end }}
+{{- if and $option (not (regexMatch "^(--pool=|-P)prefork$" .arg)) }}
+{{ .key }}={{ toJson .arg }} is refused{{ if ne $option $flag }} ({{ $flag }} abbreviates {{ $option }}){{ end }}: {{ get .reserved $option }}
+{{- else if and (hasPrefix "--" .arg) (regexMatch "\\s" .arg) }}
+{{ .key }}={{ toJson .arg }} holds an option and its value in one entry, which the worker reads as one unknown option; valid: "{{ $flag }}=<value>", or two entries ("{{ $flag }}", "<value>")
+{{- end }}
+{{- end }}
+
 {{/* Environment variables the chart sets on the worker (taskherd.contract): env may not repeat them. */}}
 {{- define "taskherd.workerEnvNames" -}}
 TASKHERD_BROKER_URL TASKHERD_BROKER_TYPE TASKHERD_QUEUES TASKHERD_DEAD_LETTER_QUEUES TASKHERD_SOFT_TIME_LIMIT TASKHERD_TIME_LIMIT TASKHERD_VISIBILITY_TIMEOUT TASKHERD_DRAIN_DEADLINE TASKHERD_MAX_TASKS_PER_CHILD TASKHERD_MAX_MEMORY_PER_CHILD_KB TASKHERD_HEARTBEAT_DIR TASKHERD_HEARTBEAT_INTERVAL TASKHERD_METRICS_PORT TASKHERD_METRICS_DIR POD_NAME POD_NAMESPACE
@@ -472,10 +633,7 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- end }}
 {{- if empty $pool.command }}
 {{- range $j, $arg := $pool.extraArgs }}
-{{- $flag := regexReplaceAll "^(--[^=]+)=.*$|^(-[A-Za-z]).+$" (toString $arg) "${1}${2}" }}
-{{- if and (hasKey $reservedArgs $flag) (not (regexMatch "^(--pool=|-P)prefork$" (toString $arg))) }}
-{{ $k.extraArgs }}[{{ $j }}]={{ toJson $arg }} is refused: {{ get $reservedArgs $flag }}
-{{- end }}
+{{- include "taskherd.check.workerArg" (dict "key" (printf "%s[%d]" $k.extraArgs $j) "arg" (toString $arg) "reserved" $reservedArgs) }}
 {{- end }}
 {{- end }}
 {{- /* queues and their dead-letter queues */}}
@@ -519,14 +677,17 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- if and (eq $v.broker.type "redis") (le (int64 $v.broker.visibilityTimeoutSeconds) $hard) }}
 broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} must be greater than {{ index $k "timeLimits.hardSeconds" }}={{ $hard }}: Redis would deliver a task again while it still runs
 {{- end }}
+{{- include "taskherd.check.consumerTimeout" (dict "root" $root "pool" $pool "k" $k) }}
 {{- /* memory */}}
-{{- include "taskherd.check.resources" (dict "f" $f "key" $k.resources "resources" $pool.resources) }}
+{{- include "taskherd.check.resources" (dict "f" $f "key" $k.resources "resources" $pool.resources "root" $root "index" $i) }}
 {{- $memory := include "taskherd.quantityValue" ((($pool.resources | default dict).limits | default dict).memory | default "") }}
 {{- if and (gt (int64 $pool.maxMemoryPerChildKb) 0) (ne $memory "invalid") (gt (float64 $memory) 0.0) (ge (mulf (float64 $pool.maxMemoryPerChildKb) 1024.0) (float64 $memory)) }}
 {{ $k.maxMemoryPerChildKb }}={{ int64 $pool.maxMemoryPerChildKb }} KiB is not below {{ index $k "resources.limits.memory" }}={{ toJson $pool.resources.limits.memory }}: the pod is OOM-killed before Celery replaces the child (it checks after each task); set it well below the limit, or 0
 {{- end }}
 {{- if eq (include "taskherd.quantityValue" $pool.scratchSizeLimit) "invalid" }}
 {{ $k.scratchSizeLimit }}={{ toJson $pool.scratchSizeLimit }} is invalid; valid: {{ $f.quantity.valid }}
+{{- else }}
+{{- include "taskherd.check.bytes" (dict "key" $k.scratchSizeLimit "value" $pool.scratchSizeLimit "min" "16Mi" "why" "each writable emptyDir holds /tmp, the heartbeat or the Prometheus files of every process") }}
 {{- end }}
 {{- /* environment, volumes, extra containers */}}
 {{- include "taskherd.check.env" (dict "f" $f "key" $k.env "env" $pool.env "reserved" $reservedEnv "why" "the chart <-> worker contract, docs/chart.md: set the value it comes from") }}
@@ -636,6 +797,9 @@ workerPools[{{ $i }}].replicas={{ toJson $entry.replicas }} would be ignored: {{
 
 {{/* Rules across pools: names, shared queues. */}}
 {{- define "taskherd.validate.poolsTogether" -}}
+{{- if not .root.Values.workerPools }}
+workerPools is empty: the chart would deploy the operator and the exporter with no pool to run (and no helm test); list at least one pool, e.g. workerPools: [{name: default, app: myproject.celery}]
+{{- end }}
 {{- $seen := dict }}
 {{- $queueOwner := dict }}
 {{- $dlqOf := dict }}
@@ -689,6 +853,7 @@ workerPools[{{ int $pool.index }}] (pool {{ toJson $pool.name }}) uses {{ toJson
 {{- if and $op.enabled (eq (int64 $op.healthPort) (int64 $op.metricsPort)) }}
 operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ int64 $op.metricsPort }}; the health endpoint and /metrics are two servers and need two ports
 {{- end }}
+{{- include "taskherd.check.leaderElection" $op }}
 {{- include "taskherd.check.url" (dict "f" $f "format" "alertmanagerUrl" "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.serviceAccount.annotations" "annotations" $op.serviceAccount.annotations) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.podAnnotations" "annotations" $op.podAnnotations) }}
@@ -715,6 +880,9 @@ monitoring.podMonitor.enabled=true but networkPolicy.metricsIngress.enabled=fals
 {{- end }}
 {{- if and $m.serviceMonitor.enabled (not $v.operator.enabled) }}
 monitoring.serviceMonitor.enabled=true scrapes the operator, but operator.enabled=false; disable one of them
+{{- end }}
+{{- if and $m.serviceMonitor.enabled $v.operator.enabled (not (regexMatch "^[a-z]" (include "taskherd.operator.metricsServiceName" $.root))) }}
+monitoring.serviceMonitor.enabled=true needs a Service named {{ include "taskherd.operator.metricsServiceName" $.root | toJson }}, which Kubernetes refuses: a Service name must start with a letter, and it starts with the {{ ternary "fullnameOverride" "release name" (not (empty $v.fullnameOverride)) }}; choose a {{ ternary "fullnameOverride" "release name" (not (empty $v.fullnameOverride)) }} starting with a letter{{ if empty $v.fullnameOverride }} or set fullnameOverride{{ end }}
 {{- end }}
 {{- if and $m.serviceMonitor.enabled $v.operator.enabled $v.networkPolicy.enabled (not $v.networkPolicy.metricsIngress.enabled) }}
 monitoring.serviceMonitor.enabled=true but networkPolicy.metricsIngress.enabled=false: the operator's NetworkPolicy would block Prometheus; set networkPolicy.metricsIngress.enabled=true
