@@ -105,7 +105,7 @@ def install() -> None:
 
     redis_items.guarded = popped
 
-    count, recount = deliveries.count, deliveries.recount
+    count, republish = deliveries.count, deliveries.republish
 
     def counted(*, task_id, **kwargs):
         found = count(task_id=task_id, **kwargs)
@@ -113,11 +113,11 @@ def install() -> None:
             crash_point("delivery counted", task_id)
         return found
 
-    def recounted(message, *args, **kwargs):
-        recount(message, *args, **kwargs)  # the copy carrying the count is confirmed, the original unacked
+    def republished(message, *args, **kwargs):
+        republish(message, *args, **kwargs)  # the copy carrying the count is confirmed, the original unacked
         crash_point("delivery counted", (message.headers or {}).get("id"))
 
-    deliveries.count, deliveries.recount = counted, recounted
+    deliveries.count, deliveries.republish = counted, republished
 
     commit = RedisStore._commit
 

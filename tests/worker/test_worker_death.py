@@ -1,6 +1,7 @@
 """Worker death: a killed prefork child's task comes back; a task that kills its worker every time
 is dead-lettered after max_deliveries while the rest of the queue keeps flowing."""
 import os
+import time
 import signal
 
 import pytest
@@ -60,3 +61,33 @@ def test_task_killing_its_worker_every_time_is_dead_lettered_after_n_deliveries(
     assert counters == [], "first deliveries are not counted and redelivery counters are cleaned up"
     source = "header" if counted_by == "message or broker" else "counter"
     assert f"2 earlier deliveries without an outcome (counted by {source})" in worker.log()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+@pytest.mark.parametrize("broker_url", ["rabbitmq"], indirect=True)
+def test_a_countdown_task_held_through_worker_restarts_runs_once_and_is_not_taken_for_poison(
+        queue_type, broker_url, record_url, recorded, unique_name, worker_factory):
+    """On RabbitMQ a worker holds an ETA message unacknowledged until its ETA; every warm shutdown
+    (a deploy, a drain, a scale-down) hands it back. Those returns are no deaths: the task never
+    ran. Counted, a countdown outlived max_deliveries restarts and was dead-lettered as
+    `killed-worker` without ever running (and a quorum queue's x-delivery-limit would drop it)."""
+    from celery import Celery
+    from taskherd.worker import configure
+
+    q = unique_name
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    configure(producer, queues=[q], queue_type=queue_type, max_deliveries=2)
+    env = core_env(broker_url, q, record_url, queue_type=queue_type, max_deliveries=2, counter_url="")
+    held = producer.send_task("core.record", args=("eta", "ran"), queue=q, countdown=40)
+    sent_at = time.time()
+    for restart in range(3):  # more returns than max_deliveries=2 allows deaths
+        worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+        worker.wait_for_log(held.id, timeout=30)  # received: held until its ETA
+        assert worker.stop() == 0
+    worker = worker_factory("apps.core_app", queues=[q], concurrency=1, env=env)
+    (run,) = wait_for("the countdown task to run", lambda: recorded("eta"), timeout=90)
+    assert run[0] >= sent_at + 40 - 1, "it ran at its ETA, not before"
+    time.sleep(2)  # a second run, if there were one, would show up here
+    assert len(recorded("eta")) == 1 and dead_letters(broker_url, q) == []
+    assert "uncounted (its ETA is ahead)" not in worker.log(), "every copy was published"
+    producer.close()

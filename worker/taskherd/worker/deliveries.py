@@ -28,7 +28,13 @@ broker, so a first delivery — nearly all of them — costs nothing. Where the 
    queue's ``x-delivery-limit`` still bounds.
 
 Every return counts, as RabbitMQ's own ``x-delivery-count`` does: a worker death, a message
-requeued unrun at a worker's shutdown or after a connection loss.
+requeued unrun at a worker's shutdown or after a connection loss — except, on RabbitMQ, a message
+whose ETA (a countdown, a retry's backoff) is still ahead when it comes back: Celery holds such a
+message unacknowledged until its ETA, and no delivery of it can have run yet, so its returns (each
+restart, drain or scale-down of the worker holding it) are no deaths. :func:`strategy` replaces it
+by a fresh copy (its headers as they were; confirmed, then the original acknowledged), which also
+resets a quorum queue's ``x-delivery-count`` and keeps its ``x-delivery-limit`` from dead-lettering
+a task that never ran. (On Redis an ETA message waits in the delay set, held by no worker.)
 
 The republish of (1) on RabbitMQ classic queues is safe but not free of duplicates: a worker that
 dies after the copy is confirmed and before the original is acknowledged leaves both in the queue,
@@ -145,37 +151,62 @@ def recounts(profile: Any) -> bool:
     return profile.broker_is_amqp and profile.queue_type == "classic" and not profile.delivery_counter_url
 
 
-def recount(message: Any, profile: Any, app: Any) -> None:
-    """Publish ``message`` again, its count + 1, and return once the broker has the copy."""
+#: How far ahead a returned message's ETA must be for it to count as never run: workers' clocks
+#: differ by a little (NTP), and one whose clock runs ahead may have started it a little early.
+UNRUN_ETA_MARGIN_SECONDS = 5.0
+
+
+def republish(message: Any, profile: Any, app: Any, headers: Mapping[str, Any]) -> None:
+    """Publish ``message`` again with ``headers`` and return once the broker has the copy."""
     from .publishing import message_properties, publish
 
     info = message.delivery_info or {}
     publish(message.body, broker_url=profile.broker_url, exchange=info.get("exchange") or "",
             routing_key=info.get("routing_key") or "", transport_options=dict(app.conf.broker_transport_options or {}),
-            headers=returned_headers(message.headers or {}), content_type=message.content_type,
+            headers=dict(headers), content_type=message.content_type,
             content_encoding=message.content_encoding, **message_properties(message))
+
+
+def unrun(headers: Any, *, now: float, default_timezone: Any) -> bool:
+    """Whether a returned message cannot have run: its ETA is still ahead (module docstring)."""
+    from .delayed import due_time
+
+    eta = due_time(headers, default_timezone=default_timezone)
+    return eta is not None and eta > now + UNRUN_ETA_MARGIN_SECONDS
 
 
 def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable:
     """The Task class's ``Strategy``: taskherd.worker.delayed's (ETA messages on Redis), and on
-    RabbitMQ classic queues a redelivered message replaced by a copy carrying its count."""
+    RabbitMQ a redelivered message replaced by a copy: carrying its count + 1 on classic queues
+    (without a Redis counter), its headers unchanged when its ETA is still ahead (never run)."""
+    import time
+
     from .delayed import strategy as parking_strategy
     from .profile import get_profile
 
     handle = parking_strategy(task, app, consumer, **kwargs)
     profile = get_profile(app)
-    if not recounts(profile):
+    if not profile.broker_is_amqp:
         return handle
+    with_count = recounts(profile)
     connection_errors = consumer.connection_errors
+    timezone = app.timezone
 
     def task_message_handler(message, body, ack, reject, callbacks, **options):
         if not (message.delivery_info or {}).get("redelivered"):
             return handle(message, body, ack, reject, callbacks, **options)
+        headers = message.headers or {}
+        if unrun(headers, now=time.time(), default_timezone=timezone):
+            copy, doing = {k: v for k, v in headers.items() if k != QUORUM_HEADER}, "uncounted (its ETA is ahead)"
+        elif with_count:
+            copy, doing = returned_headers(headers), "with its count"
+        else:
+            return handle(message, body, ack, reject, callbacks, **options)
         try:
-            recount(message, profile, app)
-        except Exception as exc:  # noqa: BLE001 - run it uncounted rather than hold or lose it
-            logger.warning("taskherd: could not publish redelivered %s[%s] again with its count (%s); running it "
-                           "uncounted", task.name, (message.headers or {}).get("id"), exc)
+            republish(message, profile, app, copy)
+        except Exception as exc:  # noqa: BLE001 - run it as it is rather than hold or lose it
+            logger.warning("taskherd: could not publish redelivered %s[%s] again %s (%s); handling it as it came",
+                           task.name, headers.get("id"), doing, exc)
             return handle(message, body, ack, reject, callbacks, **options)
         ack(logger, connection_errors)
         return None
