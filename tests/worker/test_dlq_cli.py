@@ -118,6 +118,35 @@ def test_a_dlq_that_does_not_exist_is_a_clear_error(broker_url, unique_name):
     assert code == 1 and f"there is no queue '{unique_name}.dlq' on the broker" in err
 
 
+def test_a_redis_queue_never_declared_is_a_clear_error_not_an_empty_table(redis_url, unique_name):
+    """On Redis an empty list and a queue that was never there look alike: a mistyped -Q printed an
+    empty table and `purge --force` "purged 0 message(s)", both exit 0."""
+    for command in (["list"], ["purge", "--force"], ["show", "--all"]):
+        code, out, err = dlq(*command, "-b", redis_url, "-Q", unique_name)
+        assert (code, out) == (1, ""), (command, out)
+        assert (f"there is no queue '{unique_name}' on this Redis (nor its DLQ '{unique_name}.dlq'): no worker or "
+                f"producer declared it") in err
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_forgotten_global_keyprefix_is_named_and_a_declared_queue_with_no_dead_letters_is_an_empty_list(
+        broker_url, unique_name):
+    from celery import Celery
+
+    from taskherd.worker import configure
+
+    producer = Celery("producer", broker=broker_url, set_as_current=False)
+    producer.conf.broker_transport_options = {"global_keyprefix": "tenant-a:"}
+    configure(producer, queues=[unique_name])
+    with producer.connection_for_write() as connection:  # declares the queue, as a worker's start does
+        producer.amqp.queues[unique_name].bind(connection.default_channel).declare()
+    code, _, err = dlq("list", "-b", broker_url, "-Q", unique_name)
+    assert code == 1 and "it is declared with --global-keyprefix='tenant-a:'" in err, err
+    code, out, err = dlq("list", "-b", broker_url, "-Q", unique_name, "--global-keyprefix", "tenant-a:")
+    assert (code, err) == (0, "") and out.splitlines() == [out.splitlines()[0]] and out.startswith("REF"), out
+    producer.close()
+
+
 def test_missing_arguments_are_usage_errors(monkeypatch, capsys):
     monkeypatch.delenv("TASKHERD_BROKER_URL", raising=False)
     with pytest.raises(SystemExit):

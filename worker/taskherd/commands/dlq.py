@@ -366,6 +366,13 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
     store = None
     try:
         store = open_dead_letters(broker_url, dlq, keyprefix=args.global_keyprefix)
+        if isinstance(store, RedisDeadLetters) and not store.client.exists(store.key):
+            # RabbitMQ says NotFound below; an empty Redis list could be a queue never declared
+            unknown = redis_queue_unknown(broker_url, [*options.queues(parser, args)[:1], dlq],
+                                          keyprefix=args.global_keyprefix)
+            if unknown:
+                print(f"taskherd dlq: {unknown}", file=stderr)
+                return 1
         return _run(args, store, dlq, stdin=stdin, stdout=stdout, stderr=stderr)
     except NotFound:
         print(f"taskherd dlq: there is no queue {dlq!r} on the broker (nothing was ever dead-lettered "
@@ -414,21 +421,49 @@ _REDIS_BINDING_SEPARATOR = "\x06\x16"
 
 
 def redis_queue_declared(broker_url: str, queue: str, *, keyprefix: str = "") -> bool:
-    """Whether a worker or producer has declared ``queue`` on this Redis. Redis has no mandatory
-    publish, and a list exists only while it holds messages: what says a queue is read is kombu's
-    binding set ``_kombu.binding.<exchange>``, whose members end with the queue's name."""
+    """Whether a worker or producer has declared ``queue`` on this Redis (with ``keyprefix``)."""
+    return keyprefix in redis_queue_prefixes(broker_url, queue)
+
+
+def redis_queue_prefixes(broker_url: str, queue: str) -> set[str]:
+    """The global key prefixes under which a worker or producer declared ``queue`` on this Redis
+    ("" for none). Redis has no mandatory publish, and a list exists only while it holds messages:
+    what says a queue is read is kombu's binding set ``<prefix>_kombu.binding.<exchange>``, whose
+    members end with the queue's name."""
     import redis
 
     client = redis.Redis.from_url(broker_url)
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in keyprefix) + "_kombu.binding.*"
+    prefixes = set()
     try:
-        for key in client.scan_iter(match=pattern):
+        for key in client.scan_iter(match="*_kombu.binding.*"):
+            prefix = key.decode("utf-8", "replace").rpartition("_kombu.binding.")[0]
+            if prefix in prefixes:
+                continue
             for member in client.smembers(key):
                 if member.decode("utf-8", "replace").rpartition(_REDIS_BINDING_SEPARATOR)[2] == queue:
-                    return True
-        return False
+                    prefixes.add(prefix)
+                    break
+        return prefixes
     finally:
         client.close()
+
+
+def redis_queue_unknown(broker_url: str, queues: list[str], *, keyprefix: str) -> str | None:
+    """Why none of ``queues`` (the work queue and its DLQ) can be the one meant, on a Redis whose
+    DLQ list is empty, or None: neither was declared with this prefix (a typo in -Q/--dlq, or a
+    forgotten --global-keyprefix). An empty table would say "no dead letters" where the dead
+    letters are under another name."""
+    found = set().union(*(redis_queue_prefixes(broker_url, queue) for queue in queues))
+    if keyprefix in found:
+        return None
+    where = f"there is no queue {queues[0]!r} on this Redis"
+    where += f" with --global-keyprefix={keyprefix!r}" if keyprefix else ""
+    if found:
+        elsewhere = ", ".join(f"--global-keyprefix={prefix!r}" if prefix else "no --global-keyprefix"
+                              for prefix in sorted(found))
+        return f"{where}: it is declared with {elsewhere}"
+    nor_dlq = f" (nor its DLQ {queues[1]!r})" if len(queues) > 1 else ""
+    return f"{where}{nor_dlq}: no worker or producer declared it, and its DLQ holds nothing (-Q/--dlq wrong?)"
 
 
 def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, keyprefix: str, stdout,
