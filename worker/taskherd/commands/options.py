@@ -127,6 +127,30 @@ def add_broker(parser: argparse.ArgumentParser) -> None:
                         help="broker URL, redis://… or amqp://… (default: $TASKHERD_BROKER_URL)")
 
 
+class AppNotFound(ValueError):
+    """-A/--app names a module that is not there (a usage error: exit 2, one line)."""
+
+
+def find_app(spec: str):
+    """The Celery app ``spec`` names, found as ``celery -A`` finds it (a module, ``module:attribute``,
+    from the working directory too). A module that is not there is :class:`AppNotFound`; an import
+    failing inside the user's own module is raised as it is: its traceback is what they need."""
+    import os
+    import sys
+
+    from celery.app.utils import find_app as celery_find_app
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return celery_find_app(spec)
+    except ModuleNotFoundError as exc:
+        if not exc.name or not spec.split(":")[0].startswith(exc.name):
+            raise
+        raise AppNotFound(f"--app={spec!r}: no module named {exc.name!r} (valid: a module path as for "
+                          f"`celery -A`, e.g. myproject.celery or myproject.celery:app)") from None
+
+
 def add_app(parser: argparse.ArgumentParser, help_: str) -> None:
     parser.add_argument("-A", "--app", help=help_)
 

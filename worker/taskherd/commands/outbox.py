@@ -42,9 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load_app(spec: str | None, broker_url: str | None):
     if spec:
-        import importlib
-        module_name, _, attr = spec.partition(":")
-        app = getattr(importlib.import_module(module_name), attr or "app")
+        app = options.find_app(spec)
         if broker_url:
             app.conf.broker_url = broker_url
         return app
@@ -85,19 +83,30 @@ def main(argv: list[str]) -> int:
     if args.command == "relay":
         options.broker(args.command_parser, args, required=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import psycopg
+    from amqp.exceptions import PreconditionFailed
+
     try:
         return _run(args)
-    except _database_errors() as exc:
+    except options.AppNotFound as exc:
+        print(f"taskherd outbox {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except psycopg.errors.UndefinedTable:
+        print(f"taskherd outbox {args.command}: there is no table {args.table!r} in this database (--table; "
+              f"`taskherd outbox migrate --table {args.table}` creates it)", file=sys.stderr)
+        return 1
+    except PreconditionFailed as exc:
+        # without -A the relay declares a bare queue; the workers' profile declares it with
+        # dead-letter arguments, and RabbitMQ refuses a second declaration that differs
+        print(f"taskherd outbox relay: RabbitMQ refused to declare a queue as this relay would: "
+              f"{' '.join(str(exc).split())}; valid: -A/--app module:app, so that the relay declares queues "
+              f"as your workers do (configure() sets their arguments)", file=sys.stderr)
+        return 1
+    except psycopg.OperationalError as exc:
         # Unreachable database, refused login, bad port: one line; the outbox rows stay as they were.
         print(f"taskherd outbox {args.command}: cannot use the database: {type(exc).__name__}: "
               f"{' '.join(str(exc).split())}", file=sys.stderr)  # libpq's message spans lines
         return 1
-
-
-def _database_errors() -> tuple[type[BaseException], ...]:
-    import psycopg
-
-    return (psycopg.OperationalError,)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -44,9 +44,7 @@ def load_app(args: argparse.Namespace):
     from celery import Celery
 
     if args.app:
-        from celery.app.utils import find_app
-
-        app = find_app(args.app)
+        app = options.find_app(args.app)
         if args.broker:
             app.conf.broker_url = args.broker
         return app
@@ -92,6 +90,9 @@ def main(argv: list[str]) -> int:
     try:
         app = load_app(args)
         pong = ping(app, queue, args.timeout)
+    except options.AppNotFound as exc:
+        print(f"taskherd ping: {exc}", file=sys.stderr)
+        return 2
     except TimeoutError:
         print(f"taskherd ping: no worker of queue {queue!r} ran the ping within {args.timeout:g}s: is a worker consuming "
               f"{queue!r}, and does its app call taskherd.worker.configure()?", file=sys.stderr)

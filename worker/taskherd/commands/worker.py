@@ -18,7 +18,7 @@ import math
 import os
 import sys
 
-from .options import Parser
+from .options import AppNotFound, Parser, find_app
 
 #: flag -> (dest, kind): "value" takes an argument, "flag" is a switch (celery worker's spelling)
 OPTIONS = {
@@ -148,17 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taskherd worker: {exc}", file=sys.stderr)
         return 2
     from celery import concurrency
-    from celery.app.utils import find_app
     from celery.utils.nodenames import default_nodename, host_format
 
-    sys.path.insert(0, os.getcwd())  # `celery -A` imports the app from the working directory too
     try:
         app = find_app(args.app)
-    except ModuleNotFoundError as exc:
-        if not exc.name or not args.app.split(":")[0].startswith(exc.name):
-            raise  # an import inside the user's own module failed: its traceback is what they need
-        print(f"taskherd worker: --app={args.app!r}: no module named {exc.name!r} (valid: a module path as for "
-              f"`celery -A`, e.g. myproject.celery or myproject.celery:app)", file=sys.stderr)
+    except AppNotFound as exc:
+        print(f"taskherd worker: {exc}", file=sys.stderr)
         return 2
     # As `celery worker -P`: the app's worker_pool unless a pool is named on the command line.
     options["pool_cls"] = concurrency.get_implementation(args.pool or app.conf.worker_pool)
