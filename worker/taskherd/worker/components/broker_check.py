@@ -28,7 +28,12 @@ Tasks: a task's own ``time_limit`` (``@app.task(time_limit=…)``) not below the
 timeout, or RabbitMQ's consumer timeout, is **refused**: such a run is delivered a second time
 while it still runs. (A per-call ``apply_async(time_limit=…)`` is refused at publish, by the profile.)
 So is the worker's own ``--time-limit`` (it overrides the profile's), and on Redis its
-``--prefetch-multiplier`` above 1 (a warning on RabbitMQ), as configure() refuses them.
+``--prefetch-multiplier`` above 1 (a warning on RabbitMQ), as configure() refuses them — or the
+same values set in app.conf after configure(), each named where it came from.
+
+Settings changed after configure() that take back what it set (``app.conf.task_acks_late = False``
+below the call, a task's own ``acks_late=False``, ``broker_transport_options`` replaced) are
+**refused**, all in one message (taskherd.worker.profile_undone).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from typing import Any, Mapping
 
 from taskherd.contract import broker_kind, redact
 
+from ..profile_undone import undone_problem
 from . import Component
 from .recovery import first_broker_url
 
@@ -145,38 +151,110 @@ def _shown_url(url: Any) -> str:
     return repr(redact(";".join(url) if isinstance(url, (list, tuple)) else str(url)))
 
 
+#: the worker options BrokerCheck judges -> (their flag, the app.conf setting read without it,
+#: the configure() setting that set that)
+WORKER_OPTIONS = {
+    "time_limit": ("--time-limit", "task_time_limit", "time_limit"),
+    "soft_time_limit": ("--soft-time-limit", "task_soft_time_limit", "soft_time_limit"),
+    "prefetch_multiplier": ("--prefetch-multiplier", "worker_prefetch_multiplier", "prefetch_multiplier"),
+}
+
+
+def given_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """{option: how it was given} for each of :data:`WORKER_OPTIONS` this worker got rather than
+    read from app.conf: ``'--time-limit'``, or the variable that set it (``CELERY_WORKER_TIME_LIMIT``).
+
+    ``celery worker`` fills a missing ``--prefetch-multiplier`` from app.conf before the worker sees
+    it, so the worker's own arguments cannot tell: click's context can. ``options``: the worker's
+    keyword arguments, for a worker started without the command line (``app.Worker(time_limit=…)``)."""
+    import click
+    from click.core import ParameterSource
+
+    context = click.get_current_context(silent=True)
+    given = {}
+    for option, (flag, _, _) in WORKER_OPTIONS.items():
+        if context is not None and option in context.params:
+            source = context.get_parameter_source(option)
+            if source == ParameterSource.COMMANDLINE:
+                given[option] = flag
+            elif source == ParameterSource.ENVIRONMENT:
+                given[option] = f"{context.auto_envvar_prefix}_{option.upper()}"
+        elif options.get(option) is not None:
+            given[option] = f"{option}="
+    return given
+
+
+def _source(option: str, value: Any, *, given: Mapping[str, str] | None, profile: Any) -> str:
+    """Where the worker's ``option`` came from, as the user wrote it (``given`` None: a flag)."""
+    flag, setting, field = WORKER_OPTIONS[option]
+    if given is None or option in given:
+        how = flag if given is None else given[option]
+        return f"{how}{'' if how.endswith('=') else '='}{value!r}"
+    configured = getattr(profile, field)
+    if value == configured:
+        return f"configure()'s {field}={configured!r}"
+    return f"app.conf.{setting}={value!r}, changed after configure(app), which set {configured!r}"
+
+
 def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any,
-                           soft_time_limit: Any = None) -> Findings:
-    """The worker's own options (``celery worker --time-limit … --prefetch-multiplier …``) override
-    the settings configure() checked; the same rules, applied to what this worker will really use.
+                           soft_time_limit: Any = None, given: Mapping[str, str] | None = None,
+                           judge_broker: bool = True) -> Findings:
+    """The worker's own options (``celery worker --time-limit … --prefetch-multiplier …``) or
+    app.conf changed after configure() override the settings configure() checked; the same rules,
+    applied to what this worker will really use, each value named where it came from.
+
+    ``given``: :func:`given_options` (None: every value came from its flag). ``judge_broker``:
+    False when the worker's broker is not the one configure() judged (the broker URL check
+    refuses that): the broker's limits are then unknown, and only the rules without them apply.
 
     A newcomer's ``--time-limit 600`` on Redis, with a visibility timeout of 74 s, started without a
     word: every task running longer than 74 s would have been delivered a second time while it ran."""
     findings = Findings()
+
+    def source(option: str, value: Any) -> str:
+        return _source(option, value, given=given, profile=profile)
+
+    def from_flag(option: str) -> bool:
+        return given is None or option in given
+
     if profile.broker_is_redis:
         limit, what = profile.visibility_timeout, "visibility_timeout"
     else:
         limit, what = profile.rabbitmq_consumer_timeout, "rabbitmq_consumer_timeout"
-    if limit is not None and not (isinstance(time_limit, (int, float)) and 0 < time_limit < limit):
-        given = "no hard time limit (--time-limit 0)" if not time_limit else f"--time-limit={time_limit!r}"
+    if judge_broker and limit is not None \
+            and not (isinstance(time_limit, (int, float)) and 0 < time_limit < limit):
+        said = source("time_limit", time_limit)
+        if not time_limit:
+            said = ("no hard time limit (--time-limit 0)" if given is None
+                    else f"no hard time limit ({said})")
+        valid = (f"0 < --time-limit < {limit!r}; or leave the option out: configure() set "
+                 f"time_limit={profile.time_limit!r}" if from_flag("time_limit") else
+                 f"0 < task_time_limit < {limit!r}: drop the change, or pass time_limit= to configure(), "
+                 f"which checks it")
         findings.errors.append(
-            f"the worker runs with {given}, not below {what}={limit!r}: a task running that long is delivered "
-            f"a second time while it still runs (valid: 0 < --time-limit < {limit!r}; or leave the option out: "
-            f"configure() set time_limit={profile.time_limit!r})")
+            f"the worker runs with {said}, not below {what}={limit!r}: a task running that long is delivered "
+            f"a second time while it still runs (valid: {valid})")
+    elif not judge_broker and not from_flag("time_limit") and time_limit != profile.time_limit:
+        said = source("time_limit", time_limit)
+        findings.errors.append(
+            f"the worker runs with {'no hard time limit (' + said + ')' if not time_limit else said}: a task running "
+            f"longer than the broker's visibility or consumer timeout is delivered a second time while it still "
+            f"runs (valid: drop the change, or pass time_limit= to configure(), which checks it against the broker)")
     if (isinstance(time_limit, (int, float)) and time_limit > 0 and isinstance(soft_time_limit, (int, float))
             and soft_time_limit > 0 and soft_time_limit >= time_limit):
         # Celery runs it anyway: the hard limit kills the task before its soft limit can ask it to stop.
         findings.errors.append(
             f"the worker runs with a soft time limit of {soft_time_limit!r} s, not below its hard time limit of "
-            f"{time_limit!r} s (--soft-time-limit / --time-limit, or configure()'s soft_time_limit={profile.soft_time_limit!r} "
-            f"and time_limit={profile.time_limit!r}): the task is killed before it is asked to stop (valid: "
-            f"0 < --soft-time-limit < {time_limit!r})")
-    if isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1:
-        why = (f"the worker runs with --prefetch-multiplier={prefetch_multiplier}: with late acks prefetched "
-               f"messages sit unacked behind running tasks")
+            f"{time_limit!r} s ({source('soft_time_limit', soft_time_limit)}; {source('time_limit', time_limit)}): "
+            f"the task is killed before it is asked to stop (valid: 0 < --soft-time-limit < {time_limit!r})")
+    if judge_broker and isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1 \
+            and (from_flag("prefetch_multiplier") or prefetch_multiplier != profile.prefetch_multiplier):
+        why = (f"the worker runs with {source('prefetch_multiplier', prefetch_multiplier)}: with late acks "
+               f"prefetched messages sit unacked behind running tasks")
         if profile.broker_is_redis:
+            leave = ("leave the option out" if from_flag("prefetch_multiplier") else "drop the change")
             findings.errors.append(f"{why}, and Redis redelivers them after visibility_timeout while still held "
-                                   f"(duplicates); valid: 1 (leave the option out: configure() set 1)")
+                                   f"(duplicates); valid: 1 ({leave}: configure() set 1)")
         else:
             findings.warnings.append(f"{why}, adding latency and hiding backlog from the ready count; 1 is "
                                      f"recommended")
@@ -257,17 +335,26 @@ class BrokerCheck(Component):
 
             label = "taskherd broker check"
 
+            def __init__(self, worker, **options):
+                super().__init__(worker, **options)
+                self.given = given_options(options)  # while the command line's context is current
+
             def start(self, worker):
                 from taskherd.worker.profile import get_profile
 
-                profile = get_profile(worker.app)
-                findings = broker_url_findings(configured=profile.broker_url, connecting=worker.app.conf.broker_url)
-                if not findings.errors:  # else the broker it would read is not the one configure() judged
-                    findings.extend(check(worker.app, profile))
+                app = worker.app
+                profile = get_profile(app)
+                findings = broker_url_findings(configured=profile.broker_url, connecting=app.conf.broker_url)
+                same_broker = not findings.errors  # else its broker is not the one configure() judged
+                if same_broker:
+                    findings.extend(check(app, profile))
+                undone = undone_problem(app.conf, app.tasks, confirm_publish=same_broker and profile.broker_is_amqp,
+                                        visibility_timeout=profile.visibility_timeout if same_broker else None)
+                findings.errors += [undone] if undone else []
                 findings.extend(worker_option_findings(time_limit=worker.time_limit,
                                                        soft_time_limit=worker.soft_time_limit,
                                                        prefetch_multiplier=worker.prefetch_multiplier,
-                                                       profile=profile))
+                                                       profile=profile, given=self.given, judge_broker=same_broker))
                 for warning in findings.warnings:
                     logger.warning("taskherd broker check: %s", warning)
                 for error in findings.errors:

@@ -73,10 +73,17 @@ def tasks_without(app: Any, task_class: type) -> list[str]:
 class TaskClass(Component):
     def install(self, app: Any, profile: Any) -> None:
         from celery import signals
+        from celery.app.task import Task as CeleryTask
+        from celery.utils.imports import symbol_by_name
 
         from taskherd.worker.task import Task
 
-        app.task_cls = Task
+        # `Celery(task_cls=MyBase)` keeps MyBase under taskherd's Task, as @app.task(base=MyBase)
+        # does: replaced by Task alone, its tasks silently lost MyBase's attributes and hooks. (A
+        # second configure() finds the class the first one made: a Task already.)
+        own = symbol_by_name(app.task_cls)
+        mine = isinstance(own, type) and issubclass(own, CeleryTask) and own is not CeleryTask
+        app.task_cls = with_taskherd_task(own, Task) if mine else Task
         app.__dict__.pop("Task", None)  # `app.Task` is a cached_property built from task_cls
         compat.set_task_base_chooser(app, lambda base: with_taskherd_task(base, Task))
         if app.finalized:
