@@ -156,3 +156,42 @@ def test_bad_input_is_a_clear_error_naming_the_flag_without_a_traceback(argv, en
     assert (result.returncode, "Traceback" in result.stderr) == (status, False), result.stderr
     assert says in result.stderr
     assert "hunter2" not in result.stderr and ":pw@" not in result.stderr, "a password was printed"
+
+
+def test_outbox_commands_say_what_is_wrong_in_one_line(pg_dsn, amqp_url, unique_name, tmp_path):
+    """A table that is not there, an app module that is not there, and a relay without -A/--app whose
+    bare queue declaration RabbitMQ refuses (the workers' profile declared it with dead-letter
+    arguments): each was a raw traceback (139 lines for the last)."""
+    import psycopg
+    from celery import Celery
+
+    from taskherd.worker import configure, outbox
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TASKHERD_", "DATABASE_URL"))}
+
+    def outbox_command(*argv):
+        return subprocess.run([*TASKHERD, "outbox", *argv, "--dsn", pg_dsn], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path, env=environ)
+
+    result = outbox_command("status", "--table", "no_such_table")
+    assert (result.returncode, "Traceback" in result.stderr) == (1, False), result.stderr
+    assert "there is no table 'no_such_table' in this database (--table; `taskherd outbox migrate" in result.stderr
+    result = outbox_command("relay", "-A", "no_such_module.app", "--once")
+    assert (result.returncode, "Traceback" in result.stderr) == (2, False), result.stderr
+    assert "--app='no_such_module.app': no module named 'no_such_module'" in result.stderr
+
+    workers = Celery("workers", broker=amqp_url, set_as_current=False)
+    configure(workers, queues=[unique_name])
+    with workers.connection_for_write() as connection:  # as a worker's start declares it
+        workers.amqp.queues[unique_name].bind(connection.default_channel).declare()
+    workers.close()
+    with psycopg.connect(pg_dsn) as conn:
+        outbox.create_table(conn)
+        with conn.transaction():
+            outbox.enqueue(conn, "core.record", ["from-the-outbox"], queue=unique_name)
+    result = outbox_command("relay", "-b", amqp_url, "--once")
+    assert (result.returncode, "Traceback" in result.stderr) == (1, False), result.stderr[-3000:]
+    assert "RabbitMQ refused to declare a queue as this relay would" in result.stderr
+    assert "valid: -A/--app module:app" in result.stderr
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM taskherd_outbox WHERE sent_at IS NULL").fetchone() == (1,)

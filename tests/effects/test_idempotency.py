@@ -11,6 +11,8 @@ import signal
 import threading
 import time
 import uuid
+from datetime import date, datetime, timezone
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -18,6 +20,7 @@ import redis
 import redis.asyncio
 from hypothesis import given
 from hypothesis import strategies as st
+from kombu.utils import json as kombu_json
 
 from taskherd.worker.idempotency import (InProgress, InvalidKey, PostgresStore, RedisStore, StoreUnavailable,
                                         idempotent)
@@ -574,7 +577,9 @@ _NOT_A_DURATION = [math.nan, math.inf, -math.inf, True, "30", None]
       for v in [*_NOT_A_DURATION, 0]],
     (lambda: RedisStore(client=None), TypeError, r"RedisStore client= got a NoneType; valid: a synchronous redis-py"),
     (lambda: RedisStore(client="redis://:secret@host"), TypeError, r"client= got a str; valid: .*redis.Redis"),
-    (lambda: RedisStore(client=redis.asyncio.Redis()), TypeError, r"client= got a Redis; valid: a synchronous"),
+    (lambda: RedisStore(client=redis.asyncio.Redis()), TypeError,
+     r"client= got an asyncio client \(redis\.asyncio\.client\.Redis\); .*needs a synchronous one; "
+     r"valid: a synchronous redis-py client: redis\.Redis"),
     (lambda: _redis_store(prefix=None), TypeError, r"RedisStore prefix=None \(NoneType\); valid: a str"),
     (lambda: _redis_store(prefix=b"app:"), TypeError, r"RedisStore prefix=b'app:' \(bytes\); valid: a str"),
     *[(lambda v=v: _guard_redis(wait_seconds=v), (TypeError, ValueError),
@@ -635,3 +640,166 @@ def test_valid_edge_values_and_clients_without_a_pool_are_accepted(redis_client)
         assert (claim.done, claim.result) == (True, 1)
     assert idempotent(store, key=str, wait_seconds=1)(str.upper)(key) == 1  # done: the stored result
     redis_client.delete(key)
+
+
+# --- results as Celery's JSON serializer carries them ---------------------------------------------
+
+#: what `.delay()` and a JSON result backend carry beyond plain JSON (kombu.utils.json)
+_CELERY_RESULT = {"at": datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=timezone.utc), "day": date(2026, 1, 2),
+                  "amount": Decimal("10.10"), "id": uuid.UUID(int=7), "raw": b"\xff\x00", "text": b"ok",
+                  "plain": [1, 2.5, None, "x"]}
+
+
+class _Unencodable:
+    pass
+
+
+def _effect_count(redis_client, name: str) -> int:
+    return redis_client.llen(name)
+
+
+@pytest.mark.parametrize("store_kind", ["redis", "redis-transaction", "postgres"])
+def test_a_result_celerys_json_carries_is_returned_to_duplicates_as_celery_would(store_kind, redis_client, ledger_dsn):
+    """A datetime, Decimal, UUID or bytes result: the effect runs once, the task succeeds, and a
+    duplicate returns what Celery's JSON would have handed over (not a failure, not a rollback)."""
+    key = f"dtret:{uuid.uuid4().hex}"
+    with psycopg.connect(ledger_dsn, autocommit=True) as conn:
+        if store_kind == "postgres":
+            @idempotent(PostgresStore(), key=lambda task, k, conn: f"dtret:{k}", connection=lambda task, k, conn: conn)
+            def dt_ret(task, k, conn):
+                conn.execute("INSERT INTO ledger (key, who) VALUES (%s, 'run')", (f"dtret:{k}",))
+                return dict(_CELERY_RESULT)
+        else:
+            store = RedisStore(client=redis_client)
+
+            @idempotent(store, key=lambda task, k, conn: f"dtret:{k}")
+            def dt_ret(task, k, conn):
+                if store_kind == "redis":
+                    redis_client.rpush(f"ledger:{key}", "run")
+                else:
+                    with store.guard(f"inner:{k}") as claim:
+                        claim.in_transaction(lambda pipe: pipe.rpush(f"ledger:{key}", "run"))
+                        claim.set_result(dict(_CELERY_RESULT))
+                return dict(_CELERY_RESULT)
+
+        k = key.split(":", 1)[1]
+        first, again = dt_ret(None, k, conn), dt_ret(None, k, conn)
+    celery_would_return = kombu_json.loads(kombu_json.dumps(_CELERY_RESULT))
+    assert first == _CELERY_RESULT and again == celery_would_return == _CELERY_RESULT
+    assert type(again["at"]) is datetime and type(again["amount"]) is Decimal and type(again["raw"]) is bytes
+    effects = ledger(ledger_dsn, key) if store_kind == "postgres" else redis_client.lrange(f"ledger:{key}", 0, -1)
+    assert len(effects) == 1
+
+
+def test_a_postgres_result_celerys_json_cannot_encode_fails_before_the_commit_naming_key_store_and_type(ledger_dsn):
+    store = PostgresStore()
+    with psycopg.connect(ledger_dsn, autocommit=True) as conn:
+        for key, result, why in [("unenc:1", {"x": _Unencodable()}, "Object of type _Unencodable"),
+                                 ("unenc:2", float("nan"), "NaN and infinite floats cannot be stored in PostgreSQL jsonb"),
+                                 ("unenc:3", ["a\x00b"], "NUL")]:
+            with pytest.raises(TypeError) as raised:
+                with store.guard(key, conn=conn) as claim:
+                    conn.execute("INSERT INTO ledger (key, who) VALUES (%s, 'run')", (key,))
+                    claim.set_result(result)
+            message = str(raised.value)
+            assert f"idempotency key {key!r} (PostgresStore): the result, a {type(result).__name__}, cannot be " \
+                   f"stored" in message and why in message and "nothing was committed" in message, message
+            assert not store.is_done(conn, key) and ledger(ledger_dsn, key) == []
+        # Inside the caller's transaction: back to the guard's savepoint, the caller's work goes on.
+        with conn.transaction():
+            conn.execute("INSERT INTO ledger (key, who) VALUES ('unenc:caller', 'caller')")
+            with pytest.raises(TypeError, match=r"'unenc:4' \(PostgresStore\).*guard's savepoint"):
+                with store.guard("unenc:4", conn=conn) as claim:
+                    conn.execute("INSERT INTO ledger (key, who) VALUES ('unenc:4', 'run')")
+                    claim.set_result(_Unencodable())
+        assert ledger(ledger_dsn, "unenc:caller") == ["caller"] and ledger(ledger_dsn, "unenc:4") == []
+
+
+def test_a_redis_result_celerys_json_cannot_encode_names_key_store_and_type_and_never_repeats_the_effect(redis_client):
+    store = RedisStore(client=redis_client)
+    # A commit with the done record: nothing applied, the key free for a corrected retry.
+    key = f"unenc:{uuid.uuid4().hex}"
+    with pytest.raises(TypeError, match=rf"idempotency key '{key}' \(RedisStore\): the result, a _Unencodable, "
+                                        r"cannot be stored \(Object of type _Unencodable.*nothing was applied"):
+        with store.guard(key) as claim:
+            claim.in_transaction(lambda pipe: pipe.rpush(f"ledger:{key}", "run"))
+            claim.set_result(_Unencodable())
+    assert redis_client.llen(f"ledger:{key}") == 0 and store.state(key) is None
+    # An effect outside Redis has happened: the key is done (result None), so it never runs again.
+    calls = []
+
+    @idempotent(store, key=lambda k: k)
+    def effect(k):
+        calls.append(k)
+        return {"when": _Unencodable()}
+
+    key = f"unenc:{uuid.uuid4().hex}"
+    with pytest.raises(TypeError, match=rf"'{key}' \(RedisStore\): the result, a dict.*the effect ran once and the "
+                                        r"key is recorded as done with result None"):
+        effect(key)
+    assert effect(key) is None and calls == [key]
+
+
+@pytest.mark.parametrize(("fn_source", "key", "expected"), [
+    ("def mismatch(task, order_id): pass", lambda order_id: f"mis:{order_id}",
+     r"idempotent key=<lambda>\(order_id\) cannot take the arguments of the task .*mismatch\(task, order_id\), "
+     r"which the decorator calls it with — key\(task, order_id\): too many positional arguments; valid: a function "
+     r"of the same parameters, e\.g\. key=lambda task, order_id: …"),
+    ("def by_name(task, order_id): pass", lambda task, oid: oid,
+     r"key\(task, order_id=…\): missing a required argument: 'oid'"),
+    ("def options(task, order_id, **opts): pass", lambda task, order_id: order_id,
+     r"key\(task, order_id, \*\*opts\): got an unexpected keyword argument \(any keyword the task's \*\*opts"),
+    ("def extra(task, *orders): pass", lambda task: "k", r"key\(task, \*orders\): too many positional arguments"),
+    ("def kw(task, *, conn): pass", lambda task: "k", r"key\(task, conn=…\): got an unexpected keyword argument"),
+])
+def test_a_key_function_that_cannot_take_the_tasks_arguments_is_refused_at_decoration(fn_source, key, expected):
+    namespace: dict = {}
+    exec(fn_source, namespace)
+    fn = next(v for k, v in namespace.items() if k != "__builtins__")
+    with pytest.raises(TypeError, match=expected):
+        idempotent(_redis_store(), key=key)(fn)
+    as_connection = expected.replace("key=", "connection=").replace("key\\(", "connection\\(")
+    with pytest.raises(TypeError, match=as_connection):
+        idempotent(PostgresStore(), key=lambda *a, **kw: "k", connection=key)(fn)
+
+
+def test_key_functions_that_take_the_tasks_arguments_are_accepted():
+    def charge(task, order_id, *, attempt=1, conn=None):
+        return order_id
+
+    for key in [lambda task, order_id, **_: "k", lambda task, *a, **kw: "k", lambda *a, **kw: "k",
+                lambda task, order_id, attempt=0, conn=None: "k"]:
+        idempotent(_redis_store(), key=key)(charge)
+    idempotent(_redis_store(), key=str)(str.upper)  # no signature to read: nothing to compare
+
+
+def test_postgres_guard_refuses_an_implicit_transaction_nobody_would_commit(ledger_dsn):
+    """autocommit off and a statement before the guard: nested in that implicit transaction, the
+    guard would succeed and leave key and effect uncommitted. Refused before anything is written;
+    the documented forms (an idle connection, a `conn.transaction()` block, autocommit) still work."""
+    store = PostgresStore()
+    with psycopg.connect(ledger_dsn) as conn:
+        conn.execute("SELECT 1")
+        ran = []
+        with pytest.raises(RuntimeError, match=r"PostgresStore.guard\('implicit:1', conn=…\): the connection has a "
+                                               r"transaction open that nothing here commits .*valid: an idle connection"):
+            with store.guard("implicit:1", conn=conn):
+                ran.append(True)
+        assert ran == [] and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.rollback()
+        # Wrapped in conn.transaction() the caller says who commits: the guard nests in it.
+        conn.execute("SELECT 1")
+        with conn.transaction():
+            with store.guard("implicit:2", conn=conn):
+                conn.execute("INSERT INTO ledger (key, who) VALUES ('implicit:2', 'run')")
+        conn.commit()
+        # Idle: the guard's own transaction commits.
+        with store.guard("implicit:3", conn=conn):
+            conn.execute("INSERT INTO ledger (key, who) VALUES ('implicit:3', 'run')")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(ledger_dsn, autocommit=True) as conn:
+        conn.execute("BEGIN")  # the caller's own explicit transaction, its own COMMIT
+        with store.guard("implicit:4", conn=conn):
+            conn.execute("INSERT INTO ledger (key, who) VALUES ('implicit:4', 'run')")
+        conn.execute("COMMIT")
+    assert [ledger(ledger_dsn, f"implicit:{n}") for n in (1, 2, 3, 4)] == [[], ["run"], ["run"], ["run"]]

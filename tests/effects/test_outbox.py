@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from datetime import date, datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -104,6 +107,43 @@ def test_enqueue_belongs_to_the_callers_transaction(outbox_dsn):
     assert [str(r[0]) for r in rows(outbox_dsn, "SELECT id FROM taskherd_outbox ORDER BY created_at")] == kept
     with pytest.raises(ValueError, match="batch_size=0; valid: an integer in 1..10000"):
         outbox.Relay(connect=lambda: None, publish=lambda rows: None, batch_size=0)
+
+
+def test_enqueue_stores_arguments_as_celery_encodes_them_and_the_relay_hands_them_back(outbox_dsn):
+    """`.delay(datetime)` works, so does the outbox: the task gets what the producer passed."""
+    args = [datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc), Decimal("9.99"), uuid.UUID(int=5), b"\xff", "x"]
+    kwargs = {"due": date(2026, 2, 3), "n": 1}
+    with psycopg.connect(outbox_dsn) as conn:
+        task_id = outbox.enqueue(conn, "effects.record", args=args, kwargs=kwargs, queue="q")
+        outbox.enqueue(conn, "effects.record", args=(1,))  # a tuple is a list of arguments too
+    published: list = []
+    outbox.Relay(connect=lambda: psycopg.connect(outbox_dsn), publish=published.extend).run(once=True)
+    assert [(row.id, row.args, row.kwargs) for row in published] == [(task_id, args, kwargs), (published[1].id, [1], {})]
+    assert type(published[0].args[0]) is datetime and type(published[0].kwargs["due"]) is date
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"args": "ab"}, r"outbox args= got a str; valid: a list or tuple of the task's positional arguments"),
+    ({"args": 5}, r"outbox args= got a int; valid: a list or tuple"),
+    ({"kwargs": ["x"]}, r"outbox kwargs= got a list; valid: a mapping of the task's keyword arguments with str keys"),
+    ({"kwargs": {1: "x"}}, r"outbox kwargs= has keys \[1\] that are not str; valid: a mapping with str keys"),
+    ({"args": [object()]}, r"outbox args= cannot be stored \(Object of type object is not JSON serializable\); "
+                           r"valid: a value Celery's JSON serializer encodes"),
+    ({"kwargs": {"x": float("inf")}}, r"outbox kwargs= cannot be stored \(NaN and infinite floats cannot be stored in "
+                                      r"PostgreSQL jsonb\)"),
+    ({"args": ["a\x00"]}, r"outbox args= cannot be stored \(the character NUL"),
+    ({"args": [{"__type__": "mine", "__value__": 1}]}, r"outbox args= cannot be stored \(a dict with exactly the keys "
+                                                      r"'__type__' and '__value__'"),
+])
+def test_enqueue_refuses_arguments_celery_cannot_carry_naming_them_and_keeps_the_transaction(outbox_dsn, arguments,
+                                                                                           message):
+    with psycopg.connect(outbox_dsn) as conn:
+        conn.execute("INSERT INTO ledger (key, who) VALUES ('outbox-caller', 'caller')")
+        with pytest.raises(TypeError, match=message):
+            outbox.enqueue(conn, "effects.record", **arguments)
+        conn.commit()  # refused before any statement: the caller's transaction is still usable
+    assert rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox") == [(0,)]
+    assert rows(outbox_dsn, "SELECT who FROM ledger WHERE key = 'outbox-caller'") == [("caller",)]
 
 
 @pytest.mark.slow

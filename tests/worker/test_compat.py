@@ -8,7 +8,7 @@ from taskherd import compat
 def test_every_internal_taskherd_relies_on_exists_in_the_installed_libraries():
     assert compat.problems() == []
     assert {internal.library for internal in compat.INTERNALS} == {"kombu", "celery", "billiard", "amqp",
-                                                                   "prometheus-client", "redis"}
+                                                                   "prometheus-client", "redis", "psycopg"}
 
 
 def test_a_changed_internal_is_named_with_library_version_and_purpose():

@@ -242,6 +242,11 @@ INTERNALS: tuple[Internal, ...] = (
              why="drop the cancelled soft-time-limit timers of finished tasks from the event loop's heap"),
     Internal("kombu", "kombu.asynchronous.timer:Entry", "instance attributes", parameters=("canceled",),
              why="drop the cancelled soft-time-limit timers of finished tasks from the event loop's heap"),
+    # The PostgreSQL idempotency guard (taskherd.worker.idempotency.postgres_store): psycopg has no
+    # public "inside a conn.transaction() block".
+    Internal("psycopg", "psycopg._connection_base:BaseConnection", "instance attributes",
+             parameters=("_num_transactions",),
+             why="refuse a guard in an implicit transaction nothing commits (the key and the effect would be lost)"),
 )
 
 

@@ -21,14 +21,15 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from taskherd.contract import broker_kind
 
+from . import celery_json
 from .profile import REDIS_TRANSPORT_DEFAULTS
 
 logger = logging.getLogger(__name__)
@@ -74,11 +75,40 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
     """
     if not isinstance(task_name, str) or not task_name:
         raise ValueError(f"outbox task_name={task_name!r}; valid: a registered task name")
+    # Refused before the INSERT: a failed statement would abort the caller's whole transaction.
+    args_text, kwargs_text = _arguments_text(args, kwargs)
     task_id = str(uuid.uuid4())
-    conn.execute(sql.SQL("INSERT INTO {t} (id, task_name, args, kwargs, queue) VALUES (%s, %s, %s, %s, %s)")
-                 .format(t=_table(table)),
-                 (task_id, task_name, Jsonb(list(args)), Jsonb(dict(kwargs or {})), queue))
+    conn.execute(sql.SQL("INSERT INTO {t} (id, task_name, args, kwargs, queue) "
+                         "VALUES (%s, %s, %s::jsonb, %s::jsonb, %s)").format(t=_table(table)),
+                 (task_id, task_name, args_text, kwargs_text, queue))
     return task_id
+
+
+def _arguments_text(args: object, kwargs: object) -> tuple[str, str]:
+    """args and kwargs as Celery's JSON serializer writes a task's (so `.delay()`'s datetimes,
+    Decimals, UUIDs, bytes… reach the task as they would without the outbox), or an error naming
+    the argument. The types are Celery's own rules for a message body: anything else is a message
+    the worker fails (a str would even be spread into one argument per character)."""
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"outbox args= got a {type(args).__name__}; valid: a list or tuple of the task's "
+                        "positional arguments (args=[order_id], not args=order_id)")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"outbox kwargs= got a {type(kwargs).__name__}; valid: a mapping of the task's "
+                        "keyword arguments with str keys (kwargs={'order_id': 5}), or None")
+    bad_keys = [key for key in kwargs if not isinstance(key, str)]
+    if bad_keys:
+        raise TypeError(f"outbox kwargs= has keys {bad_keys[:3]!r} that are not str; valid: a mapping with "
+                        "str keys (the task's parameter names)")
+    return _json_text("args", list(args)), _json_text("kwargs", dict(kwargs))
+
+
+def _json_text(argument: str, value: Any) -> str:
+    try:
+        return celery_json.dumps(value, for_jsonb=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"outbox {argument}= cannot be stored ({exc}); valid: {celery_json.VALID}") from exc
 
 
 def purge_sent(conn, *, older_than_seconds: float, table: str = DEFAULT_TABLE) -> int:
@@ -156,13 +186,16 @@ class Relay:
             self._conn = self.connect()
         conn = self._conn
         with conn.transaction():
+            # args and kwargs as text, for Celery's JSON decoder: kombu's typed values (a datetime…)
+            # become what the producer passed, not the dicts that encode them.
             records = conn.execute(sql.SQL(
-                "SELECT id, task_name, args, kwargs, queue FROM {t} WHERE sent_at IS NULL "
+                "SELECT id, task_name, args::text, kwargs::text, queue FROM {t} WHERE sent_at IS NULL "
                 "ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED").format(t=self._t),
                 (self.batch_size,)).fetchall()
             if not records:
                 return 0
-            rows = [OutboxRow(str(r[0]), r[1], r[2], r[3], r[4]) for r in records]
+            rows = [OutboxRow(str(r[0]), r[1], celery_json.loads(r[2]), celery_json.loads(r[3]), r[4])
+                    for r in records]
             self.publish(rows)
             if self.after_publish is not None:
                 self.after_publish(rows)
@@ -180,10 +213,10 @@ class Relay:
                 count = self.relay_batch()
             except Exception:
                 # Broker or database unreachable: the batch rolled back, nothing is lost; try again later.
-                logger.exception("outbox relay %s: batch failed, retrying in %ss", self.name, self.poll_interval_seconds)
                 self._close()
                 if once:
-                    raise
+                    raise  # the command says why, in one line
+                logger.exception("outbox relay %s: batch failed, retrying in %ss", self.name, self.poll_interval_seconds)
                 stop.wait(self.poll_interval_seconds)
                 continue
             total += count

@@ -6,6 +6,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import celery_json
 from ..transient import TransientError
 
 #: Keys are stored verbatim (Redis key suffix, PostgreSQL text primary key); this bound keeps
@@ -67,11 +68,19 @@ class Claim:
     _result_set: bool = field(default=False, repr=False)
 
     def set_result(self, value: Any) -> None:
-        """Records what the effect returned; duplicates get it back (must be JSON-serialisable)."""
+        """Records what the effect returned; duplicates get it back as Celery's JSON serializer would
+        (`celery_json`: a datetime stays a datetime). A value it cannot encode is refused by the store
+        at the end of the guard (`unstorable_result`)."""
         if self.done:
             raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
         self.result = value
         self._result_set = True
+
+
+def unstorable_result(key: str, store: str, result: Any, error: Exception, consequence: str) -> TypeError:
+    """The error for a result the store cannot keep: the key, the store, the type, why, what happened."""
+    return TypeError(f"idempotency key {key!r} ({store}): the result, a {type(result).__name__}, cannot be stored "
+                     f"({error}); valid: {celery_json.VALID}; {consequence}")
 
 
 def validate_key(key: object) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 from .claim import validate_seconds
@@ -48,6 +49,9 @@ def idempotent(
     def decorate(fn: Callable) -> Callable:
         if not callable(fn):
             raise TypeError(f"idempotent(...) decorates a function, got {fn!r}")
+        _check_takes_the_arguments_of(fn, "key", key)
+        if is_postgres:
+            _check_takes_the_arguments_of(fn, "connection", connection)
 
         @functools.wraps(fn)
         def guarded(*args, **kwargs):
@@ -66,3 +70,64 @@ def idempotent(
         return guarded
 
     return decorate
+
+
+#: stands for every argument the decorator may pass on
+_ANY = object()
+#: a keyword no parameter has: only a **kwargs takes it, as it takes what the task's **kwargs receives
+_OTHER_KEYWORD = "taskherd any other keyword"
+
+
+def _calls(fn: Callable) -> list[tuple[list[str], list[str]]] | None:
+    """The calls the decorator may pass on, as (positional, keyword) argument names: the required
+    arguments alone; all of them, positionally, plus one for `*args` and one for `**kwargs`; and all
+    but the first by name (`charge.delay(order_id=5)`; Celery passes a bound task's `task` first).
+    None when the function has no signature to read (a builtin)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kind = inspect.Parameter
+    positional = [p for p in parameters if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)]
+    keyword = [p.name for p in parameters if p.kind is kind.KEYWORD_ONLY]
+    required = [p.name for p in positional if p.default is p.empty]
+    required_keyword = [p.name for p in parameters if p.kind is kind.KEYWORD_ONLY and p.default is p.empty]
+    var_positional = [f"*{p.name}" for p in parameters if p.kind is kind.VAR_POSITIONAL]
+    var_keyword = [f"**{p.name}" for p in parameters if p.kind is kind.VAR_KEYWORD]
+    calls = [(required, required_keyword), ([p.name for p in positional] + var_positional, keyword + var_keyword)]
+    by_name = [p.name for p in positional[1:] if p.kind is kind.POSITIONAL_OR_KEYWORD]
+    if by_name:
+        calls.append(([p.name for p in positional[:len(positional) - len(by_name)]], by_name + keyword))
+    return calls
+
+
+def _check_takes_the_arguments_of(fn: Callable, role: str, function: Callable) -> None:
+    """`key` and `connection` are called with the decorated function's own arguments: one that cannot
+    take them fails here, at import, rather than in every run of the task (dead-lettered)."""
+    calls = _calls(fn)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    for positional, keyword in calls or ():
+        names = {(_OTHER_KEYWORD if name.startswith("**") else name): _ANY for name in keyword}
+        try:
+            signature.bind(*[_ANY] * len(positional), **names)
+        except TypeError as exc:
+            var_keyword = next((name for name in keyword if name.startswith("**")), "**kwargs")
+            reason = str(exc).replace(repr(_OTHER_KEYWORD), f"(any keyword the task's {var_keyword} receives)")
+            call = ", ".join([*positional, *(name if name.startswith("**") else f"{name}=…" for name in keyword)])
+            name = getattr(function, "__qualname__", type(function).__name__)
+            raise TypeError(
+                f"idempotent {role}={name}{signature} cannot take the arguments of the task "
+                f"{fn.__qualname__}{inspect.signature(fn)}, which the decorator calls it with — "
+                f"{role}({call}): {reason}; valid: a function of the same parameters, e.g. "
+                f"{role}=lambda {_example_parameters(fn)}: … (or lambda task, *args, **kwargs: …)") from None
+
+
+def _example_parameters(fn: Callable) -> str:
+    """The function's parameters as a lambda can write them (no annotations, no defaults)."""
+    signature = inspect.signature(fn)
+    empty = inspect.Parameter.empty
+    bare = [p.replace(annotation=empty, default=empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=empty))[1:-1]

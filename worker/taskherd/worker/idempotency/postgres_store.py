@@ -13,6 +13,12 @@ savepoint:
   that transaction; if it commits, this is "done", if it rolls back (or its connection dies), the
   INSERT succeeds and this holder runs the effect. No lease: the database is the lease.
 
+A transaction nobody here commits — an implicit one, opened by a statement on a connection with
+autocommit off, outside any `conn.transaction()` block — is refused: nested in it the guard would
+report success while its key and effect wait, uncommitted, for a commit that may never come.
+Results are stored as Celery's JSON serializer writes them (`celery_json`), checked before the
+commit: one it cannot encode rolls the effect back with the key and says so.
+
 Inside the caller's transaction the guard adds its two statements and nothing else in round trips:
 the savepoint travels with the INSERT, its release with the UPDATE (one simple-protocol query each,
 parameters bound client-side by psycopg's ClientCursor), so a guarded effect costs two round trips
@@ -26,9 +32,9 @@ import re
 from typing import Iterator
 
 from psycopg import ClientCursor, Connection, pq, sql
-from psycopg.types.json import Jsonb
 
-from .claim import MAX_KEY_LENGTH, Claim, InvalidKey, validate_key, validate_seconds
+from .. import celery_json
+from .claim import MAX_KEY_LENGTH, Claim, InvalidKey, unstorable_result, validate_key, validate_seconds
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 #: savepoint names of guards opened inside a caller's transaction (nested guards get their own)
@@ -48,6 +54,33 @@ def _key(key: object) -> str:
         raise InvalidKey(f"idempotency key {key[:40]!r} contains NUL (\\x00), which PostgreSQL text cannot "
                          f"hold; valid: a str of 1..{MAX_KEY_LENGTH} characters other than NUL")
     return key
+
+
+def _result_text(claim: Claim, consequence: str) -> str:
+    """The claim's result as Celery's JSON serializer writes it, checked before anything commits."""
+    try:
+        return celery_json.dumps(claim.result, for_jsonb=True)
+    except (TypeError, ValueError) as exc:
+        raise unstorable_result(claim.key, "PostgresStore", claim.result, exc, consequence) from exc
+
+
+def _refuse_an_uncommitted_transaction(key: str, conn: Connection) -> None:
+    """An implicit transaction (autocommit off, a statement ran before the guard) is nobody's to
+    commit: the guard would be a savepoint in it, the task would succeed, and the key and the
+    effect would be lost with the connection unless something calls commit() later. A caller's
+    `conn.transaction()` block (its exit commits) and an explicit BEGIN on an autocommit connection
+    (the caller's own COMMIT) are transactions someone owns: the guard nests in them."""
+    # psycopg has no public "inside a transaction() block" (it counts them for its own checks);
+    # should the counter go, the guard nests as it did before (tests/effects pins this).
+    if conn.autocommit or getattr(conn, "_num_transactions", 1):
+        return
+    raise RuntimeError(
+        f"PostgresStore.guard({key!r}, conn=…): the connection has a transaction open that nothing here commits "
+        "(autocommit is off and a statement ran before the guard, outside any `with conn.transaction():`), so "
+        "the key and the effect would stay uncommitted, and be lost unless something calls conn.commit(); "
+        "valid: an idle connection (conn.commit() or conn.rollback() first; the guard then commits key and "
+        "effect), a guard inside `with conn.transaction():` (its exit commits them), or "
+        "psycopg.connect(..., autocommit=True)")
 
 
 class PostgresStore:
@@ -83,8 +116,11 @@ class PostgresStore:
 
     def is_done(self, conn, key: str) -> bool:
         _connection("is_done", conn)
-        row = conn.execute(sql.SQL("SELECT 1 FROM {t} WHERE key = %s").format(t=self._t),
-                           (_key(key),)).fetchone()
+        key = _key(key)
+        # In a transaction of its own: a bare SELECT with autocommit off would leave an implicit
+        # transaction open, which the next guard on this connection refuses.
+        with conn.transaction():
+            row = conn.execute(sql.SQL("SELECT 1 FROM {t} WHERE key = %s").format(t=self._t), (key,)).fetchone()
         return row is not None
 
     @contextlib.contextmanager
@@ -92,6 +128,7 @@ class PostgresStore:
         key = _key(key)
         _connection("guard", conn)
         if conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+            _refuse_an_uncommitted_transaction(key, conn)
             with self._inside(key, conn) as claim:
                 yield claim
             return
@@ -102,7 +139,9 @@ class PostgresStore:
                 return
             claim = Claim(key, done=False)
             yield claim
-            conn.execute(self._complete(), (Jsonb(claim.result), key))
+            # Raised here, inside the transaction: the effect rolls back with the key.
+            result = _result_text(claim, "nothing was committed: the effect was rolled back with the key")
+            conn.execute(self._complete(), (result, key))
 
     @contextlib.contextmanager
     def _inside(self, key: str, conn) -> Iterator[Claim]:
@@ -117,6 +156,9 @@ class PostgresStore:
             else:
                 claim = Claim(key, done=False)
             yield claim
+            if not claim.done:
+                result = _result_text(claim, "the effect was rolled back with the key to the guard's savepoint; "
+                                             "the caller's transaction goes on")
         except BaseException:
             if conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
                 cursor.execute(sql.SQL("ROLLBACK TO SAVEPOINT {s}; RELEASE SAVEPOINT {s}").format(s=savepoint))
@@ -125,18 +167,19 @@ class PostgresStore:
             cursor.execute(sql.SQL("RELEASE SAVEPOINT {s}").format(s=savepoint))
         else:
             cursor.execute(self._complete() + sql.SQL("; RELEASE SAVEPOINT {s}").format(s=savepoint),
-                           (Jsonb(claim.result), key))
+                           (result, key))
 
     def _insert(self) -> sql.Composed:
         return sql.SQL("INSERT INTO {t} (key) VALUES (%s) ON CONFLICT (key) DO NOTHING RETURNING key").format(t=self._t)
 
     def _complete(self) -> sql.Composed:
-        return sql.SQL("UPDATE {t} SET result = %s, completed_at = now() WHERE key = %s").format(t=self._t)
+        return sql.SQL("UPDATE {t} SET result = %s::jsonb, completed_at = now() WHERE key = %s").format(t=self._t)
 
     def _stored_result(self, conn, key: str):
-        row = conn.execute(sql.SQL("SELECT result FROM {t} WHERE key = %s").format(t=self._t), (key,)).fetchone()
+        # As text, for Celery's JSON decoder (psycopg's own would leave kombu's typed values as dicts).
+        row = conn.execute(sql.SQL("SELECT result::text FROM {t} WHERE key = %s").format(t=self._t), (key,)).fetchone()
         if row is None:
             # REPEATABLE READ / SERIALIZABLE: the conflicting row committed after our snapshot.
             raise RuntimeError(f"idempotency key {key!r} exists but is invisible to this transaction's "
                                "snapshot: use READ COMMITTED for the guard's transaction")
-        return row[0]
+        return None if row[0] is None else celery_json.loads(row[0])

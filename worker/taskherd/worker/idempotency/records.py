@@ -2,6 +2,8 @@
 
 A key holds one JSON record: ``{"state": "in_progress", "holder", "token"}`` with a TTL equal to
 the lease, or ``{"state": "done", "result", "holder"}`` with a TTL equal to the result TTL. The
+result is written as Celery's JSON serializer writes it (`celery_json`), so a duplicate returns
+a datetime, a Decimal, bytes… as Celery would have. The
 lease is Redis's own key expiry, so no client clock is ever compared with another's: a holder
 that stops renewing simply loses its key.
 """
@@ -12,6 +14,8 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from .. import celery_json
 
 IN_PROGRESS = "in_progress"
 DONE = "done"
@@ -47,7 +51,8 @@ _json_string = json.encoder.encode_basestring_ascii  # what json.dumps writes fo
 
 
 def _json_value(value: Any) -> str:
-    return "null" if value is None else json.dumps(value)
+    # Plain JSON values come out as json.dumps writes them; kombu's typed values as kombu does.
+    return "null" if value is None else celery_json.dumps(value)
 
 
 def in_progress_record(holder: str, token: str | None = None) -> str:
@@ -58,6 +63,7 @@ def in_progress_record(holder: str, token: str | None = None) -> str:
 
 
 def done_record(holder: str, result: Any, token: str | None = None) -> str:
+    """Raises TypeError or ValueError when Celery's JSON serializer cannot encode `result`."""
     # With the claim's token, a holder whose reply was lost recognises the done record as its own.
     # As json.dumps writes {"state", "holder", "result"[, "token"]}: only the result goes through it.
     record = f'{{"state": "{DONE}", "holder": {_json_string(holder)}, "result": {_json_value(result)}'
@@ -74,7 +80,7 @@ def decide(claimed: bool, raw: bytes | str | None, pttl_ms: int, *, own_record: 
         return _RUN
     if raw is None:  # expired between calls; the caller simply tries again
         return Decision(Action.BUSY, retry_after=0.0)
-    record = json.loads(raw)
+    record = celery_json.loads(raw)
     state = record.get("state")
     if state == DONE:
         return Decision(Action.RETURN, result=record.get("result"), holder=record.get("holder"))

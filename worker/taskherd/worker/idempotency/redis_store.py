@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import logging
 import os
 import socket
@@ -42,7 +41,8 @@ from redis.exceptions import WatchError
 
 from taskherd import compat
 
-from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, validate_key, validate_seconds
+from .. import celery_json
+from .claim import Claim, InProgress, LeaseLost, StoreUnavailable, unstorable_result, validate_key, validate_seconds
 from .records import Action, decide, done_record, in_progress_record, new_token
 from .renewer import Renewer
 from .scripts import Scripts
@@ -133,15 +133,21 @@ def _seconds(name: str, value: object, minimum: float) -> float:
     return validate_seconds("RedisStore", name, value, minimum, _MAX_SECONDS)
 
 
+_VALID_CLIENT = ("valid: a synchronous redis-py client: redis.Redis (e.g. redis.Redis.from_url(url)), "
+                 "a Sentinel master, or redis.RedisCluster")
+
+
 def _client(client: object) -> object:
     # The scripts need register_script (clients without a connection pool, such as RedisCluster,
     # run them through it); an asyncio client would hand back coroutines that nothing awaits.
-    if not callable(getattr(client, "register_script", None)) or inspect.iscoroutinefunction(
-            getattr(client, "execute_command", None)):
-        # The type only: a URL passed by mistake would show its password.
-        raise TypeError(f"RedisStore client= got a {type(client).__name__}; valid: a synchronous "
-                        "redis-py client: redis.Redis (e.g. redis.Redis.from_url(url)), a Sentinel master, "
-                        "or redis.RedisCluster")
+    # The type only, in both errors: a URL passed by mistake would show its password.
+    if inspect.iscoroutinefunction(getattr(client, "execute_command", None)):
+        # Its class is called Redis too: say which one it is, or "got a Redis" reads as a contradiction.
+        kind = type(client)
+        raise TypeError(f"RedisStore client= got an asyncio client ({kind.__module__}.{kind.__qualname__}); "
+                        f"the store runs in the task's thread and needs a synchronous one; {_VALID_CLIENT}")
+    if not callable(getattr(client, "register_script", None)):
+        raise TypeError(f"RedisStore client= got a {type(client).__name__}; {_VALID_CLIENT}")
     return client
 
 
@@ -179,7 +185,7 @@ class RedisStore:
     def state(self, key: str) -> dict | None:
         """The stored record for `key` (for inspection and tests), or None."""
         raw = self.client.get(self.prefix + validate_key(key))
-        return json.loads(raw) if raw is not None else None
+        return celery_json.loads(raw) if raw is not None else None
 
     @contextlib.contextmanager
     def guard(self, key: str, *, wait_seconds: float = 0.0) -> Iterator[Claim]:
@@ -215,32 +221,44 @@ class RedisStore:
             yield claim
         except BaseException:
             self._renewer.remove(lease_id)
-            try:
-                self._release(keys=[redis_key], args=[record])
-            except _UNREACHABLE:
-                # The key stays in progress until its lease expires; retries wait until then.
-                logger.warning("idempotency key %r: could not release it after a failure; it frees itself "
-                               "after the %ss lease", key, self.lease_seconds, exc_info=True)
+            self._release_after_failure(key, redis_key, record)
             raise
         self._renewer.remove(lease_id)
         self._finish(key, redis_key, record, holder, token, claim)
 
+    def _release_after_failure(self, key: str, redis_key: str, record: str) -> None:
+        try:
+            self._release(keys=[redis_key], args=[record])
+        except _UNREACHABLE:
+            # The key stays in progress until its lease expires; retries wait until then.
+            logger.warning("idempotency key %r: could not release it after a failure; it frees itself "
+                           "after the %ss lease", key, self.lease_seconds, exc_info=True)
+
     def _finish(self, key: str, redis_key: str, record: str, holder: str, token: str, claim: RedisClaim) -> None:
         ttl_ms = int(self.result_ttl_seconds * 1000)
-        result = claim.result
         try:
-            done = done_record(holder, result, token)
-            error = None
-        except TypeError as exc:
-            # The effect has happened: record it as done anyway, so it never runs again, then say why.
-            done, error = done_record(holder, None, token), exc
+            done = done_record(holder, claim.result, token)
+        except (TypeError, ValueError) as exc:
+            self._finish_unstorable(key, redis_key, record, holder, token, claim, ttl_ms, exc)
         if claim._transactional:
             self._commit(key, redis_key, record, done, ttl_ms, claim._transactional)
         else:
             self._complete_after_effect(key, redis_key, record, done, ttl_ms)
-        if error is not None:
-            raise TypeError(f"idempotency key {key!r}: result {result!r} is not JSON-serialisable ({error}); "
-                            "the key is recorded as done with result None") from error
+
+    def _finish_unstorable(self, key: str, redis_key: str, record: str, holder: str, token: str,
+                           claim: RedisClaim, ttl_ms: int, error: Exception) -> None:
+        """A result Celery's JSON cannot encode: say so, and make sure no effect runs twice for it."""
+        if claim._transactional:
+            # Nothing is applied yet: drop the queued effects and free the key, as for a failed body.
+            self._release_after_failure(key, redis_key, record)
+            raise unstorable_result(key, "RedisStore", claim.result, error,
+                                    "nothing was applied: the effects queued with claim.in_transaction were "
+                                    "dropped and the key released") from error
+        # The effect has happened: record it as done anyway, so that it never runs again.
+        self._complete_after_effect(key, redis_key, record, done_record(holder, None, token), ttl_ms)
+        raise unstorable_result(key, "RedisStore", claim.result, error,
+                                "the effect ran once and the key is recorded as done with result None, "
+                                "which duplicates return") from error
 
     def _commit(self, key: str, redis_key: str, record: str, done: str, ttl_ms: int,
                 effects: list[Callable[[Any], Any]]) -> None:
