@@ -251,3 +251,25 @@ def test_per_call_limits_the_worker_could_not_honour_are_refused_at_publish_on_b
     with pytest.raises(ProfileError, match="soft_time_limit=26 is not below its hard time limit 25"):
         own_hard.apply_async(soft_time_limit=26)  # the task's own hard limit
     app.close()
+
+
+def test_a_wait_longer_than_rabbitmq_lets_a_worker_hold_the_message_is_refused_at_publish():
+    """A worker takes an ETA message at once and holds it unacknowledged until it has run; RabbitMQ
+    closes the channel of a delivery held longer than consumer_timeout and delivers every task of
+    that channel again, running ones included: `apply_async(countdown=7200)` was published silently."""
+    import datetime as dt
+
+    from taskherd.worker.profile import wait_problem
+
+    app = Celery("producer", broker=os.environ["TASKHERD_AMQP_URL"], set_as_current=False)
+    configure(app, queues=["limits"], soft_time_limit=20, time_limit=30)
+    with pytest.raises(ProfileError, match=r"task 'limits.remote': countdown=7200 waits 7200 s, not below "
+                                           r"rabbitmq_consumer_timeout - time_limit = 1800 - 30 = 1770 s: .* "
+                                           r"\(valid: a wait under 1770 s"):
+        app.send_task("limits.remote", queue="limits", countdown=7200)
+    in_two_hours = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
+    with pytest.raises(ProfileError, match=r"eta=.* waits 7200 s"):
+        app.send_task("limits.remote", queue="limits", eta=in_two_hours)
+    app.close()
+    assert wait_problem("t", 1769, None, consumer_timeout=1800, time_limit=30) is None
+    assert wait_problem("t", None, dt.datetime.now(dt.timezone.utc), consumer_timeout=1800, time_limit=30) is None

@@ -476,23 +476,62 @@ def call_time_limit_problem(app: Any, task: str, time_limit: Any, soft_time_limi
     return None
 
 
-def refuse_time_limits_at_publish(app: Any, *, below: float | None) -> None:
+def wait_problem(task: str, countdown: Any, eta: Any, *, consumer_timeout: float, time_limit: float) -> str | None:
+    """Why a message of ``task`` must not wait that long on RabbitMQ (None when it may): a worker takes
+    an ETA message at once and holds it unacknowledged until it has run, and RabbitMQ closes the
+    channel of a delivery held longer than its consumer_timeout, redelivering every delivery of that
+    channel, running tasks included (they run twice)."""
+    import datetime as dt
+
+    if isinstance(eta, dt.datetime):
+        wait, said = eta.timestamp() - dt.datetime.now(dt.timezone.utc).timestamp(), f"eta={eta.isoformat()}"
+    elif isinstance(countdown, (int, float)) and not isinstance(countdown, bool):
+        wait, said = float(countdown), f"countdown={countdown!r}"
+    else:
+        return None
+    room = consumer_timeout - time_limit
+    if wait < room:
+        return None
+    return (f"task {task!r}: {said} waits {wait:.0f} s, not below rabbitmq_consumer_timeout - time_limit = "
+            f"{consumer_timeout:g} - {time_limit:g} = {room:g} s: a worker holds the message unacknowledged until "
+            f"the task has run, and RabbitMQ closes the channel of a delivery held longer than consumer_timeout, "
+            f"delivering again every task of that channel, running ones included (valid: a wait under {room:g} s; "
+            f"for longer ones raise consumer_timeout in rabbitmq.conf and rabbitmq_consumer_timeout in configure(), "
+            f"or send the task later, e.g. from celery beat)")
+
+
+def refuse_time_limits_at_publish(app: Any, *, below: float | None, profile: Profile | None = None) -> None:
     """Every task message ``app`` builds with per-call time limits it must not run with
-    (:func:`call_time_limit_problem`) raises :class:`ProfileError` instead of being published."""
+    (:func:`call_time_limit_problem`), or on RabbitMQ a first attempt waiting longer than the broker
+    lets a worker hold it (:func:`wait_problem`), raises :class:`ProfileError` instead of being
+    published. (A retry's own countdown is bounded by backoff_cap, checked in configure().)"""
     create = compat.task_message_creator(app)
     if getattr(create, "taskherd_checked", False):  # configure() ran before: replace the check
         create = create.__wrapped__
     parameters = list(inspect.signature(create).parameters)
-    name_at, limit_at, soft_at = (parameters.index(name) for name in ("name", "time_limit", "soft_time_limit"))
+    name_at, limit_at, soft_at, countdown_at, eta_at, retries_at = (
+        parameters.index(name) for name in ("name", "time_limit", "soft_time_limit", "countdown", "eta", "retries"))
+    consumer_timeout = profile.rabbitmq_consumer_timeout if profile is not None and profile.broker_is_amqp else None
+
+    def given(at: int, name: str, args: tuple, kwargs: dict) -> Any:
+        return args[at] if len(args) > at else kwargs.get(name)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        time_limit = args[limit_at] if len(args) > limit_at else kwargs.get("time_limit")
-        soft_time_limit = args[soft_at] if len(args) > soft_at else kwargs.get("soft_time_limit")
+        time_limit = given(limit_at, "time_limit", args, kwargs)
+        soft_time_limit = given(soft_at, "soft_time_limit", args, kwargs)
         if time_limit is not None or soft_time_limit is not None:
-            name = args[name_at] if len(args) > name_at else kwargs.get("name")
+            name = given(name_at, "name", args, kwargs)
             problem = call_time_limit_problem(app, name, time_limit, soft_time_limit, below=below)
             if problem:
                 raise ProfileError([problem])
+        if consumer_timeout is not None and not given(retries_at, "retries", args, kwargs):
+            countdown, eta = given(countdown_at, "countdown", args, kwargs), given(eta_at, "eta", args, kwargs)
+            if countdown is not None or eta is not None:
+                run_limit = time_limit if isinstance(time_limit, (int, float)) else profile.time_limit
+                problem = wait_problem(given(name_at, "name", args, kwargs), countdown, eta,
+                                       consumer_timeout=consumer_timeout, time_limit=run_limit)
+                if problem:
+                    raise ProfileError([problem])
         return create(*args, **kwargs)
 
     checked.__wrapped__ = create
@@ -601,7 +640,7 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
-    refuse_time_limits_at_publish(app, below=profile.visibility_timeout)
+    refuse_time_limits_at_publish(app, below=profile.visibility_timeout, profile=profile)
     install_components(app, profile.components, profile)  # each class once: configure() may run twice
     _warn_when_a_worker_starts(app)
     return profile
