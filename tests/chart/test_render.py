@@ -622,7 +622,8 @@ def test_taskherd_worker_takes_every_option_the_chart_renders():
 
     values = {**BROKER, "workerPools": [
         {"name": "every", "app": "shop.tasks:app", "queues": ["a", "b"], "concurrency": 3, "logLevel": "DEBUG",
-         "maxTasksPerChild": 50, "maxMemoryPerChildKb": 200000, "timeLimits": {"softSeconds": 50, "hardSeconds": 60}},
+         "maxTasksPerChild": 50, "maxMemoryPerChildKb": 200000, "timeLimits": {"softSeconds": 50, "hardSeconds": 60},
+         "resources": {"limits": {"memory": "1Gi"}}},  # 3 children x 200000 KiB fit in it
         {"name": "chatty", "app": "shop.tasks", "queues": ["c"], "mingle": True, "gossip": True,
          "extraArgs": ["-O", "fair", "--without-heartbeat"]}]}
     deployments = by_kind(render(values=values), "Deployment")
@@ -686,3 +687,43 @@ def test_one_operator_replica_may_run_without_leader_election():
     operator = by_kind(render(values=values), "Deployment")["th-taskherd-operator"]
     assert operator["spec"]["replicas"] == 1
     assert "--no-leader-election" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_operator_and_beat_extra_args_the_chart_does_not_set_render():
+    # The checks refuse what the chart sets (ports, namespaces, the schedule file), abbreviated or
+    # joined to its value; the rest reaches the command line as written.
+    values = {**BROKER, "operator": {"replicas": 1, "extraArgs": ["--dry-run", "--no-leader-election"]},
+              "beat": {"enabled": True, "extraArgs": ["--loglevel=DEBUG", "--scheduler", "redbeat.RedBeatScheduler"]}}
+    deployments = by_kind(render(values=values), "Deployment")
+    args = container(deployments["th-taskherd-operator"], "taskherd-operator")["args"]
+    assert args[-2:] == ["--dry-run", "--no-leader-election"]
+    assert "--metrics-port=9893" in args and "--liveness=http://0.0.0.0:9894/healthz" in args
+    beat = container(deployments["th-taskherd-beat"], "taskherd-beat")["command"]
+    assert beat[-3:] == ["--loglevel=DEBUG", "--scheduler", "redbeat.RedBeatScheduler"]
+
+
+def test_the_namespace_default_service_account_may_be_used_but_not_created():
+    values = {**BROKER, "workerPools": [
+        {"name": "a", "app": "t", "queues": ["a"], "serviceAccount": {"create": False, "name": "default"}},
+        {"name": "b", "app": "t", "queues": ["b"], "serviceAccount": {"create": True, "name": "tasks"}}]}
+    objects = render(values=values)
+    deployments = by_kind(objects, "Deployment")
+    assert deployments["th-taskherd-a"]["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+    assert deployments["th-taskherd-b"]["spec"]["template"]["spec"]["serviceAccountName"] == "tasks"
+    assert "default" not in by_kind(objects, "ServiceAccount")
+
+
+def test_children_memory_caps_that_fit_the_limit_together_render():
+    # concurrency x maxMemoryPerChildKb may reach the limit, not pass it: 4 x 131072 KiB = 512Mi.
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "t", "concurrency": 4, "maxMemoryPerChildKb": 131072}]}
+    worker = container(by_kind(render(values=values), "Deployment")["th-taskherd-p"], WORKER)
+    assert "--concurrency=4" in worker["command"] and "--max-memory-per-child=131072" in worker["command"]
+    assert worker["resources"]["limits"]["memory"] == "512Mi"
+
+
+def test_a_startup_budget_of_the_documented_minimum_renders():
+    # periodSeconds x failureThreshold >= 60 s (docs/chart.md, the startup probe): 2 x 30 is accepted.
+    values = {**BROKER, "workerPools": [{"name": "p", "app": "t", "probes": {
+        "type": "exec", "startup": {"periodSeconds": 2, "failureThreshold": 30}}}]}
+    worker = container(by_kind(render(values=values), "Deployment")["th-taskherd-p"], WORKER)
+    assert worker["startupProbe"]["periodSeconds"] == 2 and worker["startupProbe"]["failureThreshold"] == 30

@@ -579,13 +579,38 @@ is added (taskherd.componentName), so only a real clash remains: a pool named li
 -P: "only prefork enforces the hard time limit the grace period is derived from and keeps tasks off the heartbeat loop"
 {{- end }}
 
+{{/* Celery beat options the chart sets: beat.extraArgs may not set them again. */}}
+{{- define "taskherd.reservedBeatArgs" -}}
+--schedule: "the chart keeps beat's schedule file on its writable emptyDir (/run/taskherd/beat); to keep last run times across restarts set beat.scheduler (a database scheduler)"
+-s: "the chart keeps beat's schedule file on its writable emptyDir (/run/taskherd/beat); to keep last run times across restarts set beat.scheduler (a database scheduler)"
+--max-interval: "set beat.maxIntervalSeconds instead: the liveness probe's max age is derived from it"
+--detach: "a detached beat leaves the container, which then exits"
+-D: "a detached beat leaves the container, which then exits"
+--pidfile: "the root filesystem is read-only, and one beat runs per release (one replica, Recreate): beat needs no pidfile"
+--app: "set the app of beat.pool instead (the chart passes it)"
+-A: "set the app of beat.pool instead (the chart passes it)"
+{{- end }}
+
+{{/* Operator options the chart sets or derives: operator.extraArgs may not set them again. */}}
+{{- define "taskherd.reservedOperatorArgs" -}}
+--liveness: "set operator.healthPort instead: the chart serves /healthz on 0.0.0.0 at that port, and the liveness and readiness probes and the container port are derived from it (another address or port fails them: a restart loop)"
+--metrics-port: "set operator.metricsPort instead: the container port, the NetworkPolicy and the ServiceMonitor are derived from it (another port is never scraped)"
+--namespace: "the operator watches the release namespace, the only one its Role reaches (another one answers 403); install a release in each namespace that runs pools"
+-n: "the operator watches the release namespace, the only one its Role reaches (another one answers 403); install a release in each namespace that runs pools"
+--lease-namespace: "the chart creates the leader-election Lease in the release namespace, the only one its Role reaches (another one answers 403)"
+--verbose: "set operator.verbose=true instead (the chart passes it)"
+{{- end }}
+
 {{/*
-One worker extraArgs entry: (dict "key" "workerPools[0].extraArgs[2]" "arg" … "reserved" <reservedWorkerArgs>).
-Refused: a reserved option, written whole or as an abbreviation argparse would take (a prefix of
-at least 3 letters: --time for --time-limit), and an option with its value in one entry
-("--time-limit 600"), which reaches the worker as one unknown option name.
+One extraArgs entry of a program the chart starts: (dict "key" "workerPools[0].extraArgs[2]" "arg" …
+"reserved" <reservedWorkerArgs, reservedBeatArgs or reservedOperatorArgs> "program" "the worker"),
+optionally "allow" (a regex of entries that name a reserved option but are what the chart sets:
+--pool=prefork). Refused: a reserved option, written whole or as an abbreviation (a prefix of at
+least 3 letters: --time for --time-limit; argparse would take it, or the program refuses it and
+its container never starts), and an option with its value in one entry ("--time-limit 600"),
+which reaches the program as one unknown option name.
 */}}
-{{- define "taskherd.check.workerArg" -}}
+{{- define "taskherd.check.extraArg" -}}
 {{- $flag := regexReplaceAll "^(--[^=\\s]+)[=\\s].*$|^(-[A-Za-z]).+$" .arg "${1}${2}" }}
 {{- $option := "" }}
 {{- if hasKey .reserved $flag }}
@@ -595,10 +620,10 @@ at least 3 letters: --time for --time-limit), and an option with its value in on
 {{- if and (not $option) (hasPrefix $flag $name) }}{{ $option = $name }}{{ end }}
 {{- end }}
 {{- end }}
-{{- if and $option (not (regexMatch "^(--pool=|-P)prefork$" .arg)) }}
+{{- if and $option (not (and .allow (regexMatch .allow .arg))) }}
 {{ .key }}={{ toJson .arg }} is refused{{ if ne $option $flag }} ({{ $flag }} abbreviates {{ $option }}){{ end }}: {{ get .reserved $option }}
 {{- else if and (hasPrefix "--" .arg) (regexMatch "\\s" .arg) }}
-{{ .key }}={{ toJson .arg }} holds an option and its value in one entry, which the worker reads as one unknown option; valid: "{{ $flag }}=<value>", or two entries ("{{ $flag }}", "<value>")
+{{ .key }}={{ toJson .arg }} holds an option and its value in one entry, which {{ .program }} reads as one unknown option; valid: "{{ $flag }}=<value>", or two entries ("{{ $flag }}", "<value>")
 {{- end }}
 {{- end }}
 
@@ -619,7 +644,7 @@ TASKHERD_BROKER_URL TASKHERD_BROKER_TYPE TASKHERD_QUEUES TASKHERD_DEAD_LETTER_QU
 {{- $i := int $pool.index }}
 {{- $entry := index $v.workerPools $i }}
 {{- $k := dict }}
-{{- range $path := list "app" "queues" "deadLetterQueues" "command" "extraArgs" "timeLimits.softSeconds" "timeLimits.hardSeconds" "terminationGracePeriodSeconds" "drainMarginSeconds" "shutdownSeconds" "maxMemoryPerChildKb" "resources" "resources.limits.memory" "scratchSizeLimit" "env" "envFrom" "extraVolumes" "extraVolumeMounts" "metrics.port" "replicas" "autoscaling.enabled" "autoscaling.minReplicas" "autoscaling.maxReplicas" "autoscaling.deadLetter.alertmanagerUrl" "autoscaling.deadLetter.webhookUrl" "podDisruptionBudget.maxUnavailable" "podLabels" "podAnnotations" "nodeSelector" "imagePullSecrets" "priorityClassName" "serviceAccount.name" "serviceAccount.annotations" "initContainers" "sidecars" }}
+{{- range $path := list "app" "concurrency" "queues" "deadLetterQueues" "command" "extraArgs" "timeLimits.softSeconds" "timeLimits.hardSeconds" "terminationGracePeriodSeconds" "drainMarginSeconds" "shutdownSeconds" "maxMemoryPerChildKb" "resources" "resources.limits.memory" "scratchSizeLimit" "env" "envFrom" "extraVolumes" "extraVolumeMounts" "metrics.port" "replicas" "autoscaling.enabled" "autoscaling.minReplicas" "autoscaling.maxReplicas" "autoscaling.deadLetter.alertmanagerUrl" "autoscaling.deadLetter.webhookUrl" "podDisruptionBudget.maxUnavailable" "podLabels" "podAnnotations" "nodeSelector" "imagePullSecrets" "priorityClassName" "serviceAccount.create" "serviceAccount.name" "serviceAccount.annotations" "probes.startup.periodSeconds" "probes.startup.failureThreshold" "initContainers" "sidecars" }}
 {{- $_ := set $k $path (include "taskherd.pool.key" (dict "root" $root "index" $i "path" $path)) }}
 {{- end }}
 {{- /* app and command */}}
@@ -633,7 +658,7 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- end }}
 {{- if empty $pool.command }}
 {{- range $j, $arg := $pool.extraArgs }}
-{{- include "taskherd.check.workerArg" (dict "key" (printf "%s[%d]" $k.extraArgs $j) "arg" (toString $arg) "reserved" $reservedArgs) }}
+{{- include "taskherd.check.extraArg" (dict "key" (printf "%s[%d]" $k.extraArgs $j) "arg" (toString $arg) "reserved" $reservedArgs "program" "the worker" "allow" "^(--pool=|-P)prefork$") }}
 {{- end }}
 {{- end }}
 {{- /* queues and their dead-letter queues */}}
@@ -681,13 +706,31 @@ broker.visibilityTimeoutSeconds={{ int64 $v.broker.visibilityTimeoutSeconds }} m
 {{- /* memory */}}
 {{- include "taskherd.check.resources" (dict "f" $f "key" $k.resources "resources" $pool.resources "root" $root "index" $i) }}
 {{- $memory := include "taskherd.quantityValue" ((($pool.resources | default dict).limits | default dict).memory | default "") }}
-{{- if and (gt (int64 $pool.maxMemoryPerChildKb) 0) (ne $memory "invalid") (gt (float64 $memory) 0.0) (ge (mulf (float64 $pool.maxMemoryPerChildKb) 1024.0) (float64 $memory)) }}
+{{- if and (gt (int64 $pool.maxMemoryPerChildKb) 0) (ne $memory "invalid") (gt (float64 $memory) 0.0) }}
+{{- $childBytes := mulf (float64 $pool.maxMemoryPerChildKb) 1024.0 }}
+{{- $children := int64 $pool.concurrency }}
+{{- if ge $childBytes (float64 $memory) }}
 {{ $k.maxMemoryPerChildKb }}={{ int64 $pool.maxMemoryPerChildKb }} KiB is not below {{ index $k "resources.limits.memory" }}={{ toJson $pool.resources.limits.memory }}: the pod is OOM-killed before Celery replaces the child (it checks after each task); set it well below the limit, or 0
+{{- else if gt (mulf $childBytes (float64 $children)) (float64 $memory) }}
+{{- /* every child may grow to the cap before Celery replaces it (it checks after each task), all at
+once: the cap is per child, the limit per pod */}}
+{{- $maxKb := floor (divf (float64 $memory) (mulf 1024.0 (float64 $children))) | int64 }}
+{{- $maxChildren := floor (divf (float64 $memory) $childBytes) | int64 }}
+{{ $k.concurrency }}={{ $children }} × {{ $k.maxMemoryPerChildKb }}={{ int64 $pool.maxMemoryPerChildKb }} KiB = {{ mul $children (int64 $pool.maxMemoryPerChildKb) }} KiB exceeds {{ index $k "resources.limits.memory" }}={{ toJson $pool.resources.limits.memory }} ({{ divf (float64 $memory) 1024.0 | floor | int64 }} KiB): each of the {{ $children }} children may grow to the cap before Celery replaces it (it checks after each task), and the pod is OOM-killed first; valid: concurrency × maxMemoryPerChildKb at most the limit: maxMemoryPerChildKb at most {{ $maxKb }} with concurrency {{ $children }}, concurrency at most {{ $maxChildren }} with this cap, a higher memory limit, or maxMemoryPerChildKb 0 (off)
+{{- end }}
 {{- end }}
 {{- if eq (include "taskherd.quantityValue" $pool.scratchSizeLimit) "invalid" }}
 {{ $k.scratchSizeLimit }}={{ toJson $pool.scratchSizeLimit }} is invalid; valid: {{ $f.quantity.valid }}
 {{- else }}
 {{- include "taskherd.check.bytes" (dict "key" $k.scratchSizeLimit "value" $pool.scratchSizeLimit "min" "16Mi" "why" "each writable emptyDir holds /tmp, the heartbeat or the Prometheus files of every process") }}
+{{- end }}
+{{- /* the startup probe's budget: a worker still booting is restarted when it runs out, and
+boots again, in a loop (docs/chart.md: the startup probe's budget, at least 60 s) */}}
+{{- $startup := $pool.probes.startup }}
+{{- $minStartup := 60 }}
+{{- $startupBudget := mul (int64 $startup.periodSeconds) (int64 $startup.failureThreshold) }}
+{{- if lt $startupBudget (int64 $minStartup) }}
+{{ index $k "probes.startup.periodSeconds" }}={{ int64 $startup.periodSeconds }} × {{ index $k "probes.startup.failureThreshold" }}={{ int64 $startup.failureThreshold }} gives a worker {{ $startupBudget }} s to boot, less than the minimum of {{ $minStartup }} s: a boot takes 6–30 s (docs/benchmarks.md; 34 s measured on a loaded node), and a worker restarted before its first heartbeat boots again, in a loop; valid: periodSeconds × failureThreshold at least {{ $minStartup }} (e.g. failureThreshold {{ div (add $minStartup (sub (int64 $startup.periodSeconds) 1)) (int64 $startup.periodSeconds) }} with periodSeconds {{ int64 $startup.periodSeconds }}; the default is 1 × 300)
 {{- end }}
 {{- /* environment, volumes, extra containers */}}
 {{- include "taskherd.check.env" (dict "f" $f "key" $k.env "env" $pool.env "reserved" $reservedEnv "why" "the chart <-> worker contract, docs/chart.md: set the value it comes from") }}
@@ -788,6 +831,9 @@ workerPools[{{ $i }}].replicas={{ toJson $entry.replicas }} would be ignored: {{
 {{- if $pool.serviceAccount.name }}
 {{- include "taskherd.check.format" (dict "f" $f "format" "dnsSubdomain" "key" (index $k "serviceAccount.name") "value" $pool.serviceAccount.name "max" 253) }}
 {{- end }}
+{{- if and (eq true $pool.serviceAccount.create) (eq (toString $pool.serviceAccount.name) "default") }}
+{{ index $k "serviceAccount.name" }}="default" with {{ index $k "serviceAccount.create" }}=true would create a ServiceAccount named "default", which Kubernetes keeps in every namespace (helm install fails: it "already exists"); valid: another name (empty: the pool's own, named like its Deployment), or serviceAccount.create=false to run as the namespace's default
+{{- end }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" (index $k "serviceAccount.annotations") "annotations" $pool.serviceAccount.annotations) }}
 {{- if and $pool.serviceAccount.annotations (not $pool.serviceAccount.create) }}
 {{ index $k "serviceAccount.annotations" }} would be ignored: serviceAccount.create is false, so the chart creates no ServiceAccount to annotate; set serviceAccount.create=true
@@ -854,6 +900,10 @@ workerPools[{{ int $pool.index }}] (pool {{ toJson $pool.name }}) uses {{ toJson
 operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ int64 $op.metricsPort }}; the health endpoint and /metrics are two servers and need two ports
 {{- end }}
 {{- include "taskherd.check.leaderElection" $op }}
+{{- $reservedArgs := fromYaml (include "taskherd.reservedOperatorArgs" .root) }}
+{{- range $j, $arg := $op.extraArgs }}
+{{- include "taskherd.check.extraArg" (dict "key" (printf "operator.extraArgs[%d]" $j) "arg" (toString $arg) "reserved" $reservedArgs "program" "the operator") }}
+{{- end }}
 {{- include "taskherd.check.url" (dict "f" $f "format" "alertmanagerUrl" "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.serviceAccount.annotations" "annotations" $op.serviceAccount.annotations) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.podAnnotations" "annotations" $op.podAnnotations) }}
@@ -919,11 +969,9 @@ beat.pool={{ toJson $beat.pool }} is not a pool; valid: one of {{ toJson $names 
 beat.enabled=true with pool {{ toJson $pool.name }}, whose command replaces celery's (no app to run beat with); set beat.command too
 {{- end }}
 {{- end }}
+{{- $reservedArgs := fromYaml (include "taskherd.reservedBeatArgs" .root) }}
 {{- range $j, $arg := $beat.extraArgs }}
-{{- $flag := regexReplaceAll "^(--[^=]+)=.*$|^(-[A-Za-z]).+$" (toString $arg) "${1}${2}" }}
-{{- if has $flag (list "--schedule" "-s" "--max-interval" "--detach" "-D" "--pidfile" "--app" "-A") }}
-beat.extraArgs[{{ $j }}]={{ toJson $arg }} would override what the chart sets ({{ $flag }}); use beat.maxIntervalSeconds, beat.scheduler, or beat.pool's app
-{{- end }}
+{{- include "taskherd.check.extraArg" (dict "key" (printf "beat.extraArgs[%d]" $j) "arg" (toString $arg) "reserved" $reservedArgs "program" "celery beat") }}
 {{- end }}
 {{- include "taskherd.check.resources" (dict "f" .f "key" "beat.resources" "resources" $beat.resources) }}
 {{- include "taskherd.check.annotations" (dict "f" .f "key" "beat.podAnnotations" "annotations" $beat.podAnnotations) }}
