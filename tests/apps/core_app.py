@@ -95,6 +95,14 @@ def always_transient(key):
     raise ConnectionResetError("upstream reset the connection")
 
 
+@app.task(name="core.retries_itself", bind=True, max_retries=2)
+def retries_itself(self, key):
+    """Asks to be tried again every time, with self.retry() and no exc=: Celery raises
+    MaxRetriesExceededError once max_retries=2 retries ran."""
+    record(key, str(self.request.retries))
+    raise self.retry(countdown=0.2)
+
+
 @app.task(name="core.validation", bind=True)
 def validation(self, key, amount, *, currency="EUR"):
     record(key, str(self.request.retries))

@@ -128,3 +128,17 @@ def test_a_task_of_its_own_autoretry_for_is_dead_lettered_when_celery_gives_up_s
     env = letter.envelope
     assert env.task_id == result.id and env.reason == "permanent-error" and env.attempts == 3
     assert env.detail == "KeyError is permanent: not retried (attempt 3, after 2 retries)"
+
+
+def test_a_task_whose_own_retries_run_out_is_dead_lettered_as_retries_exhausted(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """self.retry() with no exc= past max_retries raises MaxRetriesExceededError: it was dead-lettered
+    as `permanent-error` ("MaxRetriesExceededError is permanent: not retried") though it was retried."""
+    env = core_env(broker_url, unique_name, record_url)
+    worker_factory("apps.core_app", queues=[unique_name], env=env, concurrency=1)
+    result = producer.send_task("core.retries_itself", args=("own",), queue=unique_name)
+    (letter,) = wait_for("the DLQ envelope", lambda: dead_letters(broker_url, unique_name), timeout=60)
+    assert [value for _, _, value in recorded("own")] == ["0", "1", "2"]
+    env = letter.envelope
+    assert env.reason == "retries-exhausted" and env.task_id == result.id and env.attempts == 3
+    assert "its own self.retry() gave up after 2 retries (the task's max_retries=2)" in env.detail

@@ -40,7 +40,8 @@ from typing import Any
 import celery
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
-from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import (Ignore, MaxRetriesExceededError, Reject, Retry, SoftTimeLimitExceeded,
+                               TimeLimitExceeded)
 from celery.worker.request import Request as CeleryRequest
 from celery.worker.state import revoked as revoked_ids
 
@@ -251,6 +252,12 @@ class Task(celery.Task):
             reason, detail = Reason.RETRIES_EXHAUSTED, (
                 f"{type(exc).__name__} is transient but persisted over {attempts} attempts "
                 f"(max_retries={profile.max_retries})")
+        elif isinstance(exc, MaxRetriesExceededError):
+            # the task's own self.retry() (without exc=) past its max_retries: it asked to be
+            # tried again, so its retries ran out; "permanent" would send the reader elsewhere
+            reason, detail = Reason.RETRIES_EXHAUSTED, (
+                f"its own self.retry() gave up after {retries} retries (the task's max_retries="
+                f"{self.max_retries})")
         elif isinstance(exc, SoftTimeLimitExceeded):
             reason, detail = Reason.SOFT_TIME_LIMIT, (
                 f"exceeded its soft time limit ({profile.soft_time_limit}s); not retried")
