@@ -154,3 +154,15 @@ def test_a_soft_time_limit_not_below_the_hard_one_is_refused(soft, hard, refused
     if refused:
         assert f"soft time limit of {soft!r} s, not below its hard time limit of {hard!r} s" in errors[0]
         assert f"(valid: 0 < --soft-time-limit < {hard!r})" in errors[0]
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_consumed_queue_the_profile_does_not_list_is_refused(broker_url, record_url, unique_name, worker_factory):
+    """`configure(queues=["main"])` and a worker run with `-Q main,extra`: 'extra' had no DLQ of its
+    own, and a task failing there was dead-lettered into main's DLQ as if it came from 'main' (a
+    redrive sent it there)."""
+    env = core_env(broker_url, unique_name, record_url)
+    with pytest.raises(AssertionError, match=r"worker exited \(1\)") as exited:
+        worker_factory("apps.core_app", queues=[unique_name, f"{unique_name}-extra"], concurrency=1, env=env)
+    assert (f"the worker consumes ['{unique_name}-extra'] (its -Q/--queues, or app.conf.task_queues without -Q), not "
+            f"in configure(queues=['{unique_name}']): such a queue has no dead-letter queue of its own") in str(exited.value)

@@ -196,6 +196,20 @@ def _source(option: str, value: Any, *, given: Mapping[str, str] | None, profile
     return f"app.conf.{setting}={value!r}, changed after configure(app), which set {configured!r}"
 
 
+def unprofiled_queue_problems(consumed: list[str], profiled: tuple[str, ...] | list[str]) -> list[str]:
+    """A queue the worker consumes (``-Q``) that configure(queues=…) does not list is declared without
+    its dead-letter arguments, and its failed tasks were dead-lettered as if they came from the
+    profile's queue (a redrive then sent them there)."""
+    others = [queue for queue in consumed if queue not in profiled]
+    if not others:
+        return []
+    return [f"the worker consumes {others} (its -Q/--queues, or app.conf.task_queues without -Q), not in "
+            f"configure(queues={list(profiled)}): such a queue "
+            f"has no dead-letter queue of its own, and its failed tasks would be dead-lettered as if they came "
+            f"from {profiled[0]!r} (valid: every queue the workers consume listed in configure(queues=…) or "
+            f"TASKHERD_QUEUES; or consume only those)"]
+
+
 def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any,
                            soft_time_limit: Any = None, given: Mapping[str, str] | None = None,
                            judge_broker: bool = True) -> Findings:
@@ -348,6 +362,7 @@ class BrokerCheck(Component):
                 same_broker = not findings.errors  # else its broker is not the one configure() judged
                 if same_broker:
                     findings.extend(check(app, profile))
+                findings.errors += unprofiled_queue_problems(list(app.amqp.queues.consume_from), profile.queues)
                 undone = undone_problem(app.conf, app.tasks, confirm_publish=same_broker and profile.broker_is_amqp,
                                         visibility_timeout=profile.visibility_timeout if same_broker else None)
                 findings.errors += [undone] if undone else []
