@@ -90,7 +90,7 @@ def test_tasks_created_before_and_after_configure_are_judged_as_celery_resolved_
     # Defined before configure(), created lazily after the change: it took the change, named with it.
     app = Celery("lazy", broker="redis://127.0.0.1:1/0", set_as_current=False)
 
-    @app.task(name="shop.lazy")
+    @app.task(name="undone.lazy")
     def _lazy():
         pass
 
@@ -98,34 +98,34 @@ def test_tasks_created_before_and_after_configure_are_judged_as_celery_resolved_
     app.conf.task_acks_late = False  # before anything finalizes the app
     said = _undone(app)
     assert "app.conf.task_acks_late=False (configure() set True" in said, said
-    assert re.search(r"tasks with acks_late=False: [^)]*'shop.lazy'", said), "other tests' shared tasks join the list"
-    assert "task 'shop.lazy'" not in said, "named once, with the setting it came from"
+    assert re.search(r"tasks with acks_late=False: [^)]*'undone.lazy'", said), "other tests' shared tasks join the list"
+    assert "task 'undone.lazy'" not in said, "named once, with the setting it came from"
 
     # Created before configure() (the app finalized early): Celery's defaults, though app.conf is right now.
     app = Celery("early", broker="redis://127.0.0.1:1/0", set_as_current=False)
 
-    @app.task(name="shop.early")
+    @app.task(name="undone.early")
     def _early():
         pass
 
     app.finalize()
     configure(app, queues=["q"])
 
-    @app.task(name="shop.after", acks_late=True)
+    @app.task(name="undone.after", acks_late=True)
     def _after():
         pass
 
-    @app.task(name="shop.charge", reject_on_worker_lost=False, acks_on_failure_or_timeout=False)
+    @app.task(name="undone.charge", reject_on_worker_lost=False, acks_on_failure_or_timeout=False)
     def _charge():
         pass
 
     said = _undone(app)
     assert "app.conf" not in said
-    assert "task 'shop.early' acks_late=False (" in said and "task 'shop.early' reject_on_worker_lost=None (" in said
-    assert "task 'shop.charge' reject_on_worker_lost=False (" in said
-    assert "task 'shop.charge' acks_on_failure_or_timeout=False (a task killed at its hard time limit" in said
+    assert "task 'undone.early' acks_late=False (" in said and "task 'undone.early' reject_on_worker_lost=None (" in said
+    assert "task 'undone.charge' reject_on_worker_lost=False (" in said
+    assert "task 'undone.charge' acks_on_failure_or_timeout=False (a task killed at its hard time limit" in said
     assert "acks_on_failure=False" not in said, "derived by Celery from acks_on_failure_or_timeout: named once"
-    assert "shop.after" not in said
+    assert "undone.after" not in said
     assert "a task created before configure(app) took the app's settings of then: create it after" in said
 
 
@@ -180,11 +180,11 @@ def test_the_apps_own_task_cls_is_kept_under_taskherds_task():
         app = Celery("own-task-cls", broker="redis://127.0.0.1:1/0", task_cls=task_cls, set_as_current=False)
         configure(app, queues=["q"])
 
-        @app.task(name=f"shop.add.{each}")
+        @app.task(name=f"undone.add.{each}")
         def _add(x):
             return x
 
-        add = app.tasks[f"shop.add.{each}"]
+        add = app.tasks[f"undone.add.{each}"]
         assert isinstance(add, Task) and isinstance(add, MyBase), type(add).__mro__
         mro = type(add).__mro__
         assert mro.index(Task) < mro.index(MyBase), "taskherd's __call__ and Request come first"
