@@ -422,14 +422,14 @@ _REDIS_BINDING_SEPARATOR = "\x06\x16"
 
 def redis_queue_declared(broker_url: str, queue: str, *, keyprefix: str = "") -> bool:
     """Whether a worker or producer has declared ``queue`` on this Redis (with ``keyprefix``)."""
-    return keyprefix in redis_queue_prefixes(broker_url, queue)
+    return keyprefix in redis_queue_prefixes(broker_url, [queue])
 
 
-def redis_queue_prefixes(broker_url: str, queue: str) -> set[str]:
-    """The global key prefixes under which a worker or producer declared ``queue`` on this Redis
-    ("" for none). Redis has no mandatory publish, and a list exists only while it holds messages:
-    what says a queue is read is kombu's binding set ``<prefix>_kombu.binding.<exchange>``, whose
-    members end with the queue's name."""
+def redis_queue_prefixes(broker_url: str, queues: list[str]) -> set[str]:
+    """The global key prefixes under which a worker or producer declared one of ``queues`` on this
+    Redis ("" for none), in one scan of the keys. Redis has no mandatory publish, and a list exists
+    only while it holds messages: what says a queue is read is kombu's binding set
+    ``<prefix>_kombu.binding.<exchange>``, whose members end with the queue's name."""
     import redis
 
     client = redis.Redis.from_url(broker_url)
@@ -440,7 +440,7 @@ def redis_queue_prefixes(broker_url: str, queue: str) -> set[str]:
             if prefix in prefixes:
                 continue
             for member in client.smembers(key):
-                if member.decode("utf-8", "replace").rpartition(_REDIS_BINDING_SEPARATOR)[2] == queue:
+                if member.decode("utf-8", "replace").rpartition(_REDIS_BINDING_SEPARATOR)[2] in queues:
                     prefixes.add(prefix)
                     break
         return prefixes
@@ -453,7 +453,7 @@ def redis_queue_unknown(broker_url: str, queues: list[str], *, keyprefix: str) -
     DLQ list is empty, or None: neither was declared with this prefix (a typo in -Q/--dlq, or a
     forgotten --global-keyprefix). An empty table would say "no dead letters" where the dead
     letters are under another name."""
-    found = set().union(*(redis_queue_prefixes(broker_url, queue) for queue in queues))
+    found = redis_queue_prefixes(broker_url, queues)
     if keyprefix in found:
         return None
     where = f"there is no queue {queues[0]!r} on this Redis"
