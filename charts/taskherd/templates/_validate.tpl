@@ -601,14 +601,25 @@ is added (taskherd.componentName), so only a real clash remains: a pool named li
 --verbose: "set operator.verbose=true instead (the chart passes it)"
 {{- end }}
 
+{{/* The operator's options the chart leaves to extraArgs: with reservedOperatorArgs, every option
+`python -m taskherd.operator` has (tests/chart/test_operator_args.py compares them with its parser).
+The operator is this chart's appVersion, so the chart knows its whole command line: any other entry
+makes it exit at start, a restart loop. */}}
+{{- define "taskherd.operatorExtraOptions" -}}
+--dry-run: "log every write as '**DRY-RUN**: would …' instead of making it"
+--no-leader-election: "one replica, no Lease (with operator.replicas=1 only)"
+{{- end }}
+
 {{/*
 One extraArgs entry of a program the chart starts: (dict "key" "workerPools[0].extraArgs[2]" "arg" …
 "reserved" <reservedWorkerArgs, reservedBeatArgs or reservedOperatorArgs> "program" "the worker"),
 optionally "allow" (a regex of entries that name a reserved option but are what the chart sets:
---pool=prefork). Refused: a reserved option, written whole or as an abbreviation (a prefix of at
-least 3 letters: --time for --time-limit; argparse would take it, or the program refuses it and
-its container never starts), and an option with its value in one entry ("--time-limit 600"),
-which reaches the program as one unknown option name.
+--pool=prefork) and "only" (the program's other options, when the chart knows its whole command
+line: any other entry is refused). Refused: a reserved option, written whole or as an abbreviation
+(a prefix of at least 3 letters: --time for --time-limit; argparse would take it, or the program
+refuses it and its container never starts), an option with its value or two options in one entry
+("--time-limit 600"), which reaches the program as one unknown option name, and with "only" an
+entry that is none of the program's options.
 */}}
 {{- define "taskherd.check.extraArg" -}}
 {{- $flag := regexReplaceAll "^(--[^=\\s]+)[=\\s].*$|^(-[A-Za-z]).+$" .arg "${1}${2}" }}
@@ -622,8 +633,12 @@ which reaches the program as one unknown option name.
 {{- end }}
 {{- if and $option (not (and .allow (regexMatch .allow .arg))) }}
 {{ .key }}={{ toJson .arg }} is refused{{ if ne $option $flag }} ({{ $flag }} abbreviates {{ $option }}){{ end }}: {{ get .reserved $option }}
+{{- else if and (hasPrefix "--" .arg) (regexMatch "\\s+-" .arg) }}
+{{ .key }}={{ toJson .arg }} holds several options in one entry, which {{ .program }} reads as one unknown option; valid: one entry each ({{ regexSplit "\\s+" (trim .arg) -1 | join ", " }})
 {{- else if and (hasPrefix "--" .arg) (regexMatch "\\s" .arg) }}
 {{ .key }}={{ toJson .arg }} holds an option and its value in one entry, which {{ .program }} reads as one unknown option; valid: "{{ $flag }}=<value>", or two entries ("{{ $flag }}", "<value>")
+{{- else if and .only (not (hasKey .only .arg)) }}
+{{ .key }}={{ toJson .arg }} is not an option {{ .program }} runs with: it would exit at start (a restart loop); valid: {{ keys .only | sortAlpha | join ", " }} (the chart sets the others from its values)
 {{- end }}
 {{- end }}
 
@@ -901,8 +916,9 @@ operator.healthPort={{ int64 $op.healthPort }} equals operator.metricsPort={{ in
 {{- end }}
 {{- include "taskherd.check.leaderElection" $op }}
 {{- $reservedArgs := fromYaml (include "taskherd.reservedOperatorArgs" .root) }}
+{{- $operatorOptions := fromYaml (include "taskherd.operatorExtraOptions" .root) }}
 {{- range $j, $arg := $op.extraArgs }}
-{{- include "taskherd.check.extraArg" (dict "key" (printf "operator.extraArgs[%d]" $j) "arg" (toString $arg) "reserved" $reservedArgs "program" "the operator") }}
+{{- include "taskherd.check.extraArg" (dict "key" (printf "operator.extraArgs[%d]" $j) "arg" (toString $arg) "reserved" $reservedArgs "program" "the operator" "only" $operatorOptions) }}
 {{- end }}
 {{- include "taskherd.check.url" (dict "f" $f "format" "alertmanagerUrl" "key" "operator.defaultAlertmanagerUrl" "value" $op.defaultAlertmanagerUrl) }}
 {{- include "taskherd.check.annotations" (dict "f" $f "key" "operator.serviceAccount.annotations" "annotations" $op.serviceAccount.annotations) }}

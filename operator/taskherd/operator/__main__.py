@@ -13,8 +13,8 @@ from taskherd.commands.options import Parser
 from .config import OperatorConfig
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = OperatorConfig.from_env()
+def parser(config: OperatorConfig) -> Parser:
+    """The operator's command line (the chart's extraArgs check lists the same options)."""
     parser = Parser(prog="python -m taskherd.operator", description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--namespace", action="append", dest="namespaces",
                         help="namespace to watch (repeatable); default $TASKHERD_WATCH_NAMESPACES or $POD_NAMESPACE")
@@ -25,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="log every write as '**DRY-RUN**: would …' instead of making it (no Lease)")
     parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = OperatorConfig.from_env()
+    args = parser(config).parse_args(argv)
     if args.namespaces:
         config.namespaces = args.namespaces
     if args.no_leader_election:
