@@ -22,7 +22,7 @@ class SecretKube(FakeKube):
         self.data = data
 
     async def read_secret(self, namespace, name):
-        return self.data
+        return dict(self.data)  # a new dict per read, as the API server's client returns
 
 
 def observe(kind: str, data: dict[str, str], management_url_key: str | None = None):
@@ -138,3 +138,29 @@ def test_the_verdict_follows_the_secret_once_it_is_read_again():
     first, second = asyncio.run(polls())
     assert first is not second and str(first) == str(second) and first.reason == "SecretValueInvalid"
     assert inspected == [REDIS]
+
+
+def test_the_secrets_and_verdicts_of_deleted_pools_are_forgotten():
+    """Kept per Secret while a pool reads it: the entries of pools that went away (each a Secret's
+    values and a verdict) are dropped, so an operator that saw thousands of pools come and go does
+    not keep them all."""
+    from taskherd.operator.broker import SECRET_TTL_SECONDS
+
+    now = [0.0]
+    kube = SecretKube({"url": REDIS})
+    observer = BrokerObserver(kube=kube, inspect=lambda *a, **k: {}, clock=lambda: now[0])
+    live = BrokerSpec(type="redis", secret_name="live", queues=("mail",))
+
+    async def polls():
+        for n in range(50):  # pools come and go, each with its own Secret
+            await observer("shop", BrokerSpec(type="redis", secret_name=f"gone-{n}", queues=("mail",)))
+            await observer("shop", live)
+            now[0] += 5
+        for _ in range(30):  # then only the live pool polls, every 5 s
+            await observer("shop", live)
+            now[0] += 5
+
+    asyncio.run(polls())
+    assert [name for _, name in observer._secrets] == ["live"]
+    assert [key[1] for key in observer._judged] == ["live"]
+    assert now[0] > 3 * SECRET_TTL_SECONDS

@@ -120,6 +120,7 @@ class BrokerObserver:
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
         #: each pool's broker address (or why none) with the read of the Secret it was judged from
         self._judged: dict[tuple, tuple[dict[str, str], BrokerAddress | tuple[str, str]]] = {}
+        self._forgotten_at = clock()  # the last _forget_unused_secrets
         self._redis_clients: dict[str, Any] = {}
         self._unacked_readers: dict[tuple[str, str], Any] = {}
         self._listings: dict[tuple[str, str | None], Any] = {}
@@ -195,8 +196,22 @@ class BrokerObserver:
         except Exception as exc:  # noqa: BLE001 - 403, 5xx, timeouts: the Secret, not the broker
             raise ObservationError(f"broker Secret {namespace}/{name} not read: {type(exc).__name__}: {exc}",
                                    reason="SecretNotRead") from exc
-        self._secrets[(namespace, name)] = (self._clock(), data)
+        now = self._clock()
+        self._secrets[(namespace, name)] = (now, data)
+        if now - self._forgotten_at >= SECRET_TTL_SECONDS:
+            self._forget_unused_secrets(now)
         return data
+
+    def _forget_unused_secrets(self, now: float) -> None:
+        """Drops the Secrets no poll has read for two TTLs (their pools were deleted or moved to
+        another Secret: a live pool reads its Secret again every TTL) and the verdicts judged from
+        Secrets no longer kept. At most once a TTL: a sweep visits every entry."""
+        self._forgotten_at = now
+        for key in [key for key, (read_at, _) in self._secrets.items() if now - read_at > 2 * SECRET_TTL_SECONDS]:
+            del self._secrets[key]
+        kept = {id(data) for _, data in self._secrets.values()}
+        for key in [key for key, (secret, _) in self._judged.items() if id(secret) not in kept]:
+            del self._judged[key]
 
     async def _address(self, namespace: str, broker: BrokerSpec) -> BrokerAddress:
         secret = await self._secret(namespace, broker.secret_name)
