@@ -243,6 +243,10 @@ def test_per_call_limits_the_worker_could_not_honour_are_refused_at_publish_on_b
         (dict(time_limit=40, soft_time_limit=40), "soft_time_limit=40 is not below its hard time limit 40"),
         (dict(time_limit="x"), "task 'limits.remote': time_limit='x' is not a number of seconds (valid: a number > 0"),
         (dict(soft_time_limit=-1), "soft_time_limit=-1 is not a number of seconds"),
+        # a run longer than the broker lets a delivery go unacknowledged: delivered again while it runs
+        (dict(time_limit=3600), "task 'limits.remote': time_limit=3600 is not below rabbitmq_consumer_timeout=1800.0"
+                                if broker == "rabbitmq" else
+                                "task 'limits.remote': time_limit=3600 is not below visibility_timeout="),
     ]
     for options, says in cases:
         with pytest.raises(ProfileError) as refused:

@@ -454,17 +454,18 @@ def time_limit_problem(task: str, time_limit: Any, *, below: float, what: str = 
 
 
 def call_time_limit_problem(app: Any, task: str, time_limit: Any, soft_time_limit: Any, *,
-                            below: float | None) -> str | None:
+                            below: float | None, what: str = "visibility_timeout") -> str | None:
     """Why a message of ``task`` must not be published with these per-call limits
     (``apply_async(time_limit=…, soft_time_limit=…)``), or None: not numbers (the worker would
     dead-letter it), a soft limit not below the hard one (the task is killed before it is asked to
-    stop), or a hard limit not below ``below`` (Redis's visibility timeout)."""
+    stop), or a hard limit not below ``below`` (Redis's visibility timeout, RabbitMQ's consumer
+    timeout: ``what``)."""
     for option, value in (("time_limit", time_limit), ("soft_time_limit", soft_time_limit)):
         if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                       and math.isfinite(value) and value > 0):
             return f"task {task!r}: {option}={value!r} is not a number of seconds (valid: a number > 0, or leave it out)"
     if time_limit is not None and below is not None:
-        problem = time_limit_problem(task, time_limit, below=below)
+        problem = time_limit_problem(task, time_limit, below=below, what=what)
         if problem:
             return problem
     if soft_time_limit is not None:
@@ -500,18 +501,22 @@ def wait_problem(task: str, countdown: Any, eta: Any, *, consumer_timeout: float
             f"or send the task later, e.g. from celery beat)")
 
 
-def refuse_time_limits_at_publish(app: Any, *, below: float | None, profile: Profile | None = None) -> None:
+def refuse_time_limits_at_publish(app: Any, profile: Profile) -> None:
     """Every task message ``app`` builds with per-call time limits it must not run with
-    (:func:`call_time_limit_problem`), or on RabbitMQ a first attempt waiting longer than the broker
-    lets a worker hold it (:func:`wait_problem`), raises :class:`ProfileError` instead of being
-    published. (A retry's own countdown is bounded by backoff_cap, checked in configure().)"""
+    (:func:`call_time_limit_problem`, against Redis's visibility timeout or RabbitMQ's consumer
+    timeout: a longer run is delivered again while it runs), or on RabbitMQ
+    a first attempt waiting longer than the broker lets a worker hold it (:func:`wait_problem`),
+    raises :class:`ProfileError` instead of being published. (A retry's own countdown is bounded by
+    backoff_cap, checked in configure().)"""
     create = compat.task_message_creator(app)
     if getattr(create, "taskherd_checked", False):  # configure() ran before: replace the check
         create = create.__wrapped__
     parameters = list(inspect.signature(create).parameters)
     name_at, limit_at, soft_at, countdown_at, eta_at, retries_at = (
         parameters.index(name) for name in ("name", "time_limit", "soft_time_limit", "countdown", "eta", "retries"))
-    consumer_timeout = profile.rabbitmq_consumer_timeout if profile is not None and profile.broker_is_amqp else None
+    consumer_timeout = profile.rabbitmq_consumer_timeout if profile.broker_is_amqp else None
+    below, what = ((consumer_timeout, "rabbitmq_consumer_timeout") if profile.broker_is_amqp
+                   else (profile.visibility_timeout, "visibility_timeout"))
 
     def given(at: int, name: str, args: tuple, kwargs: dict) -> Any:
         return args[at] if len(args) > at else kwargs.get(name)
@@ -520,8 +525,8 @@ def refuse_time_limits_at_publish(app: Any, *, below: float | None, profile: Pro
         time_limit = given(limit_at, "time_limit", args, kwargs)
         soft_time_limit = given(soft_at, "soft_time_limit", args, kwargs)
         if time_limit is not None or soft_time_limit is not None:
-            name = given(name_at, "name", args, kwargs)
-            problem = call_time_limit_problem(app, name, time_limit, soft_time_limit, below=below)
+            problem = call_time_limit_problem(app, given(name_at, "name", args, kwargs), time_limit,
+                                              soft_time_limit, below=below, what=what)
             if problem:
                 raise ProfileError([problem])
         if consumer_timeout is not None and not given(retries_at, "retries", args, kwargs):
@@ -640,7 +645,7 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     if conf.task_default_queue not in queue_names:
         conf.task_default_queue = queue_names[0]
     setattr(app, APP_ATTRIBUTE, profile)
-    refuse_time_limits_at_publish(app, below=profile.visibility_timeout, profile=profile)
+    refuse_time_limits_at_publish(app, profile)
     install_components(app, profile.components, profile)  # each class once: configure() may run twice
     _warn_when_a_worker_starts(app)
     return profile
