@@ -4,6 +4,7 @@ worker whose effect is guarded by the PostgreSQL idempotency store keyed on the 
 """
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -134,16 +135,75 @@ def test_enqueue_stores_arguments_as_celery_encodes_them_and_the_relay_hands_the
     ({"args": ["a\x00"]}, r"outbox args= cannot be stored \(the character NUL"),
     ({"args": [{"__type__": "mine", "__value__": 1}]}, r"outbox args= cannot be stored \(a dict with exactly the keys "
                                                       r"'__type__' and '__value__'"),
+    ({"queue": 5}, r"outbox queue=5; valid: a queue name \(a non-empty str\), or None"),
+    ({"queue": ""}, r"outbox queue=''; valid: a queue name"),
 ])
 def test_enqueue_refuses_arguments_celery_cannot_carry_naming_them_and_keeps_the_transaction(outbox_dsn, arguments,
                                                                                            message):
     with psycopg.connect(outbox_dsn) as conn:
         conn.execute("INSERT INTO ledger (key, who) VALUES ('outbox-caller', 'caller')")
-        with pytest.raises(TypeError, match=message):
+        with pytest.raises((TypeError, ValueError), match=message):
             outbox.enqueue(conn, "effects.record", **arguments)
         conn.commit()  # refused before any statement: the caller's transaction is still usable
     assert rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox") == [(0,)]
     assert rows(outbox_dsn, "SELECT who FROM ledger WHERE key = 'outbox-caller'") == [("caller",)]
+
+
+def outbox_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "taskherd.cli", "outbox", *args], env=python_env(env),
+                          cwd=TESTS_DIR, capture_output=True, text=True, timeout=60)
+
+
+def test_a_row_no_relay_can_publish_is_set_aside_with_its_reason_and_the_rows_behind_it_are_relayed(outbox_dsn):
+    # Rows written by hand or by another program, not by enqueue(): each used to fail its whole batch
+    # on every poll, and, being the oldest, stopped every row behind it for good.
+    bad = {  # args text, kwargs text, task_name → the reason the relay gives
+        "object args": ('{"order": 1}', "{}", "effects.record", r"args= got a dict; valid: a list or tuple"),
+        "list kwargs": ("[1]", "[1]", "effects.record", r"kwargs= got a list; valid: a mapping"),
+        "bad datetime": ('[{"__type__": "datetime", "__value__": "nope"}]', "{}", "effects.record",
+                         r"args=.* cannot be read by Celery's JSON serializer \(ValueError"),
+        "bad decimal": ('[{"__type__": "decimal", "__value__": "x"}]', "{}", "effects.record",
+                        r"args=.* cannot be read by Celery's JSON serializer \(InvalidOperation"),
+        "no task name": ("[1]", "{}", "", r"task_name=''; valid: a registered task name"),
+    }
+    first = enqueue_orders(outbox_dsn, [1], "q")
+    with psycopg.connect(outbox_dsn) as conn:
+        bad_ids = {what: str(conn.execute(
+            "INSERT INTO taskherd_outbox (id, task_name, args, kwargs, queue) VALUES (gen_random_uuid(), %s, %s, %s, 'q') "
+            "RETURNING id", (name, args, kwargs)).fetchone()[0]) for what, (args, kwargs, name, _) in bad.items()}
+    last = enqueue_orders(outbox_dsn, [2], "q")
+
+    published: list = []
+    relay = outbox.Relay(connect=lambda: psycopg.connect(outbox_dsn), publish=published.extend, batch_size=2)
+    assert relay.run(once=True) == 2
+    assert [row.id for row in published] == first + last
+    refused = {str(row_id): why for row_id, why in
+               rows(outbox_dsn, "SELECT id, refused FROM taskherd_outbox WHERE sent_at IS NULL")}
+    assert set(refused) == set(bad_ids.values())  # kept, not lost: set aside with the reason
+    for what, (*_, reason) in bad.items():
+        assert re.search(reason, refused[bad_ids[what]]), (what, refused[bad_ids[what]])
+
+    status = outbox_cli("status", "--dsn", outbox_dsn)
+    assert status.returncode == 0 and status.stdout.startswith("pending 0 ") and " refused 5" in status.stdout, status
+    assert f"refused {bad_ids['object args']}: args= got a dict" in status.stdout, status.stdout
+
+    # Mended by hand and released: relayed like any other row.
+    with psycopg.connect(outbox_dsn) as conn:
+        conn.execute("UPDATE taskherd_outbox SET args = '[3]', refused = NULL WHERE id = %s", (bad_ids["object args"],))
+    published.clear()
+    assert relay.run(once=True) == 1 and [(row.id, row.args) for row in published] == [(bad_ids["object args"], [3])]
+
+
+def test_a_relay_adds_the_refused_column_to_a_table_taskherd_0_1_created(outbox_dsn):
+    with psycopg.connect(outbox_dsn) as conn:
+        conn.execute("ALTER TABLE taskherd_outbox DROP COLUMN refused")  # the table as 0.1 created it
+    ids = enqueue_orders(outbox_dsn, [1], "q")
+    status = outbox_cli("status", "--dsn", outbox_dsn)
+    assert status.returncode == 0 and status.stdout.startswith("pending 1 ") and " refused 0" in status.stdout, status
+    published: list = []
+    assert outbox.Relay(connect=lambda: psycopg.connect(outbox_dsn), publish=published.extend).run(once=True) == 1
+    assert [row.id for row in published] == ids
+    assert rows(outbox_dsn, "SELECT count(*) FROM taskherd_outbox WHERE refused IS NULL AND sent_at IS NOT NULL") == [(1,)]
 
 
 @pytest.mark.slow
@@ -205,20 +265,31 @@ def test_two_relays_over_1000_rows_lose_none_and_apply_each_once(
 
 
 def test_cli_migrates_reports_pending_and_refuses_bad_options(pg_dsn):
-    def taskherd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "taskherd.cli", "outbox", *args], env=python_env(env),
-                              cwd=TESTS_DIR, capture_output=True, text=True, timeout=60)
-
     for _ in range(2):  # twice: migrating an existing table is a no-op
-        done = taskherd("migrate", "--dsn", pg_dsn)
+        done = outbox_cli("migrate", "--dsn", pg_dsn)
         assert done.returncode == 0 and "taskherd_outbox is ready" in done.stdout, done.stderr
     enqueue_orders(pg_dsn, [1, 2, 3], "q")
-    status = taskherd("status", "--dsn", pg_dsn)
+    status = outbox_cli("status", "--dsn", pg_dsn)
     assert status.returncode == 0 and status.stdout.startswith("pending 3 "), status
-    bad = taskherd("relay", "--dsn", pg_dsn, "-b", "redis://127.0.0.1:1/1", "--batch-size", "0")
+    bad = outbox_cli("relay", "--dsn", pg_dsn, "-b", "redis://127.0.0.1:1/1", "--batch-size", "0")
     assert bad.returncode == 2 and "--batch-size='0' is not an integer in 1..10000" in bad.stderr, bad
-    no_dsn = taskherd("relay", env={"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": ""})
+    no_dsn = outbox_cli("relay", env={"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": ""})
     assert no_dsn.returncode == 2 and "--dsn is required" in no_dsn.stderr, no_dsn
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    # checked before anything connects (the DSN points nowhere): was a traceback after connecting
+    (["status", "--dsn", "postgresql://u:p@127.0.0.1:1/db", "--table", "bad name"], {},
+     "--table='bad name' is not a table name (valid: an unquoted identifier"),
+    (["migrate", "--dsn", "postgresql://u:p@127.0.0.1:1/db", "--table", "x;drop"], {}, "--table='x;drop' is not a table name"),
+    # blank is not a DSN: libpq would read it as "the local socket, my user name"
+    (["status", "--dsn", " "], {}, "--dsn is empty"),
+    (["status"], {"TASKHERD_OUTBOX_DSN": "", "DATABASE_URL": "  "}, "--dsn is required"),
+])
+def test_cli_refuses_a_bad_table_or_a_blank_dsn_before_connecting(args, env, says):
+    refused = outbox_cli(*args, env=env)
+    assert refused.returncode == 2 and says in refused.stderr, refused
+    assert "Traceback" not in refused.stderr, refused.stderr
 
 
 def test_relay_publishes_with_publisher_confirms_on_rabbitmq(amqp_url):

@@ -1,4 +1,5 @@
-"""`taskherd outbox relay|migrate|status`: run the outbox relay, create its table, show what is pending."""
+"""`taskherd outbox relay|migrate|status`: run the outbox relay, create its table, show what is pending
+and what was set aside."""
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = options.Parser(add_help=False)
     common.add_argument("--dsn", help="PostgreSQL DSN (env TASKHERD_OUTBOX_DSN, then DATABASE_URL)")
-    common.add_argument("--table", default="taskherd_outbox")
+    common.add_argument("--table", default="taskherd_outbox", type=_table_name,
+                        help="the outbox table (default: %(default)s)")
     relay = sub.add_parser("relay", parents=[common], help="publish pending rows (safe as several replicas)")
     options.add_broker(relay)
     options.add_app(relay, "module:attribute of your Celery app, so that its queue declarations "
@@ -34,10 +36,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds between polls when idle (default: %(default)s)")
     relay.add_argument("--once", action="store_true", help="relay until nothing is pending, then exit")
     migrate = sub.add_parser("migrate", parents=[common], help="create the outbox table if missing")
-    status = sub.add_parser("status", parents=[common], help="pending rows and the age of the oldest")
+    status = sub.add_parser("status", parents=[common], help="pending rows, the age of the oldest, and rows set aside")
     for command_parser in (relay, migrate, status):  # usage errors print the subcommand's own usage
         command_parser.set_defaults(command_parser=command_parser)
     return parser
+
+
+def _table_name(raw: str) -> str:
+    """--table, checked before anything connects (psycopg is imported only then)."""
+    from taskherd.worker.outbox import VALID_TABLE, table_is_valid
+
+    if not table_is_valid(raw):
+        raise argparse.ArgumentTypeError(f"--table={raw!r} is not a table name (valid: {VALID_TABLE})")
+    return raw
 
 
 def _load_app(spec: str | None, broker_url: str | None):
@@ -62,10 +73,13 @@ def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     from psycopg import conninfo
 
     source = "--dsn"
+    if args.dsn is not None and not args.dsn.strip():
+        parser.error("--dsn is empty (valid: postgresql://user:password@host:5432/database or 'host=… dbname=…'; "
+                     "leave it out to use TASKHERD_OUTBOX_DSN / DATABASE_URL)")
     if args.dsn is None:
         args.dsn, source = options.from_env(parser, "TASKHERD_OUTBOX_DSN"), "TASKHERD_OUTBOX_DSN"
         if not args.dsn:
-            args.dsn, source = os.environ.get("DATABASE_URL") or None, "DATABASE_URL"
+            args.dsn, source = os.environ.get("DATABASE_URL", "").strip() or None, "DATABASE_URL"
     if not args.dsn:
         parser.error("--dsn is required (or set TASKHERD_OUTBOX_DSN / DATABASE_URL)")
     try:
@@ -102,6 +116,11 @@ def main(argv: list[str]) -> int:
               f"{' '.join(str(exc).split())}; valid: -A/--app module:app, so that the relay declares queues "
               f"as your workers do (configure() sets their arguments)", file=sys.stderr)
         return 1
+    except psycopg.errors.InsufficientPrivilege as exc:
+        print(f"taskherd outbox {args.command}: the database refused: {' '.join(str(exc).split())} (a relay adds "
+              f"the `refused` column to a table taskherd 0.1 created: `taskherd outbox migrate --table {args.table}` "
+              f"run as the table's owner does it once)", file=sys.stderr)
+        return 1
     except psycopg.OperationalError as exc:
         # Unreachable database, refused login, bad port: one line; the outbox rows stay as they were.
         print(f"taskherd outbox {args.command}: cannot use the database: {type(exc).__name__}: "
@@ -124,12 +143,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"outbox table {args.table} is ready")
         return 0
     if args.command == "status":
-        from psycopg import sql
         with connect() as conn:
-            pending, oldest = conn.execute(sql.SQL(
-                "SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM {t} WHERE sent_at IS NULL")
-                .format(t=sql.Identifier(args.table))).fetchone()
-        print(f"pending {pending}  oldest_age_seconds {float(oldest or 0):.1f}")
+            status = outbox.status(conn, table=args.table)
+        print(f"pending {status.pending}  oldest_age_seconds {status.oldest_age_seconds:.1f}  refused {status.refused}")
+        for row_id, why in status.refused_examples:
+            print(f"refused {row_id}: {why}")
         return 0
 
     if not args.broker and not args.app:

@@ -12,6 +12,11 @@ sent and commits. Killed at any point, it loses nothing: its transaction rolls b
 go with it, and the rows are published again by the next relay. A row published but not marked is
 therefore published twice; its message carries a stable task id (the row's id), so a consumer
 guarded by `idempotent(key=lambda task, *a: task.request.id)` runs the effect once.
+
+A row that can never become a task message (written by hand or by another program: `args` that is
+not a JSON array, a typed value Celery cannot read back…) is set aside, not published: its
+`refused` column says why, the relay logs it, and the rows behind it go on (`taskherd outbox
+status` counts them). Fix the row and set `refused` to NULL to relay it.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from psycopg import sql
 
@@ -41,10 +46,17 @@ REDIS_PUBLISH_TIMEOUTS = {**REDIS_TRANSPORT_DEFAULTS, "socket_timeout": 10.0}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
+#: what a table name may be (the commands' --table says the same)
+VALID_TABLE = "an unquoted identifier (letters, digits, underscore, at most 63 characters)"
+
+
+def table_is_valid(table: object) -> bool:
+    return isinstance(table, str) and bool(_IDENTIFIER.match(table))
+
+
 def _table(table: str) -> sql.Identifier:
-    if not _IDENTIFIER.match(table):
-        raise ValueError(f"outbox table={table!r}; valid: an unquoted identifier "
-                         "(letters, digits, underscore, at most 63 characters)")
+    if not table_is_valid(table):
+        raise ValueError(f"outbox table={table!r}; valid: {VALID_TABLE}")
     return sql.Identifier(table)
 
 
@@ -61,10 +73,28 @@ def create_table(conn, *, table: str = DEFAULT_TABLE) -> None:
                 queue       text,
                 created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
                 sent_at     timestamptz,
-                relayed_by  text
+                relayed_by  text,
+                refused     text
             )""").format(t=t))
+        add_missing_columns(conn, table=table)
         conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (created_at) WHERE sent_at IS NULL")
                      .format(i=sql.Identifier(f"{table}_pending"), t=t))
+
+
+def has_refused_column(conn, *, table: str = DEFAULT_TABLE) -> bool:
+    """Whether ``table`` (as the search path finds it) has the ``refused`` column (taskherd 0.1's
+    tables do not)."""
+    return conn.execute("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) "
+                        "AND attname = 'refused' AND NOT attisdropped)",
+                        (_table(table).as_string(conn),)).fetchone()[0]
+
+
+def add_missing_columns(conn, *, table: str = DEFAULT_TABLE) -> None:
+    """Adds the ``refused`` column to a table taskherd 0.1 created. Looked up first: ALTER TABLE
+    takes a lock that would queue the producers' INSERTs behind it, even when it changes nothing."""
+    with conn.transaction():  # not an implicit one: the relay's own transactions would nest in it
+        if not has_refused_column(conn, table=table):
+            conn.execute(sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS refused text").format(t=_table(table)))
 
 
 def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None, *,
@@ -75,6 +105,9 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
     """
     if not isinstance(task_name, str) or not task_name:
         raise ValueError(f"outbox task_name={task_name!r}; valid: a registered task name")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise ValueError(f"outbox queue={queue!r}; valid: a queue name (a non-empty str), or None for the "
+                         "task's own routing")
     # Refused before the INSERT: a failed statement would abort the caller's whole transaction.
     args_text, kwargs_text = _arguments_text(args, kwargs)
     task_id = str(uuid.uuid4())
@@ -87,21 +120,30 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
 def _arguments_text(args: object, kwargs: object) -> tuple[str, str]:
     """args and kwargs as Celery's JSON serializer writes a task's (so `.delay()`'s datetimes,
     Decimals, UUIDs, bytes… reach the task as they would without the outbox), or an error naming
-    the argument. The types are Celery's own rules for a message body: anything else is a message
-    the worker fails (a str would even be spread into one argument per character)."""
-    if not isinstance(args, (list, tuple)):
-        raise TypeError(f"outbox args= got a {type(args).__name__}; valid: a list or tuple of the task's "
-                        "positional arguments (args=[order_id], not args=order_id)")
+    the argument."""
     if kwargs is None:
         kwargs = {}
+    problem = arguments_problem(args, kwargs)
+    if problem:
+        raise TypeError(f"outbox {problem}")
+    return _json_text("args", list(args)), _json_text("kwargs", dict(kwargs))
+
+
+def arguments_problem(args: object, kwargs: object) -> str | None:
+    """Why Celery cannot send a task with these args and kwargs, or None. The types are Celery's own
+    rules for a message body: anything else is a message the worker fails (a str would even be
+    spread into one argument per character), or one `send_task` refuses."""
+    if not isinstance(args, (list, tuple)):
+        return (f"args= got a {type(args).__name__}; valid: a list or tuple of the task's "
+                "positional arguments (args=[order_id], not args=order_id)")
     if not isinstance(kwargs, Mapping):
-        raise TypeError(f"outbox kwargs= got a {type(kwargs).__name__}; valid: a mapping of the task's "
-                        "keyword arguments with str keys (kwargs={'order_id': 5}), or None")
+        return (f"kwargs= got a {type(kwargs).__name__}; valid: a mapping of the task's "
+                "keyword arguments with str keys (kwargs={'order_id': 5}), or None")
     bad_keys = [key for key in kwargs if not isinstance(key, str)]
     if bad_keys:
-        raise TypeError(f"outbox kwargs= has keys {bad_keys[:3]!r} that are not str; valid: a mapping with "
-                        "str keys (the task's parameter names)")
-    return _json_text("args", list(args)), _json_text("kwargs", dict(kwargs))
+        return (f"kwargs= has keys {bad_keys[:3]!r} that are not str; valid: a mapping with "
+                "str keys (the task's parameter names)")
+    return None
 
 
 def _json_text(argument: str, value: Any) -> str:
@@ -118,6 +160,29 @@ def purge_sent(conn, *, older_than_seconds: float, table: str = DEFAULT_TABLE) -
                             .format(t=_table(table)), (older_than_seconds,)).rowcount
 
 
+class Status(NamedTuple):
+    pending: int  #: rows waiting for a relay
+    oldest_age_seconds: float  #: of the oldest of them (0 when none)
+    refused: int  #: rows set aside by a relay (their `refused` column says why)
+    refused_examples: list[tuple[str, str]]  #: (id, why) of the oldest few
+
+
+def status(conn, *, table: str = DEFAULT_TABLE, examples: int = 5) -> Status:
+    """What waits in ``table``: rows pending for a relay, and rows a relay set aside."""
+    t = _table(table)
+    can_refuse = has_refused_column(conn, table=table)  # taskherd 0.1's tables cannot
+    pending, oldest = conn.execute(sql.SQL(
+        "SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM {t} WHERE sent_at IS NULL"
+        + (" AND refused IS NULL" if can_refuse else "")).format(t=t)).fetchone()
+    count, refused = 0, []
+    if can_refuse:
+        count = conn.execute(sql.SQL("SELECT count(*) FROM {t} WHERE refused IS NOT NULL").format(t=t)).fetchone()[0]
+        refused = [(str(row_id), why) for row_id, why in conn.execute(sql.SQL(
+            "SELECT id, refused FROM {t} WHERE refused IS NOT NULL ORDER BY created_at LIMIT %s").format(t=t),
+            (examples,))]
+    return Status(pending, float(oldest or 0), count, refused)
+
+
 @dataclass(frozen=True)
 class OutboxRow:
     id: str
@@ -125,6 +190,30 @@ class OutboxRow:
     args: list
     kwargs: dict
     queue: str | None
+
+
+class UnrelayableRow(ValueError):
+    """A row no relay can turn into a task message; the message says why."""
+
+
+def row_of(record: Sequence[Any]) -> OutboxRow:
+    """The row of ``(id, task_name, args text, kwargs text, queue)`` as the relay publishes it, or
+    :class:`UnrelayableRow`. enqueue() writes only rows that pass; this catches the others."""
+    row_id, task_name, args_text, kwargs_text, queue = record
+    if not isinstance(task_name, str) or not task_name:
+        raise UnrelayableRow(f"task_name={task_name!r}; valid: a registered task name")
+    decoded = []
+    for column, text in (("args", args_text), ("kwargs", kwargs_text)):
+        try:
+            decoded.append(celery_json.loads(text))
+        except Exception as exc:  # noqa: BLE001 - kombu's typed values raise ValueError, decimal's own…
+            raise UnrelayableRow(f"{column}={text[:200]!r} cannot be read by Celery's JSON serializer "
+                                 f"({type(exc).__name__}: {exc}); valid: {celery_json.VALID}") from None
+    args, kwargs = decoded
+    problem = arguments_problem(args, kwargs)
+    if problem:
+        raise UnrelayableRow(problem)
+    return OutboxRow(str(row_id), task_name, args, kwargs, queue)
 
 
 class CeleryPublisher:
@@ -157,6 +246,11 @@ class CeleryPublisher:
                                    producer=producer, **options)
 
 
+class Batch(NamedTuple):
+    relayed: int  #: rows published and marked sent
+    refused: int  #: rows set aside (UnrelayableRow)
+
+
 @dataclass
 class Relay:
     #: returns a new psycopg connection (called again after a connection error)
@@ -180,28 +274,42 @@ class Relay:
         self._t = _table(self.table)
         self._conn = None
 
-    def relay_batch(self) -> int:
-        """One transaction: lock up to batch_size pending rows, publish them, mark them sent."""
+    def relay_batch(self) -> Batch:
+        """One transaction: lock up to batch_size pending rows, publish them, mark them sent (and set
+        aside the rows that cannot be published, saying why in their `refused` column)."""
         if self._conn is None or self._conn.closed:
             self._conn = self.connect()
+            add_missing_columns(self._conn, table=self.table)
         conn = self._conn
         with conn.transaction():
             # args and kwargs as text, for Celery's JSON decoder: kombu's typed values (a datetime…)
             # become what the producer passed, not the dicts that encode them.
             records = conn.execute(sql.SQL(
                 "SELECT id, task_name, args::text, kwargs::text, queue FROM {t} WHERE sent_at IS NULL "
-                "ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED").format(t=self._t),
+                "AND refused IS NULL ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED").format(t=self._t),
                 (self.batch_size,)).fetchall()
-            if not records:
-                return 0
-            rows = [OutboxRow(str(r[0]), r[1], celery_json.loads(r[2]), celery_json.loads(r[3]), r[4])
-                    for r in records]
-            self.publish(rows)
-            if self.after_publish is not None:
-                self.after_publish(rows)
-            conn.execute(sql.SQL("UPDATE {t} SET sent_at = clock_timestamp(), relayed_by = %s WHERE id = ANY(%s)")
-                         .format(t=self._t), (self.name, [row.id for row in rows]))
-        return len(rows)
+            rows, refused = [], []
+            for record in records:
+                try:
+                    rows.append(row_of(record))
+                except UnrelayableRow as exc:
+                    refused.append((record[0], str(exc)))
+            if refused:
+                # Set aside in this transaction: a row that fails every publish would otherwise stop
+                # its whole batch, and every row behind it, for good.
+                conn.cursor().executemany(sql.SQL("UPDATE {t} SET refused = %s, relayed_by = %s WHERE id = %s")
+                                          .format(t=self._t), [(why, self.name, row_id) for row_id, why in refused])
+            if rows:
+                self.publish(rows)
+                if self.after_publish is not None:
+                    self.after_publish(rows)
+                conn.execute(sql.SQL("UPDATE {t} SET sent_at = clock_timestamp(), relayed_by = %s WHERE id = ANY(%s)")
+                             .format(t=self._t), (self.name, [row.id for row in rows]))
+        for row_id, why in refused:
+            logger.error("outbox relay %s: row %s of %s cannot be published and is set aside (its refused column "
+                         "says why; fix the row and set refused = NULL to relay it): %s",
+                         self.name, row_id, self.table, why)
+        return Batch(relayed=len(rows), refused=len(refused))
 
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> int:
         """Relays until `stop` is set (or, with `once`, until nothing is pending); returns rows relayed."""
@@ -210,7 +318,7 @@ class Relay:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                count = self.relay_batch()
+                batch = self.relay_batch()
             except Exception:
                 # Broker or database unreachable: the batch rolled back, nothing is lost; try again later.
                 self._close()
@@ -219,11 +327,11 @@ class Relay:
                 logger.exception("outbox relay %s: batch failed, retrying in %ss", self.name, self.poll_interval_seconds)
                 stop.wait(self.poll_interval_seconds)
                 continue
-            total += count
-            if count:
+            total += batch.relayed
+            if batch.relayed:
                 logger.info("outbox relay %s: relayed %d rows in %.3fs (total %d)",
-                            self.name, count, time.monotonic() - started, total)
-            if count < self.batch_size:
+                            self.name, batch.relayed, time.monotonic() - started, total)
+            if batch.relayed + batch.refused < self.batch_size:
                 if once:
                     break
                 stop.wait(self.poll_interval_seconds)
