@@ -98,16 +98,44 @@ def dead_letter_queues(queues, explicit=None, pattern=DEFAULT_DEAD_LETTER_PATTER
 
 
 # -- parsers: each takes the raw text and returns the value or raises ValueError ---------------------
-def seconds(raw):
+#: The longest duration a seconds variable takes (a week), as the commands' options
+#: (taskherd.commands.options.MAX_SECONDS) and the components' keyword arguments: larger values are
+#: typos (a unit slip: 1e300 made liveness never fail) and threading's waits overflow on them
+#: (Event.wait(1e10): OverflowError in FastRecovery's lease thread).
+MAX_SECONDS = 7 * 24 * 3600
+#: The variables the chart derives past a week: the Redis visibility timeout (values.schema.json:
+#: broker.visibilityTimeoutSeconds <= 30 days), RabbitMQ's consumer_timeout (above the hard time
+#: limit, itself up to a week) and the drain deadline (hard limit + drain margin, within
+#: terminationGracePeriodSeconds <= two weeks).
+MAX_TIMEOUT_SECONDS = 30 * 24 * 3600
+MAX_DRAIN_SECONDS = 14 * 24 * 3600
+
+
+def seconds_valid(maximum=MAX_SECONDS):
+    """The valid range of a seconds variable in words, for its Variable.valid and the commands' flags."""
+    days = maximum / 86400
+    said = {7: "a week", 14: "two weeks"}.get(days, f"{days:g} days")
+    return f"a number of seconds > 0 and <= {maximum} ({said})"
+
+
+def seconds(raw, maximum=MAX_SECONDS):
     value = float(raw)
-    if not value > 0 or value != value or value == float("inf"):
+    if not 0 < value <= maximum:  # nan compares false: refused too
         raise ValueError
     return value
 
 
+def timeout_seconds(raw):
+    return seconds(raw, MAX_TIMEOUT_SECONDS)
+
+
+def drain_seconds(raw):
+    return seconds(raw, MAX_DRAIN_SECONDS)
+
+
 def seconds_or_zero(raw):
     value = float(raw)
-    if not value >= 0 or value == float("inf"):
+    if not 0 <= value <= MAX_SECONDS:
         raise ValueError
     return value
 
@@ -184,9 +212,11 @@ def url_problem(url):
     problem = whitespace_problem(url)
     if problem:  # kombu would take it into the vhost, the password or the next URL's scheme
         return problem
-    for one in url.split(";"):
-        if not one:
-            continue
+    items = url.split(";") if url else []  # no URL at all is not this check's: Celery has a default
+    for one in items:
+        if not one:  # kombu skips it: 'amqp://h//;' alone became amqp://guest@localhost//
+            return ("an empty URL between ';' (a ';' at the start or the end, or ';;'; valid: URLs "
+                    "joined by ';' with none empty, or one URL)")
         try:
             parts = urlsplit(one)
             port = parts.port  # raises ValueError for ':99999' or ':abc'
@@ -200,6 +230,11 @@ def url_problem(url):
             database = parts.path.strip("/")
             if database and not database.isdigit():
                 return f"the Redis database {database!r} is not a number (valid: /0, /1, …)"
+    kinds = {broker_kind(one) for one in items} - {"other"}  # another scheme: broker_url names it
+    if len(kinds) > 1:  # a failover list is one broker's nodes: kombu takes the first's transport for all
+        schemes = ", ".join(dict.fromkeys(one.partition("://")[0] + "://" for one in items))
+        return (f"it mixes broker kinds ({schemes}): a ';'-joined list is the failover nodes of one "
+                f"broker (valid: every URL redis://… or every URL amqp://…)")
     return None
 
 
@@ -318,6 +353,11 @@ def http_url(raw):
 _HOST = r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 
 
+#: What :func:`listen_address` takes, in words (TASKHERD_METRICS_ADDR, `taskherd exporter --address`).
+LISTEN_ADDRESS_VALID = ("an IP address or host name to listen on (0.0.0.0: all; :: for IPv6; an IPv4 "
+                        "address is four numbers 0-255)")
+
+
 def listen_address(raw):
     import ipaddress
 
@@ -327,7 +367,9 @@ def listen_address(raw):
         pass
     import re
 
-    if not re.match(_HOST, raw):
+    # A last label all digits is no host name (RFC 1123 2.1): '999.1.1.1' is a mistyped IPv4 and
+    # getaddrinfo reads '1.2.3' or '1234' as inet_aton's short forms of another address.
+    if not re.match(_HOST, raw) or raw.rpartition(".")[2].isdigit():
         raise ValueError
     return raw
 
@@ -412,16 +454,17 @@ VARIABLES = (
              doc="optional: a Redis counting redeliveries (RabbitMQ classic queues: instead of a copy of the "
                  "message carrying its count; Redis: used only without FastRecovery)"),
     # Time limits: the chart derives terminationGracePeriodSeconds from the same values.
-    Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
+    Variable("TASKHERD_SOFT_TIME_LIMIT", seconds, seconds_valid(), readers=(_CONFIGURE,),
              chart=(_WORKER, _BEAT, _TEST), doc="soft time limit (SoftTimeLimitExceeded in the task)"),
-    Variable("TASKHERD_TIME_LIMIT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
+    Variable("TASKHERD_TIME_LIMIT", seconds, seconds_valid(), readers=(_CONFIGURE,),
              chart=(_WORKER, _BEAT, _TEST), doc="hard time limit (the pool child is killed)"),
-    Variable("TASKHERD_VISIBILITY_TIMEOUT", seconds, "a number of seconds > 0",
+    Variable("TASKHERD_VISIBILITY_TIMEOUT", timeout_seconds, seconds_valid(MAX_TIMEOUT_SECONDS),
              readers=(_CONFIGURE, "taskherd exporter"), chart=(_WORKER, _EXPORTER, _BEAT, _TEST),
              doc="Redis visibility_timeout (ignored on RabbitMQ)"),
-    Variable("TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", seconds, "a number of seconds > 0", readers=(_CONFIGURE,),
-             chart=(), doc="RabbitMQ's consumer_timeout of the broker (default 1800): the hard time limit and "
-                           "retry countdowns must stay below it"),
+    Variable("TASKHERD_RABBITMQ_CONSUMER_TIMEOUT", timeout_seconds, seconds_valid(MAX_TIMEOUT_SECONDS),
+             readers=(_CONFIGURE,), chart=(),
+             doc="RabbitMQ's consumer_timeout of the broker (default 1800): the hard time limit and "
+                 "retry countdowns must stay below it"),
     Variable("TASKHERD_MAX_TASKS_PER_CHILD", count_or_off, "a whole number >= 0 (0: no limit)",
              readers=(_CONFIGURE,), chart=(_WORKER, _BEAT, _TEST), doc="Celery worker_max_tasks_per_child"),
     Variable("TASKHERD_MAX_MEMORY_PER_CHILD_KB", count_or_off, "a whole number of KiB >= 0 (0: no limit)",
@@ -431,30 +474,30 @@ VARIABLES = (
              readers=("Heartbeat component", "BeatHeartbeat component", "taskherd probe", "taskherd drain"),
              chart=(_WORKER, _BEAT),
              doc="where the worker (or beat) writes heartbeat.json and reads drain requests (an emptyDir)"),
-    Variable("TASKHERD_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=5.0,
+    Variable("TASKHERD_HEARTBEAT_INTERVAL", seconds, seconds_valid(), default=5.0,
              readers=("Heartbeat component",), chart=(_WORKER,),
              doc="seconds between heartbeat writes; liveness fails after 6 missed"),
-    Variable("TASKHERD_DRAIN_DEADLINE", seconds, "a number of seconds > 0",
+    Variable("TASKHERD_DRAIN_DEADLINE", drain_seconds, seconds_valid(MAX_DRAIN_SECONDS),
              readers=("taskherd drain",), chart=(_WORKER,),
              doc="the preStop drain returns after this long even if tasks still run (hard limit + drain margin)"),
     Variable("TASKHERD_METRICS_PORT", port, "a port number 0-65535 (0: no HTTP server)",
              default=WORKER_METRICS_PORT, readers=("Metrics component",), chart=(_WORKER,),
              doc="port of the worker's /metrics and of its HTTP probes (/livez, /readyz, /startupz)"),
-    Variable("TASKHERD_METRICS_ADDR", listen_address, "an IP address or host name to listen on (0.0.0.0: all; :: for IPv6)",
+    Variable("TASKHERD_METRICS_ADDR", listen_address, LISTEN_ADDRESS_VALID,
              default="0.0.0.0",
              readers=("Metrics component",), chart=(), doc="address of the worker's /metrics"),
     Variable("TASKHERD_METRICS_DIR", text, "a directory path", readers=("Metrics component",),
              chart=(_WORKER,), doc="parent of the prometheus_client multiprocess directories "
                                    "(default: <heartbeat dir>/prometheus)"),
-    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, "a number of seconds > 0", default=4.0,
+    Variable("TASKHERD_RECOVERY_TIMEOUT", seconds, seconds_valid(), default=4.0,
              readers=("FastRecovery component",), chart=(),
              doc="Redis: a worker whose lease is this old is dead and its deliveries go back"),
-    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, "a number of seconds > 0", default=1.0,
+    Variable("TASKHERD_RECOVERY_HEARTBEAT_INTERVAL", seconds, seconds_valid(), default=1.0,
              readers=("FastRecovery component",), chart=(), doc="Redis: seconds between lease refreshes"),
     # The queue exporter.
     Variable("TASKHERD_EXPORTER_PORT", port_not_zero, "a port number 1-65535", default=EXPORTER_PORT,
              readers=("taskherd exporter",), chart=(_EXPORTER,), doc="port of the exporter's /metrics"),
-    Variable("TASKHERD_EXPORTER_INTERVAL", seconds, "a number of seconds > 0", default=15.0,
+    Variable("TASKHERD_EXPORTER_INTERVAL", seconds, seconds_valid(), default=15.0,
              readers=("taskherd exporter",), chart=(_EXPORTER,), doc="seconds between broker polls"),
     Variable("TASKHERD_GLOBAL_KEYPREFIX", text, "kombu's global_keyprefix", default="",
              readers=("taskherd exporter", "taskherd dlq", "taskherd recover"), chart=(),

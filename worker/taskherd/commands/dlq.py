@@ -356,7 +356,9 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
-    broker_url = options.broker(parser, args)
+    # Redis through redis-py (one URL), RabbitMQ through kombu's py-amqp (its failover lists too)
+    broker_url = options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES + options.PY_AMQP_SCHEMES,
+                                failover=options.PY_AMQP_SCHEMES)
     dlq = _dead_letter_queue(parser, args)
     if args.command in ("show", "redrive") and not (args.refs or args.all):
         parser.error(f"{args.command}: name at least one ID, or pass --all")

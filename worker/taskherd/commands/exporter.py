@@ -139,15 +139,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # and never blocks a command line that overrides it.
     parser.add_argument("--port", type=options.whole_number("--port", 1, 65535),
                         help=f"port of /metrics (default: $TASKHERD_EXPORTER_PORT, else {contract.EXPORTER_PORT})")
-    parser.add_argument("--address", default="0.0.0.0", help="address of /metrics (default: %(default)s)")
+    parser.add_argument("--address", default="0.0.0.0", type=options.listen_address("--address"),
+                        help="address of /metrics, judged as TASKHERD_METRICS_ADDR (default: %(default)s)")
     parser.add_argument("--interval", type=options.seconds("--interval"),
                         help="seconds between broker polls (default: $TASKHERD_EXPORTER_INTERVAL, else "
                              f"{contract.BY_NAME['TASKHERD_EXPORTER_INTERVAL'].default:g})")
-    parser.add_argument("--visibility-timeout", type=options.seconds("--visibility-timeout"),
+    parser.add_argument("--visibility-timeout", type=options.seconds("--visibility-timeout",
+                                                                      maximum=contract.MAX_TIMEOUT_SECONDS),
                         help="Redis: kombu's visibility_timeout transport option (default: "
                              "$TASKHERD_VISIBILITY_TIMEOUT, else 3600)")
     args = parser.parse_args(argv)
-    options.broker(parser, args)
+    # taskherd.queues reads Redis with redis-py and RabbitMQ's management API from the URL's host
+    # and vhost: one URL (a failover list's ';' would end up in the vhost)
+    options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES + options.PY_AMQP_SCHEMES, failover=())
     if args.management_url is None:
         args.management_url = options.from_env(parser, "TASKHERD_MANAGEMENT_URL")
     if args.port is None:

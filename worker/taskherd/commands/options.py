@@ -15,7 +15,15 @@ from taskherd import contract
 
 #: The longest interval or timeout a command takes, in seconds (a week). Larger values are typos
 #: (a unit slip, 1e309 = inf) and Python's sleep and wait overflow on them with a traceback.
-MAX_SECONDS = 7 * 24 * 3600.0
+#: The contract's: a flag and its variable take the same range.
+MAX_SECONDS = float(contract.MAX_SECONDS)
+
+#: What a command that talks to the broker itself (not through Celery) can use: Redis through
+#: redis-py, whose Redis.from_url takes redis:// and rediss:// only (kombu's sentinel:// and
+#: redis+socket:// were a ValueError traceback), and RabbitMQ through kombu's py-amqp transport
+#: (librabbitmq is no dependency of taskherd: an ImportError traceback).
+REDIS_PY_SCHEMES = ("redis", "rediss")
+PY_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,21 +64,23 @@ def _env(name: str) -> str | None:
     return ",".join(value) if isinstance(value, tuple) else value
 
 
-def seconds(flag: str, *, allow_zero: bool = False):
-    """An argparse ``type`` for a duration: a finite number of seconds in (0 or >0)..MAX_SECONDS.
+def seconds(flag: str, *, allow_zero: bool = False, maximum: float = MAX_SECONDS):
+    """An argparse ``type`` for a duration: a finite number of seconds in (0 or >0)..``maximum``
+    (the bound of its variable, when it has one: contract.MAX_TIMEOUT_SECONDS, …).
 
     argparse's own message names the flag ("argument --timeout: …"); ``flag`` is repeated in the
     text so that it reads on its own too."""
-    low = ">= 0" if allow_zero else "> 0"
+    valid = contract.seconds_valid(int(maximum))
+    if allow_zero:
+        valid = valid.replace("> 0", ">= 0", 1)
 
     def parse(raw: str) -> float:
         try:
             value = float(raw)
         except ValueError:
             value = math.nan
-        if not (value >= 0 if allow_zero else value > 0) or not value <= MAX_SECONDS:
-            raise argparse.ArgumentTypeError(f"{flag}={raw!r} is not a number of seconds {low} and <= "
-                                             f"{MAX_SECONDS:.0f} (a week)")
+        if not (value >= 0 if allow_zero else value > 0) or not value <= maximum:
+            raise argparse.ArgumentTypeError(f"{flag}={raw!r} is not {valid}")
         return value
     return parse
 
@@ -111,6 +121,18 @@ def base_url(flag: str):
     return parse
 
 
+def listen_address(flag: str):
+    """An argparse ``type`` for an address to serve on, judged as TASKHERD_METRICS_ADDR is
+    (contract.listen_address), when the command line is read: not at the first bind, after a
+    broker poll, with a traceback for a label too long for IDNA."""
+    def parse(raw: str) -> str:
+        try:
+            return contract.listen_address(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}={raw!r} is not {contract.LISTEN_ADDRESS_VALID}") from None
+    return parse
+
+
 def broker_errors() -> tuple[type[BaseException], ...]:
     """What a broker that cannot be reached (refused, timed out, bad credentials, no such database)
     raises through redis-py, py-amqp or kombu: the commands report it in one line, without traceback."""
@@ -128,27 +150,48 @@ def add_broker(parser: argparse.ArgumentParser) -> None:
 
 
 class AppNotFound(ValueError):
-    """-A/--app names a module that is not there (a usage error: exit 2, one line)."""
+    """-A/--app names no Celery app: a module that is not there, an attribute it has not, something
+    that is not a Celery app (a usage error: exit 2, one line)."""
+
+
+_APP_VALID = "valid: a module path as for `celery -A`, e.g. myproject.celery or myproject.celery:app"
 
 
 def find_app(spec: str):
     """The Celery app ``spec`` names, found as ``celery -A`` finds it (a module, ``module:attribute``,
-    from the working directory too). A module that is not there is :class:`AppNotFound`; an import
-    failing inside the user's own module is raised as it is: its traceback is what they need."""
+    from the working directory too). A module that is not there, an attribute it has not, or what is
+    not a Celery app is :class:`AppNotFound`; an import failing inside the user's own module is
+    raised as it is: its traceback is what they need."""
     import os
     import sys
 
+    from celery import Celery
     from celery.app.utils import find_app as celery_find_app
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    module, _, attribute = spec.partition(":")
     try:
-        return celery_find_app(spec)
+        app = celery_find_app(spec)
     except ModuleNotFoundError as exc:
-        if not exc.name or not spec.split(":")[0].startswith(exc.name):
+        if exc.name and module.startswith(exc.name):
+            raise AppNotFound(f"-A/--app={spec!r}: no module named {exc.name!r} ({_APP_VALID})") from None
+        # Celery imports 'module:attribute' as a module when the attribute is missing; the module
+        # itself was imported (else its own error is the user's to see)
+        if exc.name and exc.name.startswith(module + ":") and module in sys.modules:
+            raise AppNotFound(f"-A/--app={spec!r}: module {module!r} has no attribute {attribute!r} "
+                              f"({_APP_VALID})") from None
+        raise
+    except AttributeError:  # a module without app, celery or any Celery instance in it
+        if module not in sys.modules:
             raise
-        raise AppNotFound(f"--app={spec!r}: no module named {exc.name!r} (valid: a module path as for "
-                          f"`celery -A`, e.g. myproject.celery or myproject.celery:app)") from None
+        raise AppNotFound(f"-A/--app={spec!r}: module {module!r} has no Celery app (no attribute app or "
+                          f"celery, no Celery instance; {_APP_VALID})") from None
+    except ValueError as exc:  # ':' or ':app': "Couldn't import ':': Empty module name"
+        raise AppNotFound(f"-A/--app={spec!r}: {exc} ({_APP_VALID})") from None
+    if not isinstance(app, Celery):  # 'module:function': the worker would fail on it later, deeper
+        raise AppNotFound(f"-A/--app={spec!r} names a {type(app).__name__}, not a Celery app ({_APP_VALID})")
+    return app
 
 
 def add_app(parser: argparse.ArgumentParser, help_: str) -> None:
@@ -176,33 +219,53 @@ def add_keyprefix(parser: argparse.ArgumentParser) -> None:
                              "(default: $TASKHERD_GLOBAL_KEYPREFIX)")
 
 
-def queues(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The queues of -Q, else $TASKHERD_QUEUES; an error naming the flag when a name is empty."""
-    from_environment = None if args.queues else from_env(parser, "TASKHERD_QUEUES")
-    raw = args.queues or ([from_environment] if from_environment else [])
-    names = [name.strip() for item in raw for name in item.split(",")]
+def _names(parser: argparse.ArgumentParser, source: str, raw: str) -> list[str]:
+    """The comma-separated names of ``raw``; a usage error naming ``source`` for an empty one or one
+    named twice (configure() refuses both, in the same words: a queue watched twice was counted twice)."""
+    names = [name.strip() for name in raw.split(",")]
     if any(not name for name in names):
-        parser.error(f"-Q/--queues={','.join(raw)!r} has an empty queue name")
+        parser.error(f"{source}={raw!r} has an empty queue name (valid: names separated by commas)")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        parser.error(f"{source}={raw!r} names {', '.join(map(repr, duplicates))} more than once "
+                     f"(valid: each queue once)")
     return names
+
+
+def queues(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The queues of -Q, else $TASKHERD_QUEUES; an error naming the one written when a name is empty
+    or repeated."""
+    if args.queues:
+        return _names(parser, "-Q/--queues", ",".join(args.queues))
+    from_environment = from_env(parser, "TASKHERD_QUEUES")
+    return _names(parser, "TASKHERD_QUEUES", from_environment) if from_environment else []
 
 
 def dead_letter_queues(parser: argparse.ArgumentParser, args: argparse.Namespace,
                        queue_names: list[str]) -> dict[str, str]:
     """{queue: DLQ} from --dead-letter-queues / $TASKHERD_DEAD_LETTER_QUEUES or the pattern."""
-    explicit_raw = args.dead_letter_queues or from_env(parser, "TASKHERD_DEAD_LETTER_QUEUES")
-    explicit = [name.strip() for name in explicit_raw.split(",")] if explicit_raw else None
+    source = "--dead-letter-queues"  # given, even empty: a blank flag is no silent fall-back to the pattern
+    explicit_raw = args.dead_letter_queues
+    if explicit_raw is None:
+        source, explicit_raw = "TASKHERD_DEAD_LETTER_QUEUES", from_env(parser, "TASKHERD_DEAD_LETTER_QUEUES")
+    explicit = _names(parser, source, explicit_raw) if explicit_raw is not None else None
     try:
         return contract.dead_letter_queues(queue_names, explicit, args.dead_letter_pattern,
-                                           source="--dead-letter-queues" if explicit else "--dead-letter-pattern")
+                                           source=source if explicit else "--dead-letter-pattern")
     except contract.ContractError as exc:
         parser.error(str(exc))
         raise  # parser.error exits; this line is never reached
 
 
-def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *, kinds: tuple[str, ...] = ("redis", "amqp"),
-           required: bool = True):
-    """The broker URL of -b/$TASKHERD_BROKER_URL, checked to be of one of ``kinds`` and to parse
-    (a usage error naming -b/--broker otherwise); also stored back in ``args.broker``."""
+def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
+           schemes: tuple[str, ...] = contract.REDIS_SCHEMES + contract.AMQP_SCHEMES,
+           failover: tuple[str, ...] | None = None, required: bool = True):
+    """The broker URL of -b/$TASKHERD_BROKER_URL, checked to parse and to be one the command can use:
+    each URL of one of ``schemes`` (what it connects with takes: through Celery, every broker
+    scheme of the contract; REDIS_PY_SCHEMES, PY_AMQP_SCHEMES for its own clients), and one URL
+    unless its scheme is in ``failover`` (None: all of ``schemes``), as redis-py reads
+    'redis://a/1;redis://b/1' as host a, database 0. A usage error naming -b/--broker or the
+    variable as written otherwise; also stored back in ``args.broker``."""
     flag = "-b/--broker"
     if args.broker is None:  # not given: the variable, named as the user wrote it in errors
         args.broker, flag = from_env(parser, "TASKHERD_BROKER_URL"), "TASKHERD_BROKER_URL"
@@ -210,11 +273,22 @@ def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *, kinds: 
         if not required:
             return None
         parser.error("-b/--broker is required (or set TASKHERD_BROKER_URL)")
-    if contract.broker_kind(args.broker) not in kinds:
-        valid = ", ".join(f"{scheme}://" for kind in kinds for scheme in
-                          (contract.REDIS_SCHEMES if kind == "redis" else contract.AMQP_SCHEMES))
-        parser.error(f"{flag}={args.broker.partition('://')[0]}://… is not supported here (valid: {valid})")
-    problem = contract.url_problem(args.broker)
+    problem = contract.url_problem(args.broker)  # first: an empty item between ';' has no scheme to judge
     if problem:
         parser.error(f"{flag}={contract.redact(args.broker)!r}: {problem}")
+    valid = ", ".join(f"{scheme}://" for scheme in schemes)
+    used = []
+    for one in args.broker.split(";"):
+        scheme, separator, _ = one.partition("://")
+        if not separator:
+            parser.error(f"{flag}={contract.redact(args.broker)!r} is not a URL (valid: {valid})")
+        used.append(scheme.lower())
+        if scheme.lower() not in schemes:
+            why = {"redis": f": {parser.prog} talks to Redis with redis-py, which takes no {scheme}:// URL",
+                   "amqp": f": {parser.prog} talks to RabbitMQ with py-amqp, not {scheme}"}.get(
+                       contract.broker_kind(one), "")
+            parser.error(f"{flag}={scheme}://… is not supported here{why} (valid: {valid})")
+    if len(used) > 1 and used[0] not in (schemes if failover is None else failover):
+        parser.error(f"{flag}={contract.redact(args.broker)!r}: a ';'-joined failover list of {used[0]}:// "
+                     f"is not supported here: {parser.prog} connects to one URL itself (valid: one URL)")
     return args.broker

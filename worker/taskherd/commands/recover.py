@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch", type=options.seconds("--watch"), metavar="SECONDS",
                         help="repeat every SECONDS instead of once")
     args = parser.parse_args(argv)
-    broker_url = options.broker(parser, args, kinds=("redis",))
+    # redis-py's Redis.from_url: not kombu's sentinel:// or redis+socket://, one URL
+    broker_url = options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES, failover=())
     import redis
 
     from taskherd.worker.components.recovery import restore_dead_workers

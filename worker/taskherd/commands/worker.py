@@ -18,6 +18,8 @@ import math
 import os
 import sys
 
+from taskherd import contract
+
 from .options import AppNotFound, Parser, find_app
 
 #: flag -> (dest, kind): "value" takes an argument, "flag" is a switch (celery worker's spelling)
@@ -53,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     return result
 
 
-def _number(name: str, value: str | None, kind: type, minimum: float) -> float | int | None:
+def _number(name: str, value: str | None, kind: type, minimum: float,
+            maximum: float | None = None) -> float | int | None:
     if value is None:
         return None
     try:
@@ -62,7 +65,9 @@ def _number(name: str, value: str | None, kind: type, minimum: float) -> float |
         raise ValueError(f"{name}={value!r} is not {'an integer' if kind is int else 'a number'}") from None
     if not (math.isfinite(number) and number >= minimum):  # 'nan' and 'inf' parse as floats
         raise ValueError(f"{name}={value!r} must be {'an integer' if kind is int else 'a finite number'} "
-                         f">= {minimum:g}")
+                         f">= {minimum:g}" + (f" and <= {maximum:g}" if maximum is not None else ""))
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name}={value!r} must be a finite number >= {minimum:g} and <= {maximum:g}")
     return number
 
 
@@ -86,8 +91,9 @@ def worker_options(args: argparse.Namespace) -> dict:
         # At least 1: Celery reads 0 as "unlimited prefetch", which configure() refuses (prefetched messages
         # sit unacked behind running tasks; Redis redelivers them): the command line must not bypass that.
         "prefetch_multiplier": _number("--prefetch-multiplier", args.prefetch_multiplier, int, 1),
-        "soft_time_limit": _number("--soft-time-limit", args.soft_time_limit, float, 0),
-        "time_limit": _number("--time-limit", args.time_limit, float, 0),
+        # At most the contract's week, as TASKHERD_(SOFT_)TIME_LIMIT and configure()'s keywords
+        "soft_time_limit": _number("--soft-time-limit", args.soft_time_limit, float, 0, contract.MAX_SECONDS),
+        "time_limit": _number("--time-limit", args.time_limit, float, 0, contract.MAX_SECONDS),
         "max_tasks_per_child": _number("--max-tasks-per-child", args.max_tasks_per_child, int, 0),
         "max_memory_per_child": _number("--max-memory-per-child", args.max_memory_per_child, int, 0),
         "task_events": args.task_events,
@@ -105,9 +111,28 @@ def worker_options(args: argparse.Namespace) -> dict:
     levels = sorted((name for name in LOG_LEVELS if isinstance(name, str) and name != "NOTSET"), key=LOG_LEVELS.get)
     if args.loglevel is not None and args.loglevel.upper() not in levels:
         raise ValueError(f"--loglevel={args.loglevel!r} is not a log level (valid: {', '.join(levels)}, in any case)")
-    if args.pool is not None and args.pool not in POOLS and ":" not in args.pool:
-        raise ValueError(f"--pool={args.pool!r} is not a pool (valid: {', '.join(POOLS)}, or module:Class)")
+    if args.pool is not None:
+        options["pool_cls"] = _pool(args.pool, POOLS)
     return {key: value for key, value in options.items() if value is not None}
+
+
+def _pool(name: str, aliases: dict) -> type:
+    """-P's pool class, imported now: an alias whose module cannot be imported (gevent not installed,
+    'custom' without CELERY_CUSTOM_WORKER_POOL) or a module:Class that is not there or is no pool was
+    a traceback from celery.concurrency.get_implementation at the worker's start."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.base import BasePool
+
+    valid = f"valid: {', '.join(alias for alias, path in aliases.items() if path)}, or module:Class of a Celery pool"
+    if name not in aliases and ":" not in name:
+        raise ValueError(f"-P/--pool={name!r} is not a pool ({valid})")
+    try:
+        pool = get_implementation(name)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: 'custom' -> None
+        raise ValueError(f"-P/--pool={name!r} cannot be loaded ({type(exc).__name__}: {exc}; {valid})") from None
+    if not (isinstance(pool, type) and issubclass(pool, BasePool)):
+        raise ValueError(f"-P/--pool={name!r} names a {type(pool).__name__}, not a Celery pool class ({valid})")
+    return pool
 
 
 def without_app(argv: list[str]) -> list[str]:
@@ -156,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taskherd worker: {exc}", file=sys.stderr)
         return 2
     # As `celery worker -P`: the app's worker_pool unless a pool is named on the command line.
-    options["pool_cls"] = concurrency.get_implementation(args.pool or app.conf.worker_pool)
+    options.setdefault("pool_cls", concurrency.get_implementation(app.conf.worker_pool))
     options["hostname"] = host_format(default_nodename(args.hostname))  # %h, %n, %d as `celery -n` expands
     worker = app.Worker(**options)
     worker.start()

@@ -70,7 +70,8 @@ from taskherd import compat, contract
 from taskherd.contract import broker_kind
 
 from .backoff import Rng
-from .components import Component, default_components, is_seconds, is_whole, missing_requirements
+from .components import (MAX_SECONDS, Component, default_components, is_seconds, is_whole,
+                         missing_requirements, shown)
 from .components import install as install_components
 from .transient import ErrorClassifier, make_classifier
 
@@ -235,8 +236,48 @@ def _exception_classes(value: Any) -> bool:
         isinstance(cls, type) and issubclass(cls, BaseException) for cls in value)
 
 
+def _rng(value: Any) -> bool:
+    """None, or what backoff_delay calls with no argument for a float in [0, 1] (random.random, a
+    seeded ``random.Random(7).random``). Only its signature is checked: calling it here would spend a
+    draw of a seeded sequence. A wrong one was accepted and made the first retry of a transient
+    error raise TypeError inside the task's retry path instead."""
+    if value is None:
+        return True
+    if not callable(value):
+        return False
+    try:
+        inspect.signature(value).bind()
+    except TypeError:  # needs arguments: random.uniform, random.randint
+        return False
+    except ValueError:  # a builtin without a signature: it may be fine
+        pass
+    return True
+
+
+#: The broker-side timeouts that must outlast a run and its retry countdown (time_limit +
+#: backoff_cap, each up to a week, plus the margin): 30 days, as their variables and the chart's
+#: visibilityTimeoutSeconds.
+MAX_BROKER_TIMEOUT = contract.MAX_TIMEOUT_SECONDS
+#: broker_heartbeat: AMQP negotiates it in a 16-bit field (Connection.Tune-Ok); py-amqp sends a
+#: larger one as is when the server disables heartbeats, and fails to pack it (struct.error).
+MAX_HEARTBEAT = 65535
+#: max_deliveries: the quorum queues' x-delivery-limit argument, which py-amqp cannot encode past
+#: a signed 64-bit int (struct.error at declare); a signed 32-bit bound is already far beyond use.
+MAX_DELIVERIES = 2**31 - 1
+#: schemes redis.Redis.from_url accepts (its parse_url raises ValueError for any other, e.g. kombu's
+#: sentinel:// and redis+socket://, on every count: deliveries would silently go uncounted)
+COUNTER_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _counter_url(value: Any) -> bool:
+    return isinstance(value, str) and value.partition("://")[0].lower() in COUNTER_SCHEMES and "://" in value \
+        and not contract.url_problem(value)
+
+
 #: setting -> (does its value alone fit, the valid range in words). Checked before the rules that
 #: combine settings, which then only see values of the right type (no TypeError from '300' > 0).
+#: Every field of Settings has one (a test checks): a setting without a rule is accepted whatever
+#: its value, and fails later, inside a worker.
 _FIELD_RULES: dict[str, tuple[Any, str]] = {
     "soft_time_limit": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
     "time_limit": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
@@ -246,6 +287,8 @@ _FIELD_RULES: dict[str, tuple[Any, str]] = {
                          ">= 0 seconds (0 disables it; valid: a finite int or float)"),
     "backoff_base": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
     "backoff_cap": (lambda v: is_seconds(v) and v > 0, "> 0 seconds (valid: a finite int or float)"),
+    "backoff_rng": (_rng, "None (random.random) or a function called with no argument that returns a float in "
+                          "[0, 1], e.g. random.Random(7).random"),
     "rabbitmq_consumer_timeout": (lambda v: v is None or (is_seconds(v) and v > 0),
                                   "a number of seconds > 0, or None when consumer_timeout is disabled on the "
                                   "broker (valid: a finite int or float, or None)"),
@@ -262,13 +305,28 @@ _FIELD_RULES: dict[str, tuple[Any, str]] = {
     "dead_letter_queue": (lambda v: isinstance(v, str), "a str containing '{queue}', e.g. '{queue}.dlq'"),
     "dead_letter_queues": (lambda v: v is None or _names(v),
                            "a list of queue names, one per queue, e.g. ['orders.failed'], or None"),
-    "delivery_counter_url": (lambda v: v is None or (isinstance(v, str) and broker_kind(v) == "redis"
-                                                     and not contract.url_problem(v)),
-                             "a redis:// URL with a port in 1..65535, or None"),
+    "delivery_counter_url": (lambda v: v is None or _counter_url(v),
+                             "a redis:// URL with a port in 1..65535 (or rediss://, or unix:// for a socket: what "
+                             "redis-py's Redis.from_url takes; not sentinel:// nor redis+socket://), or None"),
     "accept_content": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(c, str) for c in v),
                        "a list of content types (valid: ['json'])"),
     "transient_errors": (_exception_classes, "a list of exception classes, e.g. [ConnectionError]"),
     "permanent_errors": (_exception_classes, "a list of exception classes, e.g. [ValueError]"),
+}
+
+#: setting -> (its largest value, in words, the valid range), checked once its rule above passed: an
+#: unbounded duration breaks where it is used (a retry countdown past timedelta's range, threading's
+#: waits overflowing), and a week is what the same settings' TASKHERD_* variables take
+#: (taskherd.contract.MAX_SECONDS); the others say why theirs differs.
+_MAXIMA: dict[str, tuple[int, str, str]] = {
+    "soft_time_limit": (MAX_SECONDS, "a week", "0 < soft_time_limit <= {max}"),
+    "time_limit": (MAX_SECONDS, "a week", "0 < time_limit <= {max}"),
+    "backoff_base": (MAX_SECONDS, "a week", "0 < backoff_base <= {max}"),
+    "backoff_cap": (MAX_SECONDS, "a week", "0 < backoff_cap <= {max}"),
+    "visibility_timeout": (MAX_BROKER_TIMEOUT, "30 days", "0 < visibility_timeout <= {max}, or None to derive it"),
+    "rabbitmq_consumer_timeout": (MAX_BROKER_TIMEOUT, "30 days", "0 < rabbitmq_consumer_timeout <= {max}, or None"),
+    "broker_heartbeat": (MAX_HEARTBEAT, "AMQP's 16-bit field", "0 <= broker_heartbeat <= {max}, 0 disables it"),
+    "max_deliveries": (MAX_DELIVERIES, "what x-delivery-limit takes", "an integer from 1 to {max}"),
 }
 
 
@@ -281,7 +339,14 @@ def field_problems(settings: Settings) -> dict[str, str]:
             expects_text = name in ("queue_type", "dead_letter_queue", "delivery_counter_url")
             wrong_type = isinstance(value, bool) or (isinstance(value, str) and not expects_text)
             got = f"; got a {type(value).__name__}" if wrong_type else ""
-            problems[name] = f"{name}={value!r} must be {valid}{got}"
+            # shown(): repr() of a 5000-digit int raises ValueError; a URL's password stays out of the logs
+            # (redacted before it is shortened: a cut before the '@' would hide the password from redact)
+            said = shown(contract.redact(value) if name == "delivery_counter_url" and isinstance(value, str) else value)
+            problems[name] = f"{name}={said} must be {valid}{got}"
+        elif name in _MAXIMA and value is not None and value > _MAXIMA[name][0]:
+            largest, why, valid_range = _MAXIMA[name]
+            problems[name] = (f"{name}={shown(value)} is more than {largest} ({why}) "
+                              f"(valid: {valid_range.format(max=largest)})")
     return problems
 
 
@@ -370,11 +435,60 @@ def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
                       f"(valid: each queue once)")
     elif ok("queues", "dead_letter_queue", "dead_letter_queues"):
         try:
-            contract.dead_letter_queues(queues, s.dead_letter_queues, s.dead_letter_queue,
-                                        source="dead_letter_queues" if s.dead_letter_queues else "dead_letter_queue")
+            dead_letters = contract.dead_letter_queues(
+                queues, s.dead_letter_queues, s.dead_letter_queue,
+                source="dead_letter_queues" if s.dead_letter_queues else "dead_letter_queue")
         except contract.ContractError as exc:
             errors.extend(exc.problems)
+        else:
+            errors.extend(_queue_name_problems(dead_letters, s, amqp=kind == "amqp"))
     return errors, warns
+
+
+#: AMQP 0-9-1 sends a queue name (and the exchange and routing key, which the profile names after
+#: the queue) as a short string: at most 255 bytes of UTF-8.
+AMQP_MAX_NAME_BYTES = 255
+
+
+def _queue_name_problems(dead_letters: Mapping[str, str], s: Settings, *, amqp: bool) -> list[str]:
+    """A problem for each work queue or DLQ name the broker cannot take, found here rather than at
+    the first declare, inside a worker: on RabbitMQ a name over 255 bytes of UTF-8 (py-amqp fails to
+    pack it, struct.error), including a DLQ derived from a work queue short enough itself (the
+    chart and the operator cap a work queue at 251 bytes for '{queue}.dlq'); on both brokers a name
+    that cannot be encoded in UTF-8 at all (a lone surrogate: py-amqp and redis-py raise
+    UnicodeEncodeError). On Redis a name is part of a key, which may be far longer: nothing to refuse."""
+    problems = []
+    explicit = bool(s.dead_letter_queues)
+    for queue, dlq in dead_letters.items():
+        named = []
+        for what, name in (("work queue", queue), ("dead-letter queue", dlq)):
+            try:
+                size = len(name.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                problems.append(f"{'dead_letter_queues' if what != 'work queue' and explicit else 'queues'}: the "
+                                f"{what} {name!r} cannot be encoded in UTF-8 ({exc.reason} at {exc.start}); "
+                                f"valid: a name of Unicode characters, no lone surrogates")
+                continue
+            if amqp and size > AMQP_MAX_NAME_BYTES:
+                named.append((what, name, size))
+        if named and named[0][0] == "work queue" and not explicit:
+            named = named[:1]  # a derived DLQ is longer still: one problem, the work queue's, says it
+        for what, name, size in named:
+            if what == "work queue":
+                problems.append(f"queues: the work queue {name!r} is {size} bytes in UTF-8; RabbitMQ takes queue "
+                                f"names of at most {AMQP_MAX_NAME_BYTES} bytes (valid: a name of at most "
+                                f"{AMQP_MAX_NAME_BYTES} bytes)")
+            elif explicit:
+                problems.append(f"dead_letter_queues: the dead-letter queue {name!r} of {queue!r} is {size} bytes in "
+                                f"UTF-8; RabbitMQ takes queue names of at most {AMQP_MAX_NAME_BYTES} bytes (valid: "
+                                f"a name of at most {AMQP_MAX_NAME_BYTES} bytes)")
+            else:
+                room = max(0, AMQP_MAX_NAME_BYTES - (size - len(queue.encode("utf-8"))))
+                problems.append(f"queues: the dead-letter queue {name!r} of the work queue {queue!r} "
+                                f"(dead_letter_queue={s.dead_letter_queue!r}) is {size} bytes in UTF-8; RabbitMQ "
+                                f"takes queue names of at most {AMQP_MAX_NAME_BYTES} bytes (valid: a work queue "
+                                f"of at most {room} bytes with this pattern)")
+    return problems
 
 
 def _queue_declarations(profile: Profile, existing: Sequence[Any] = ()) -> list:
@@ -544,6 +658,30 @@ def refuse_time_limits_at_publish(app: Any, profile: Profile) -> None:
     compat.set_task_message_creator(app, checked)
 
 
+def _components(components: Any) -> tuple[list[Component], list[str]]:
+    """(the components to install, problems): None means :func:`default_components`; anything else
+    must be a list of Component instances. Checked here, so that components=5 or ['Heartbeat'] is a
+    ProfileError naming the argument, not a TypeError or AttributeError from inside configure()."""
+    if components is None:
+        return default_components(), []
+    valid = ("valid: a list of component instances, e.g. [*default_components(), Heartbeat(interval=2.0)], "
+             "or None for default_components()")
+    if isinstance(components, (str, bytes, Mapping)) or not hasattr(components, "__iter__"):
+        return [], [f"components={shown(components)} is not a list of components ({valid}); "
+                    f"got a {type(components).__name__}"]
+    chosen, problems = [], []
+    for index, component in enumerate(components):
+        if isinstance(component, Component):
+            chosen.append(component)
+        elif isinstance(component, type) and issubclass(component, Component):
+            problems.append(f"components[{index}]={component.__name__} is a class, not a component "
+                            f"(valid: an instance, {component.__name__}())")
+        else:
+            problems.append(f"components[{index}]={shown(component)} is not a component ({valid}); "
+                            f"got a {type(component).__name__}")
+    return chosen, problems
+
+
 def configure(app: Any, *, components: Sequence[Component] | None = None, **settings: Any) -> Profile:
     """Apply the reliability profile to ``app`` and return the validated :class:`Profile`.
 
@@ -567,7 +705,8 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     overrides, errors = _from_environment(settings, environ)
     broker_url, broker_problems = _broker_url(app, environ)
     errors += broker_problems
-    chosen = default_components() if components is None else list(components)
+    chosen, component_problems = _components(components)
+    errors += component_problems
     resolved: list[Component] = []
     for component in chosen:
         try:
@@ -580,7 +719,10 @@ def configure(app: Any, *, components: Sequence[Component] | None = None, **sett
     errors += missing_requirements(resolved)
 
     wanted = Settings(**{**settings, **overrides})
-    queue_names = tuple(wanted.queues) if wanted.queues is not None else (conf.task_default_queue,)
+    # Only a valid list is taken apart here: queues=5 would raise TypeError before validate() could
+    # name it (its field rule reports it; the default queue stands in meanwhile).
+    queue_names = (tuple(wanted.queues) if wanted.queues is not None and _names(wanted.queues)
+                   else (conf.task_default_queue,))
     app_serialization = {name: conf.get(name) for name in
                          ("task_serializer", "result_serializer", "event_serializer",
                           "accept_content", "result_accept_content")}

@@ -26,10 +26,45 @@ from taskherd import contract
 INSTALLED_ATTRIBUTE = "taskherd_components"
 
 
+#: The longest duration a seconds setting takes, unless it says otherwise: a week, the bound the
+#: contract puts on the same settings' TASKHERD_* variables and the commands on their options, so a
+#: keyword argument and its variable accept the same range. Unbounded, a duration breaks where it is
+#: used: threading.Event.wait(1e10) raises OverflowError in FastRecovery's lease thread, a retry's
+#: countdown past timedelta's range fails the retry, and a heartbeat every 1e300 s means liveness
+#: never fails.
+MAX_SECONDS = contract.MAX_SECONDS
+
+
 def is_seconds(value: Any) -> bool:
     """A duration setting: an int or float, finite. ``'5'`` would raise TypeError in a comparison, nan
-    and inf (or 1e309) are no duration, and bool is an int in Python but ``interval=True`` is a mistake."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    and inf (or 1e309) are no duration, and bool is an int in Python but ``interval=True`` is a mistake.
+    An int is finite as it is, never converted: math.isfinite(10**400) raises OverflowError ("int too
+    large to convert to float") where a refusal was due. (The upper bound is :func:`too_long`'s.)"""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def too_long(label: str, value: Any, *, minimum: str = "0 <", maximum: int = MAX_SECONDS,
+             said: str = "a week") -> list[str]:
+    """The problem of a duration ``label`` (``Heartbeat(interval``, as the user wrote it) longer than
+    ``maximum``, checked after :func:`is_seconds` (so ``value`` is a number); [] when it fits."""
+    if value <= maximum:
+        return []
+    name = label.rpartition("(")[2] or label
+    return [f"{label}={shown(value)}{')' if '(' in label else ''} is longer than {maximum} seconds ({said}) "
+            f"(valid: {minimum} {name} <= {maximum})"]
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, shortened past ``limit`` characters. repr() of an int of
+    more than 4300 digits raises ValueError (Python's int_max_str_digits): an error message about a
+    huge int must not itself raise; and a 400-digit number says no more than its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        sign = "-" if value < 0 else ""
+        return f"<an int of {value.bit_length()} bits, about {sign}10**{int(value.bit_length() * 0.30103)}>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def is_whole(value: Any) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from taskherd.contract import broker_kind
 
-from . import Component, is_seconds
+from . import Component, is_seconds, shown, too_long
 from .recovery import first_broker_url, key_prefix
 
 logger = logging.getLogger(__name__)
@@ -28,8 +28,8 @@ class DelayedMessages(Component):
 
     def problems(self) -> list[str]:
         if not (is_seconds(self.interval) and self.interval > 0):
-            return [f"DelayedMessages(interval={self.interval!r}) must be > 0 seconds"]
-        return []
+            return [f"DelayedMessages(interval={shown(self.interval)}) must be > 0 seconds"]
+        return too_long("DelayedMessages(interval", self.interval)  # a due message would wait that long
 
     def install(self, app: Any, profile: Any = None) -> None:
         from celery import bootsteps

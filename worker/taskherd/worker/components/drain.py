@@ -35,7 +35,7 @@ from celery.worker import state as worker_state
 
 from taskherd.pod import shared_files
 
-from . import Component, installed, is_seconds
+from . import Component, installed, is_seconds, shown, too_long
 from .heartbeat import Heartbeat, HeartbeatStep
 
 logger = logging.getLogger(__name__)
@@ -55,8 +55,8 @@ class Drain(Component):
 
     def problems(self) -> list[str]:
         if not (is_seconds(self.poll) and self.poll > 0):
-            return [f"Drain(poll={self.poll!r}) must be a positive number of seconds"]
-        return []
+            return [f"Drain(poll={shown(self.poll)}) must be a positive number of seconds"]
+        return too_long("Drain(poll", self.poll)  # the drain loop waits this long between looks
 
     def install(self, app: Celery, profile: Any = None) -> None:
         app.steps["consumer"].add(DrainStep)

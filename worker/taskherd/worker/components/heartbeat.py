@@ -31,7 +31,7 @@ from celery.worker import state as worker_state
 
 from taskherd.pod import shared_files
 
-from . import Component, installed, is_seconds
+from . import Component, installed, is_seconds, shown, too_long
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,10 @@ class Heartbeat(Component):
 
     def problems(self) -> list[str]:
         if not (is_seconds(self.interval) and self.interval > 0):
-            return [f"Heartbeat(interval={self.interval!r}) must be a positive number of seconds"]
-        return []
+            return [f"Heartbeat(interval={shown(self.interval)}) must be a positive number of seconds"]
+        # bounded as TASKHERD_HEARTBEAT_INTERVAL is: a heartbeat every 1e300 s would keep a wedged
+        # worker alive as far as the liveness probe (6 missed intervals) can tell
+        return too_long("Heartbeat(interval", self.interval)
 
     def install(self, app: Celery, profile: Any = None) -> None:
         app.steps["consumer"].add(HeartbeatStep)

@@ -81,7 +81,7 @@ from taskherd.contract import broker_kind
 
 from .. import deliveries
 
-from . import Component, is_seconds
+from . import Component, is_seconds, shown, too_long
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +129,17 @@ class FastRecovery(Component):
 
     def problems(self) -> list[str]:
         if not (is_seconds(self.heartbeat_interval) and self.heartbeat_interval > 0):
-            return [f"FastRecovery(heartbeat_interval={self.heartbeat_interval!r}) must be > 0 seconds"]
+            return [f"FastRecovery(heartbeat_interval={shown(self.heartbeat_interval)}) must be > 0 seconds"]
+        # bounded as their variables are: the lease thread waits heartbeat_interval on an Event, and
+        # Event.wait(1e10) raises OverflowError there; a lease of a week recovers nothing in time
+        problem = too_long("FastRecovery(heartbeat_interval", self.heartbeat_interval)
+        if problem:
+            return problem
         if not (is_seconds(self.timeout) and self.timeout >= 2 * self.heartbeat_interval):
-            return [f"FastRecovery(timeout={self.timeout!r}) must be at least twice heartbeat_interval="
+            return [f"FastRecovery(timeout={shown(self.timeout)}) must be at least twice heartbeat_interval="
                     f"{self.heartbeat_interval!r} (>= {2 * self.heartbeat_interval!r} s), so that one late "
                     f"refresh does not declare a live worker dead"]
-        return []
+        return too_long("FastRecovery(timeout", self.timeout, minimum=f"{2 * self.heartbeat_interval!r} <=")
 
     @property
     def expected_recovery_seconds(self) -> float:

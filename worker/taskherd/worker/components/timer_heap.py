@@ -18,7 +18,7 @@ from celery import bootsteps
 
 from taskherd import compat
 
-from . import Component, installed, is_seconds
+from . import Component, installed, is_seconds, shown, too_long
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ class TimerHeap(Component):
 
     def problems(self) -> list[str]:
         if not (is_seconds(self.interval) and self.interval > 0):
-            return [f"TimerHeap(interval={self.interval!r}) must be a positive number of seconds"]
-        return []
+            return [f"TimerHeap(interval={shown(self.interval)}) must be a positive number of seconds"]
+        return too_long("TimerHeap(interval", self.interval)  # bounded as every duration keyword is
 
     def install(self, app: Any, profile: Any = None) -> None:
         app.steps["consumer"].add(TimerHeapStep)
