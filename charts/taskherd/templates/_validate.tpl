@@ -319,13 +319,13 @@ A value from valueFrom cannot be read here; the worker checks it.
 {{- $at := printf "%s[%d]" (index $.k "env") $j }}
 {{- if not (hasKey $e "value") }}
 {{- $known = false }}
-{{- else if and (kindIs "string" $e.value) (regexMatch "^[0-9]+(\\.[0-9]+)?$" $e.value) (gt (float64 $e.value) 0.0) }}
+{{- else if and (kindIs "string" $e.value) (regexMatch "^[0-9]+(\\.[0-9]+)?$" $e.value) (gt (float64 $e.value) 0.0) (le (float64 $e.value) 2592000.0) }}
 {{- $timeout = float64 $e.value }}
 {{- $from = printf "from %s" $at }}
 {{- else }}
 {{- $known = false }}
 {{- if kindIs "string" $e.value }}
-{{ $at }}.value={{ toJson $e.value }} (TASKHERD_RABBITMQ_CONSUMER_TIMEOUT) is invalid; valid: a number of seconds > 0, the broker's consumer_timeout (rabbitmq.conf gives it in milliseconds: 3600000 is "3600")
+{{ $at }}.value={{ toJson $e.value }} (TASKHERD_RABBITMQ_CONSUMER_TIMEOUT) is invalid; valid: a number of seconds > 0 and <= 2592000 (30 days, taskherd.contract), the broker's consumer_timeout (rabbitmq.conf gives it in milliseconds: 3600000 is "3600")
 {{- end }}
 {{- end }}
 {{- end }}
