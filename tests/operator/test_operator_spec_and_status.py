@@ -22,7 +22,7 @@ def test_defaults_and_dead_letter_queue_names():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"minReplicas": 5}, "spec.minReplicas=5 is invalid: must be <= maxReplicas (4)"),
+    ({"minReplicas": 5}, "spec.minReplicas=5 is invalid: must be <= spec.maxReplicas (4)"),
     ({"maxReplicas": 0}, "spec.maxReplicas=0 is invalid: must be a whole number from 1 to 1000"),
     ({"maxReplicas": "10"}, "spec.maxReplicas='10' is invalid: must be a whole number from 1 to 1000"),
     ({"targetDepthPerWorker": 0}, "spec.targetDepthPerWorker=0 is invalid: must be a whole number from 1 to 100000"),

@@ -134,6 +134,12 @@ CORPUS = [
         "must be group/version of an API"),
     Bad("target-api-core", {"scaleTargetRef": {"apiVersion": "v1"}}, "spec.scaleTargetRef.apiVersion",
         "must be group/version of an API"),
+    Bad("target-name-trailing-newline", {"scaleTargetRef": {"name": "workers\n"}}, "spec.scaleTargetRef.name",
+        "DNS-1123 subdomain"),
+    Bad("target-kind-trailing-newline", {"scaleTargetRef": {"kind": "Deployment\n"}}, "spec.scaleTargetRef.kind",
+        "must be a Kind such as Deployment"),
+    Bad("target-api-trailing-newline", {"scaleTargetRef": {"apiVersion": "apps/v1\n"}},
+        "spec.scaleTargetRef.apiVersion", "must be group/version of an API"),
     # an object written as a string or a list was an AttributeError in the operator ('str'.get)
     Bad("target-as-text", {"scaleTargetRef": "workers"}, "spec.scaleTargetRef", "must be of type object"),
     Bad("target-name-empty", {"scaleTargetRef": {"name": ""}}, "spec.scaleTargetRef.name",
@@ -161,6 +167,13 @@ CORPUS = [
         "must be a key of the Secret's data"),
     Bad("secret-key-empty", {"broker": {"secretRef": {"key": ""}}}, "spec.broker.secretRef.key",
         "should be at least 1 chars long"),
+    Bad("secret-name-trailing-newline", {"broker": {"secretRef": {"name": "broker\n"}}}, "spec.broker.secretRef.name",
+        "must be the name of a Secret"),
+    Bad("secret-key-trailing-newline", {"broker": {"secretRef": {"key": "url\n"}}}, "spec.broker.secretRef.key",
+        "must be a key of the Secret's data"),
+    Bad("management-key-trailing-newline",
+        {"broker": {"type": "rabbitmq", "secretRef": {"managementUrlKey": "management-url\n"}}},
+        "spec.broker.secretRef.managementUrlKey", "must be a key of the Secret's data"),
     Bad("management-key-on-redis", {"broker": {"secretRef": {"managementUrlKey": "management-url"}}},
         "spec.broker.secretRef.managementUrlKey", "applies only to broker type rabbitmq"),
     Bad("keyprefix-on-rabbitmq", {"broker": {"type": "rabbitmq", "globalKeyprefix": "shop:"}},
@@ -179,7 +192,24 @@ CORPUS = [
     Bad("queue-name-with-no-break-space", _dlq(["emails\u00a0eu"]), "spec.broker.queues[0]", "without commas"),
     Bad("dlq-name-with-space", _dlq(["emails"], ["emails dlq"]), "spec.broker.deadLetterQueues[0]", "without commas"),
     # 252 characters: its default dead-letter queue would be 256
-    Bad("queue-too-long-for-its-dlq", _dlq(["q" * 252]), "spec.broker.queues", "at most 251 characters"),
+    Bad("queue-too-long-for-its-dlq", _dlq(["q" * 252]), "spec.broker.queues", "at most 251 bytes"),
+    # RabbitMQ counts UTF-8 bytes, maxLength characters: 200 "é" are 400 bytes (the broker refused the
+    # queue, its management API answered 404, read as an empty queue: the pool sat at minReplicas)
+    Bad("queue-name-over-255-bytes", _dlq(["\u00e9" * 200]), "spec.broker.queues", "at most 255 bytes"),
+    Bad("dlq-name-over-255-bytes", _dlq(["emails", "reports"], ["\u00e9" * 128, "reports.dlq"]),
+        "spec.broker.deadLetterQueues", "at most 255 bytes"),
+    # 126 characters, 252 bytes: its default dead-letter queue would be 256 bytes
+    Bad("queue-too-many-bytes-for-its-dlq", _dlq(["\u00e9" * 126]), "spec.broker.queues", "at most 251 bytes"),
+    # invisible format characters (Unicode Cf): a queue that looks like another
+    Bad("queue-name-zero-width-space", _dlq(["emails\u200b"]), "spec.broker.queues", "invisible format characters"),
+    Bad("queue-name-byte-order-mark", _dlq(["\ufeffemails"]), "spec.broker.queues", "invisible format characters"),
+    Bad("queue-name-soft-hyphen", _dlq(["e\u00admails"]), "spec.broker.queues", "invisible format characters"),
+    Bad("dlq-name-zero-width-joiner", _dlq(["emails"], ["emails\u200d.dlq"]), "spec.broker.deadLetterQueues",
+        "invisible format characters"),
+    # a final newline: RE2's '$' is the end of the text; Python's re.match took "emails\n" for "emails"
+    Bad("queue-name-trailing-newline", _dlq(["emails\n"]), "spec.broker.queues[0]", "without commas"),
+    Bad("dlq-name-trailing-newline", _dlq(["emails"], ["emails.dlq\n"]), "spec.broker.deadLetterQueues[0]",
+        "without commas"),
     Bad("dlq-is-a-work-queue", _dlq(["emails", "reports"], ["emails.dlq", "emails"]), "spec.broker.deadLetterQueues",
         "must not name a work queue"),
     Bad("dlq-count-differs", _dlq(["emails", "reports"], ["failed"]), "spec.broker.deadLetterQueues",
@@ -234,6 +264,18 @@ CORPUS = [
         "spec.deadLetter.webhookUrl", "no spaces"),
     Bad("alertmanager-port-not-a-number", {"deadLetter": {"alertmanagerUrl": "http://am:port/"}},
         "spec.deadLetter.alertmanagerUrl", "must be an http:// or https:// URL"),
+    # the API server's url() reads '09093' as 9093 and 'am:' as no port; the operator refused both,
+    # stopping the pool (Ready=False InvalidSpec) after the API server had stored it
+    Bad("webhook-port-leading-zero", {"deadLetter": {"webhookUrl": "http://am:09093/"}},
+        "spec.deadLetter.webhookUrl", "without leading zeros"),
+    Bad("alertmanager-port-leading-zero", {"deadLetter": {"alertmanagerUrl": "http://am:00080"}},
+        "spec.deadLetter.alertmanagerUrl", "without leading zeros"),
+    Bad("alertmanager-colon-without-port", {"deadLetter": {"alertmanagerUrl": "http://am:/"}},
+        "spec.deadLetter.alertmanagerUrl", "no ':' after the host without a port"),
+    Bad("webhook-colon-without-port-at-end", {"deadLetter": {"webhookUrl": "https://hooks.shop:"}},
+        "spec.deadLetter.webhookUrl", "no ':' after the host without a port"),
+    Bad("webhook-ipv6-colon-without-port", {"deadLetter": {"webhookUrl": "http://[fd00::1]:/hook"}},
+        "spec.deadLetter.webhookUrl", "no ':' after the host without a port"),
     Bad("webhook-too-long", {"deadLetter": {"webhookUrl": "https://hooks.shop/" + "x" * 2048}},
         "spec.deadLetter.webhookUrl", "Too long"),
     Bad("threshold-zero", {"deadLetter": {"threshold": 0}}, "spec.deadLetter.threshold",
@@ -267,6 +309,13 @@ GOOD = [
     ("longest-names", _dlq(["q" * 251, "r" * 255], ["q" * 251 + ".dlq", "d" * 255])),
     ("sixty-four-queues", _dlq([f"q{i}" for i in range(64)])),
     ("webhook-highest-port-and-escapes", {"deadLetter": {"webhookUrl": "https://hooks.shop:65535/a%20b?x=%zz"}}),
+    # bytes, not characters: 125 "é" and one "a" are 251 bytes, 127 "é" and one "a" 255
+    ("longest-names-in-bytes", _dlq(["\u00e9" * 125 + "a", "\u00e9" * 127 + "a"],
+                                    ["\u00e9" * 127 + "b", "d\u00e9" * 85])),
+    ("longest-name-in-bytes-with-its-dlq", _dlq(["\u00e9" * 125 + "a"])),
+    ("non-ascii-queue-names", _dlq(["caf\u00e9", "\u65e5\u672c", "emails-\u00fc"])),
+    ("webhook-ipv6-port-and-user", {"deadLetter": {"webhookUrl": "http://hook@[fd00::1]:9093/x?a=b:"}}),
+    ("alertmanager-lowest-port", {"deadLetter": {"alertmanagerUrl": "http://am:1/"}}),
 ]
 
 

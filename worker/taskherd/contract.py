@@ -316,13 +316,24 @@ def http_url_problem(raw: str, *, base: bool) -> str | None:
         return "'%' only as %XX before any ?query"
     # as written (urllib's .port takes ':0' and ':+1')
     port = _written_port(parts.netloc)
-    if port is not None and not re.match(PORT, port):
+    if port is not None and not re.fullmatch(PORT, port):  # fullmatch: '$' would take '9093\n'
         if _unescaped_in_userinfo(raw):  # that "port" is part of the password: not shown
             return UNESCAPED_USERINFO
-        return f"the port {port!r} is not a number in range (valid: a port from 1 to 65535)"
+        return _port_problem(port)
     if base and ("?" in raw or "#" in raw):
         return "a base URL has no ?query or #fragment"
     return None
+
+
+def _port_problem(port: str) -> str:
+    """What is wrong with a port as written that PORT refuses. Go's URL parser (the API server's
+    url()) reads 'am:' as no port and '09093' as 9093: the CRD refuses both, and so does this."""
+    valid = "valid: a port from 1 to 65535 written without leading zeros, e.g. :9093, or no ':' at all"
+    if port == "":
+        return f"a ':' after the host without a port ({valid})"
+    if port.isascii() and port.isdigit() and len(port) > 1 and port.startswith("0"):
+        return f"the port {port!r} has a leading zero ({valid})"
+    return f"the port {port!r} is not a number in range (valid: a port from 1 to 65535)"
 
 
 def _written_port(netloc: str) -> str | None:
@@ -369,13 +380,14 @@ def listen_address(raw):
 
     # A last label all digits is no host name (RFC 1123 2.1): '999.1.1.1' is a mistyped IPv4 and
     # getaddrinfo reads '1.2.3' or '1234' as inet_aton's short forms of another address.
-    if not re.match(_HOST, raw) or raw.rpartition(".")[2].isdigit():
+    if not re.fullmatch(_HOST, raw) or raw.rpartition(".")[2].isdigit():  # fullmatch: '$' takes 'host\n'
         raise ValueError
     return raw
 
 
 #: A Kubernetes object name (an RFC 1123 subdomain: the operator's parse_spec checks the names in a
-#: WorkerPool with it too) and a namespace (an RFC 1123 label).
+#: WorkerPool with it too) and a namespace (an RFC 1123 label). Match them with re.fullmatch: with
+#: re.match, '$' also matches before a final newline ('workers\n').
 #: (Patterns, not compiled here: `taskherd probe` imports this module and never needs them.)
 SUBDOMAIN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -384,7 +396,7 @@ _LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 def object_name(raw):
     import re
 
-    if not re.match(SUBDOMAIN, raw):
+    if not re.fullmatch(SUBDOMAIN, raw):  # whole: with re.match, '$' also matches before a final '\n'
         raise ValueError
     return raw
 
@@ -393,7 +405,7 @@ def namespaces(raw):
     import re
 
     values = names(raw)
-    if any(not re.match(_LABEL, name) for name in values):
+    if any(not re.fullmatch(_LABEL, name) for name in values):
         raise ValueError
     return values
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -53,13 +54,16 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "broker.secretRef": ("name", "key", "managementUrlKey"),
     "deadLetter": ("threshold", "alertmanagerUrl", "webhookUrl", "severity", "resendIntervalSeconds"),
 }
-#: Queues per pool, and characters per queue name (RabbitMQ's limit is 255 bytes).
+#: Queues per pool, and UTF-8 bytes per queue name: RabbitMQ's limit is 255 bytes, and a name over
+#: it is refused by the broker while its management API answers 404 (read as an empty queue). The
+#: CRD says the same with size(bytes(q)) (its maxLength counts characters: "é" is two bytes).
 MAX_QUEUES = 64
 MAX_QUEUE_NAME_LENGTH = 255
 #: The default dead-letter queue <queue>.dlq must fit too: a queue named without one is this short.
 MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ = MAX_QUEUE_NAME_LENGTH - len(".dlq")
 
-# The formats the CRD's CEL rules check, in the same words.
+# The formats the CRD's CEL rules check, in the same words. Each is matched whole (fullmatch): with
+# re.match, '$' also matches before a final newline, and "emails\n" would pass as "emails".
 #: an object name (Deployment, Secret, ...): a DNS-1123 subdomain.
 #: (at most 253 characters: contract's pattern says so)
 DNS1123_SUBDOMAIN = re.compile(contract.SUBDOMAIN)
@@ -73,6 +77,12 @@ API_VERSION = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/v[0-9]+((alpha|beta)[
 #: covers \p{Z}); no commas, since the chart and the contract join queue names with them.
 QUEUE_NAME = re.compile(r"^[^,\s\x00-\x1f\x7f-\x9f]+$")
 QUEUE_NAME_VALID = "a queue name without commas, whitespace or control characters"
+#: invisible format characters (Unicode category Cf: U+200B zero-width space, U+FEFF, U+00AD soft
+#: hyphen, ...): a queue name holding one looks like another queue's. The CRD refuses \p{Cf} too.
+FORMAT_CHARACTER_VALID = "no invisible format characters (Unicode category Cf, e.g. U+200B, U+FEFF, U+00AD)"
+#: a value is shown in a message at most this long (its repr), so that "must be …" always fits in a
+#: condition's message (status.MESSAGE_LIMIT, 1000 characters).
+MAX_SHOWN = 120
 #: a port in a URL: 1..65535, digits only; URLs are judged by contract.http_url_problem.
 PORT = re.compile(contract.PORT)
 MAX_URL_LENGTH = contract.MAX_URL_LENGTH
@@ -94,7 +104,7 @@ class ScalingPolicy:
         _check(self.min_replicas >= 0, "minReplicas", self.min_replicas, ">= 0")
         _check(self.max_replicas >= 1, "maxReplicas", self.max_replicas, ">= 1")
         _check(self.min_replicas <= self.max_replicas, "minReplicas", self.min_replicas,
-               f"<= maxReplicas ({self.max_replicas})")
+               f"<= spec.maxReplicas ({self.max_replicas})")
         _check(self.target_depth_per_worker >= 1, "targetDepthPerWorker", self.target_depth_per_worker, ">= 1")
         if self.max_oldest_message_age_seconds is not None:
             _check(self.max_oldest_message_age_seconds > 0, "maxOldestMessageAgeSeconds",
@@ -152,9 +162,21 @@ class PoolSpec:
     dead_letter: DeadLetterSpec = field(default_factory=DeadLetterSpec)
 
 
+def _shown(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)``, redacted, cut in the middle to at most about ``limit`` characters: a condition
+    keeps 1000 characters of a message, and a 1200-character queue name (or a list of 64) must not
+    push out what is valid. Redacted before the cut, so that no cut hides a URL's '@' from redact."""
+    shown = contract.redact(repr(value))
+    if len(shown) <= limit:
+        return shown
+    keep = (limit - 30) // 2
+    return f"{shown[:keep]}…({len(shown) - 2 * keep} more characters)…{shown[-keep:]}"
+
+
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:
     if not ok:  # the message reaches the status: a URL pasted in the wrong field keeps its password
-        raise InvalidSpec(contract.redact(f"{'spec.' + key if key else 'spec'}={value!r} is invalid: must be {valid}"))
+        where = "spec." + _shown(key, 60)[1:-1] if key else "spec"  # a typo'd key may be long too
+        raise InvalidSpec(contract.redact(f"{where}={_shown(value)} is invalid: must be {valid}"))
 
 
 def _range(key: str) -> str:
@@ -202,13 +224,13 @@ def _object(parent: Mapping[str, Any], key: str, within: str = "") -> Mapping[st
 
 
 def _name(value: Any, key: str, what: str) -> str:
-    _check(isinstance(value, str) and bool(DNS1123_SUBDOMAIN.match(value)), key, value,
+    _check(isinstance(value, str) and bool(DNS1123_SUBDOMAIN.fullmatch(value)), key, value,
            f"the name of a {what}: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253)")
     return value
 
 
 def _secret_key(value: Any, key: str) -> str:
-    _check(isinstance(value, str) and len(value) <= 253 and bool(SECRET_KEY.match(value)), key, value,
+    _check(isinstance(value, str) and len(value) <= 253 and bool(SECRET_KEY.fullmatch(value)), key, value,
            "a key of the Secret's data (letters, digits, '-', '_' and '.')")
     return value
 
@@ -226,23 +248,45 @@ def _http_url(value: Any, key: str, *, base: bool) -> str | None:
 def _target(spec: Mapping[str, Any]) -> ScaleTargetRef:
     target = _object(spec, "scaleTargetRef")
     api_version, kind = target.get("apiVersion", "apps/v1"), target.get("kind", "Deployment")
-    _check(isinstance(api_version, str) and bool(API_VERSION.match(api_version)), "scaleTargetRef.apiVersion",
+    _check(isinstance(api_version, str) and bool(API_VERSION.fullmatch(api_version)), "scaleTargetRef.apiVersion",
            api_version, "group/version of an API, e.g. apps/v1")
-    _check(isinstance(kind, str) and bool(KIND.match(kind)), "scaleTargetRef.kind", kind,
+    _check(isinstance(kind, str) and bool(KIND.fullmatch(kind)), "scaleTargetRef.kind", kind,
            "a Kind with a scale subresource, e.g. Deployment or StatefulSet")
     return ScaleTargetRef(api_version=api_version, kind=kind,
                           name=_name(target.get("name"), "scaleTargetRef.name", kind))
 
 
+def _utf8_length(name: str) -> int:
+    """Bytes of ``name`` as the broker stores it (a lone surrogate, which JSON cannot carry, as one
+    replacement character: its length only has to be refused or not, the name is refused anyway)."""
+    return len(name.encode("utf-8", "replace"))
+
+
+def _format_character(name: str) -> str | None:
+    """The first invisible format character (Unicode category Cf) of ``name`` as U+XXXX and its
+    Unicode name, None without one."""
+    for c in name:
+        if unicodedata.category(c) == "Cf":
+            return f"U+{ord(c):04X} ({unicodedata.name(c, 'unnamed')})"
+    return None
+
+
 def _queue_names(names: Any, key: str, how_many: str) -> None:
     """A list of distinct queue names, as the CRD's list-type set of bounded strings."""
     valid = (f"{how_many} {MAX_QUEUES} distinct names, each {QUEUE_NAME_VALID}, "
-             f"at most {MAX_QUEUE_NAME_LENGTH} characters")
+             f"at most {MAX_QUEUE_NAME_LENGTH} bytes in UTF-8")
     _check(isinstance(names, list) and len(names) <= MAX_QUEUES, key, names, valid)
+    seen: dict[str, int] = {}
     for i, name in enumerate(names):
-        _check(isinstance(name, str) and 0 < len(name) <= MAX_QUEUE_NAME_LENGTH and bool(QUEUE_NAME.match(name)),
-               f"{key}[{i}]", name, valid)
-    _check(len(set(names)) == len(names), key, names, valid)
+        _check(isinstance(name, str) and bool(QUEUE_NAME.fullmatch(name)), f"{key}[{i}]", name, valid)
+        length = _utf8_length(name)
+        _check(length <= MAX_QUEUE_NAME_LENGTH, f"{key}[{i}]", name,
+               f"{valid}; here: {length} bytes ({len(name)} characters)")
+        invisible = _format_character(name)
+        _check(invisible is None, f"{key}[{i}]", name, f"{valid}, {FORMAT_CHARACTER_VALID}; here: {invisible}")
+        # the first repeat by index, as the API server says it (spec.broker.queues[3]: Duplicate value)
+        _check(name not in seen, f"{key}[{i}]", name, f"{valid}; it repeats spec.{key}[{seen.get(name)}]")
+        seen[name] = i
 
 
 def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
@@ -267,10 +311,28 @@ def _broker(spec: Mapping[str, Any]) -> BrokerSpec:
     _queue_names([] if explicit is None else explicit, "broker.deadLetterQueues", "one per queue, at most")
     if not explicit:  # each queue gets <queue>.dlq: that name must fit as well
         for i, queue in enumerate(queues):
-            _check(len(queue) <= MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ, f"broker.queues[{i}]", queue,
-                   f"a name of at most {MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ} characters, so that its "
+            length = _utf8_length(queue)
+            _check(length <= MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ, f"broker.queues[{i}]", queue,
+                   f"a name of at most {MAX_QUEUE_NAME_LENGTH_WITH_DEFAULT_DLQ} bytes in UTF-8, so that its "
                    f"dead-letter queue <queue>.dlq fits in {MAX_QUEUE_NAME_LENGTH}; or name the dead-letter "
-                   "queues in spec.broker.deadLetterQueues")
+                   f"queues in spec.broker.deadLetterQueues; here: {length} bytes")
+    # the CRD's rules, by index; contract.dead_letter_queues below would print every queue name before
+    # what is valid (64 names of 255 bytes: past a condition's 1000 characters)
+    if explicit:
+        _check(len(explicit) == len(queues), "broker.deadLetterQueues", explicit,
+               f"one dead-letter queue per queue of spec.broker.queues, in the same order (here {len(explicit)} "
+               f"for {len(queues)} queues), or left out for <queue>.dlq")
+        for i, dlq in enumerate(explicit):
+            _check(dlq not in queues, f"broker.deadLetterQueues[{i}]", dlq,
+                   f"not a work queue of spec.broker.queues (a dead-letter queue is never consumed as work); "
+                   f"here: it is spec.broker.queues[{queues.index(dlq) if dlq in queues else -1}]")
+    else:
+        for i, queue in enumerate(queues):
+            dlq = f"{queue}.dlq"
+            _check(dlq not in queues, f"broker.queues[{queues.index(dlq) if dlq in queues else -1}]", dlq,
+                   f"not the default dead-letter queue <queue>.dlq of spec.broker.queues[{i}]={_shown(queue)} "
+                   "(a dead-letter queue is never consumed as work): name other dead-letter queues in "
+                   "spec.broker.deadLetterQueues")
     try:
         dead_letter_queues = contract.dead_letter_queues(
             queues, explicit, source="spec.broker.deadLetterQueues" if explicit else "spec.broker.queues")
@@ -293,7 +355,7 @@ def _dead_letter(spec: Mapping[str, Any]) -> DeadLetterSpec:
     alertmanager = _http_url(dl.get("alertmanagerUrl"), "deadLetter.alertmanagerUrl", base=True)
     webhook = _http_url(dl.get("webhookUrl"), "deadLetter.webhookUrl", base=False)
     _check(not (alertmanager and webhook), "deadLetter.webhookUrl", webhook,
-           "unset when deadLetter.alertmanagerUrl is set (one page target per pool)")
+           "unset when spec.deadLetter.alertmanagerUrl is set (one page target per pool)")
     severity = dl.get("severity", DEFAULT_SEVERITY)
     _check(severity in SEVERITIES, "deadLetter.severity", severity, f"one of {', '.join(SEVERITIES)}")
     return DeadLetterSpec(

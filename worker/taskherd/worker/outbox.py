@@ -51,7 +51,7 @@ VALID_TABLE = "an unquoted identifier (letters, digits, underscore, at most 63 c
 
 
 def table_is_valid(table: object) -> bool:
-    return isinstance(table, str) and bool(_IDENTIFIER.match(table))
+    return isinstance(table, str) and bool(_IDENTIFIER.fullmatch(table))  # match()'s $ takes a last "\n"
 
 
 def _table(table: str) -> sql.Identifier:
