@@ -83,6 +83,14 @@ def test_a_management_url_key_the_secret_lacks_is_missing_not_silently_the_defau
     assert "has no key 'management-url' (spec.broker.secretRef.managementUrlKey; keys: ['url'])" in str(error)
 
 
+def test_a_broker_url_key_the_secret_lacks_names_the_field_and_its_default():
+    # 'url' is the default of spec.broker.secretRef.key: the user may never have written it
+    error = observe("redis", {"broker-url": REDIS})
+    assert error.reason == "SecretKeyMissing"
+    assert ("Secret shop/broker has no key 'url' (spec.broker.secretRef.key, default 'url'; "
+            "keys: ['broker-url'])") in str(error), str(error)
+
+
 @pytest.mark.parametrize("kind,data", [
     ("redis", {"url": "rediss://:pw@redis:6380/2"}),
     ("redis", {"url": "redis://a:6379/0;redis://b:6379/0"}),

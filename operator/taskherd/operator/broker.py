@@ -288,7 +288,10 @@ def _judge(namespace: str, broker: BrokerSpec, secret: Mapping[str, str]) -> Bro
     """The pool's broker address from its Secret, or why there is none (the message and reason of
     BrokerReachable)."""
     if broker.secret_key not in secret:
-        return (f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} (keys: {sorted(secret)})",
+        # the key may be the default, which the user never wrote: name the field that sets it
+        default = BrokerSpec.__dataclass_fields__["secret_key"].default
+        return (f"Secret {namespace}/{broker.secret_name} has no key {broker.secret_key!r} "
+                f"(spec.broker.secretRef.key, default {default!r}; keys: {sorted(secret)})",
                 "SecretKeyMissing")
     if broker.management_url_key and broker.management_url_key not in secret:
         return (f"Secret {namespace}/{broker.secret_name} has no key {broker.management_url_key!r} "

@@ -17,7 +17,7 @@ from .busyness import read_busyness
 from .child_deaths import read_child_deaths
 from .deletion_cost import ANNOTATION
 from .kube import NotFound, Scale, Unsupported
-from .pause import pause_from
+from .pause import pause_from, unreadable
 from .plan import PoolMemory, Problem, Snapshot, needs_busyness
 from .policy import InvalidSpec, parse_spec_cached
 
@@ -31,7 +31,10 @@ def _error_text(exc: BaseException) -> str:
     return redact(f"{type(exc).__name__}: {exc}")
 
 
-async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> Snapshot:
+async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps", *,
+                  conflict: Problem | None = None) -> Snapshot:
+    """`conflict`: another pool scales this pool's target (the scheduler's finding): this one only
+    observes and reports, so its worker pods are not read for a scale-down."""
     now = deps.clock()
     meta = body["metadata"]
     namespace = meta["namespace"]
@@ -40,7 +43,12 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
     except InvalidSpec as exc:
         return Snapshot(body=body, now=now, spec_problem=Problem("InvalidSpec", str(exc)), errors=("spec",))
     errors: list[str] = []
-    read: dict[str, Any] = {"pause": pause_from(meta.get("annotations"))}
+    try:
+        pause = pause_from(meta.get("annotations"))
+    except Exception as exc:  # noqa: BLE001 - pause_from takes any value; never a failed poll
+        log.exception("%s/%s: pause annotations not read", namespace, meta.get("name"))
+        pause = unreadable(exc)
+    read: dict[str, Any] = {"pause": pause}
     try:
         read["observation"] = await deps.observe(namespace, spec.broker)
     except Exception as exc:  # noqa: BLE001 - a condition, not a crash loop
@@ -61,8 +69,8 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
         read["scale_problem"] = Problem("FailedGetScale", f"scale of {target} not read: {_error_text(exc)}")
 
     scale: Scale | None = read.get("scale")
-    want_busyness = scale is not None and needs_busyness(spec, read["pause"], read.get("observation"),
-                                                         scale.replicas, memory, now)
+    want_busyness = scale is not None and conflict is None and needs_busyness(
+        spec, read["pause"], read.get("observation"), scale.replicas, memory, now)
     # A scale subresource without a selector (a custom resource may declare none) names no pods:
     # listing with an empty selector would read every pod of the namespace.
     has_pods = scale is not None and bool(scale.selector)
@@ -93,4 +101,4 @@ async def observe(body: Mapping[str, Any], memory: PoolMemory, deps: "Deps") -> 
             except Exception as exc:  # noqa: BLE001 - the report is best effort
                 errors.append("terminations")
                 log.warning("%s/%s: terminations not read: %s", namespace, meta["name"], _error_text(exc))
-    return Snapshot(body=body, now=now, spec=spec, errors=tuple(errors), **read)
+    return Snapshot(body=body, now=now, spec=spec, errors=tuple(errors), conflict=conflict, **read)

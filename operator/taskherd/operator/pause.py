@@ -30,15 +30,33 @@ class Pause:
     message: str
 
 
+def replicas_from(raw: str) -> int | None:
+    """`raw` as a count of replicas 0-MAX_PAUSED_REPLICAS, or None. ASCII digits only, as KEDA's
+    Go strconv reads its annotation: str.isdigit() is also true of '²' (which int() refuses) and
+    of '٣' (which int() reads as 3 where KEDA refuses it). Leading zeros are dropped before int():
+    a value of thousands of digits would be a ValueError of its own (int's digit limit)."""
+    if not raw.isascii() or not raw.isdigit():
+        return None
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_PAUSED_REPLICAS)) or int(digits) > MAX_PAUSED_REPLICAS:
+        return None
+    return int(digits)
+
+
 def pause_from(annotations: Mapping[str, Any] | None) -> Pause | None:
-    annotations = annotations or {}
+    """The pause the annotations ask for; never raises (a value it cannot read is an
+    InvalidPauseAnnotation pause naming the annotation and what is valid)."""
+    if not isinstance(annotations, Mapping):  # the API server's are; a hand-built body's may not be
+        annotations = {}
     if PAUSED_REPLICAS in annotations:
         raw = str(annotations[PAUSED_REPLICAS]).strip()
-        if raw.isdigit() and int(raw) <= MAX_PAUSED_REPLICAS:
-            return Pause(int(raw), "Paused", f"autoscaling paused at {int(raw)} replicas by {PAUSED_REPLICAS}")
+        replicas = replicas_from(raw)
+        if replicas is not None:
+            return Pause(replicas, "Paused", f"autoscaling paused at {replicas} replicas by {PAUSED_REPLICAS}")
         return Pause(None, "InvalidPauseAnnotation",
-                     f"annotation {PAUSED_REPLICAS}={raw!r} is invalid: must be a whole number of replicas "
-                     f"0-{MAX_PAUSED_REPLICAS}; holding the current replicas until it is fixed or removed")
+                     f"annotation {PAUSED_REPLICAS}={_shown(raw)} is invalid: must be a whole number of replicas "
+                     f"0-{MAX_PAUSED_REPLICAS} (ASCII digits); holding the current replicas until it is fixed "
+                     "or removed")
     if PAUSED in annotations:
         raw = str(annotations[PAUSED]).strip().lower()
         if raw == "true":
@@ -46,6 +64,20 @@ def pause_from(annotations: Mapping[str, Any] | None) -> Pause | None:
         if raw == "false":
             return None
         return Pause(None, "InvalidPauseAnnotation",
-                     f"annotation {PAUSED}={annotations[PAUSED]!r} is invalid: must be \"true\" or \"false\"; "
+                     f"annotation {PAUSED}={_shown(annotations[PAUSED])} is invalid: must be \"true\" or \"false\"; "
                      "holding the current replicas until it is fixed or removed")
     return None
+
+
+def _shown(value: Any) -> str:
+    """The value as written, cut short: an annotation may hold 256 KiB."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def unreadable(exc: BaseException) -> Pause:
+    """The pause when the annotations could not be read at all (a bug, not a user's value)."""
+    return Pause(None, "InvalidPauseAnnotation",
+                 f"annotations {PAUSED_REPLICAS} / {PAUSED} not read ({type(exc).__name__}): "
+                 f"{PAUSED_REPLICAS} must be a whole number of replicas 0-{MAX_PAUSED_REPLICAS}, {PAUSED} "
+                 "\"true\" or \"false\"; holding the current replicas until it is fixed or removed")

@@ -64,6 +64,9 @@ class Snapshot:
     child_deaths: Mapping[str, tuple[ChildDeaths, ...]] = field(default_factory=dict)
     #: what could not be read, by kind (the `kind` label of taskherd_operator_errors_total).
     errors: tuple[str, ...] = ()
+    #: another WorkerPool scales this pool's target (scheduler.PoolScheduler finds it): this one
+    #: observes, reports and pages, and does not scale (reason ScaleTargetConflict).
+    conflict: Problem | None = None
 
     @property
     def namespace(self) -> str:
@@ -215,7 +218,9 @@ def plan(snapshot: Snapshot, memory: PoolMemory) -> Plan:
         conditions.set("ScaleTargetFound", False, problem.reason, problem.message)
     result.events += warnings(conditions, "BrokerReachable", "ScaleTargetFound")
 
-    if snapshot.scale is not None:
+    if snapshot.conflict is not None:
+        _plan_conflict(result, snapshot)
+    elif snapshot.scale is not None:
         _plan_scale(result, spec, snapshot, memory)
     if snapshot.pods is not None or snapshot.child_deaths:
         _plan_terminations(result, snapshot)
@@ -271,6 +276,21 @@ def _plan_scale(result: Plan, spec: PoolSpec, snapshot: Snapshot, memory: PoolMe
         result.status["busyWorkers"] = busy
 
 
+def _plan_conflict(result: Plan, snapshot: Snapshot) -> None:
+    """Another pool scales this pool's target: no decision, no scale. ScalingActive=False makes
+    Ready=False with the same reason (settle._set_ready); the next poll without the conflict
+    decides again, with a fresh stabilisation window as after a pause."""
+    conflict = snapshot.conflict
+    result.conditions.set("ScalingActive", False, conflict.reason, conflict.message)
+    result.events += warnings(result.conditions, "ScalingActive")
+    if result.memory.history:
+        result.memory = replace(result.memory, history=[])
+    # no desire of its own: a desiredReplicas left from before would say otherwise (None drops it)
+    result.status["desiredReplicas"] = None
+    if snapshot.scale is not None:
+        result.status["currentReplicas"] = snapshot.scale.current_replicas
+
+
 def _plan_terminations(result: Plan, snapshot: Snapshot) -> None:
     """The termination report, and a Warning Event for each pool child's death it lists for the first
     time (the kubelet's own Events already tell of container terminations)."""
@@ -292,7 +312,9 @@ def _plan_pages(result: Plan, spec: PoolSpec, observation: Observation | None, n
     dl = spec.dead_letter
     state, pages = step(result.memory.paging or PagingState(),
                         None if observation is None else observation.dead_letters,
-                        threshold=dl.threshold, resend_interval=dl.resend_interval_seconds, now=now)
+                        threshold=dl.threshold, resend_interval=dl.resend_interval_seconds, now=now,
+                        # the scheduler's interval (scheduler.poll_interval): resends come no sooner
+                        poll_interval=spec.poll_interval_seconds)
     if state != result.memory.paging:
         result.memory = replace(result.memory, paging=state)
     result.pages = pages

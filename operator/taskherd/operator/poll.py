@@ -22,7 +22,7 @@ from .child_deaths import ChildDeathReader
 from .kube import Kube
 from .metrics import OperatorMetrics
 from .observe import observe
-from .plan import PoolMemory, plan
+from .plan import PoolMemory, Problem, plan
 from .settle import settle
 
 log = logging.getLogger("taskherd.operator")
@@ -58,10 +58,12 @@ class PollResult:
     replicas: int | None = None
 
 
-async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps) -> PollResult:
-    """One poll of the pool `body`, starting from what the previous poll left in `memory`."""
+async def poll_once(body: dict[str, Any], memory: PoolMemory, deps: Deps, *,
+                    conflict: Problem | None = None) -> PollResult:
+    """One poll of the pool `body`, starting from what the previous poll left in `memory`;
+    `conflict`: another pool scales its target (the scheduler's finding), so it does not."""
     started = time.perf_counter()
-    snapshot = await observe(body, memory, deps)
+    snapshot = await observe(body, memory, deps, conflict=conflict)
     planned = plan(snapshot, memory)
     outcome = await apply(snapshot, planned, deps)
     status, kept, events = settle(snapshot, planned, outcome)

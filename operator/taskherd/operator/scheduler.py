@@ -7,6 +7,11 @@ a bounded number at a time, only while this replica holds the leader Lease. The 
 together form one round, summed up in one log line when the round ends (kube-janitor's
 `completed: k=v` line): `poll completed: pools=3 scaled=1 paged=0 errors=0`.
 
+Two pools of one namespace whose scaleTargetRef names one object (API group, kind, name) would
+fight over its replicas: the scheduler keeps an index of the pools by target and polls all but the
+oldest of them (creationTimestamp, then name) with a ScaleTargetConflict, so that only the oldest
+scales it; the others report Ready=False until the conflict ends (plan._plan_conflict).
+
 Between polls, the early notice (early_notice.py) counts the ready messages of the Redis pools
 every second and brings forward the poll of a pool that a burst has outgrown.
 """
@@ -21,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .early_notice import PROBE_SECONDS, Candidate, ReadyCountsFn, candidate, outgrows
-from .plan import PoolMemory
-from .policy import DEFAULT_POLL_INTERVAL_SECONDS, InvalidSpec, parse_spec_cached
+from .plan import PoolMemory, Problem
+from .policy import DEFAULT_POLL_INTERVAL_SECONDS, InvalidSpec, PoolSpec, parse_spec_cached
 from .poll import Deps, PollResult, poll_once
 
 log = logging.getLogger("taskherd.operator")
@@ -33,14 +38,41 @@ TICK_SECONDS = 0.25
 DEFAULT_CONCURRENCY = 16
 
 Key = tuple[str, str]
+#: what a scaleTargetRef names in a namespace: (namespace, API group, kind, name); the version
+#: is left out (apps/v1 and apps/v1beta2 name one Deployment).
+TargetKey = tuple[str, str, str, str]
+
+
+def _spec(body: Mapping[str, Any]) -> PoolSpec | None:
+    """The pool's parsed spec, None when it is invalid (its poll reports why)."""
+    try:
+        return parse_spec_cached(body.get("spec") or {})
+    except Exception:  # noqa: BLE001 - InvalidSpec, or any other refusal: the poll reports it
+        return None
 
 
 def poll_interval(body: Mapping[str, Any]) -> float:
-    try:
-        value = float((body.get("spec") or {}).get("pollIntervalSeconds", DEFAULT_POLL_INTERVAL_SECONDS))
-    except (TypeError, ValueError):
-        return DEFAULT_POLL_INTERVAL_SECONDS
-    return value if value > 0 else DEFAULT_POLL_INTERVAL_SECONDS
+    """spec.pollIntervalSeconds as the poll reads it (policy.parse_spec: a whole number 1-300);
+    the default when the spec is invalid. Never the raw value: "inf" or 1e-9 from a spec the
+    policy refuses would stop the pool's polls, or poll it at every tick."""
+    spec = _spec(body)
+    return DEFAULT_POLL_INTERVAL_SECONDS if spec is None else spec.poll_interval_seconds
+
+
+def target_key(body: Mapping[str, Any]) -> TargetKey | None:
+    spec = _spec(body)
+    if spec is None:
+        return None
+    return (body["metadata"]["namespace"], spec.target.group, spec.target.kind, spec.target.name)
+
+
+def _seniority(body: Mapping[str, Any]) -> tuple[int, str, str]:
+    """Which of the pools sharing a target scales it: the oldest (creationTimestamp, RFC 3339 in
+    UTC as the API server writes it: its text sorts by time), then by name; a pool without a
+    creationTimestamp (a body built by hand) after those with one."""
+    meta = body["metadata"]
+    created = meta.get("creationTimestamp")
+    return (0, created, meta["name"]) if isinstance(created, str) and created else (1, "", meta["name"])
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,6 +103,8 @@ class PoolEntry:
     changed: bool = False
     #: the target's replicas after the last poll (PollResult.replicas; None before the first)
     replicas: int | None = None
+    #: what its scaleTargetRef names (None: invalid spec), as indexed in PoolScheduler._targets
+    target: TargetKey | None = None
     _candidate: tuple[dict[str, Any], int | None, Candidate | None] | None = None
 
     @property
@@ -108,6 +142,10 @@ class PoolScheduler:
         self._monotonic = monotonic
         self._slots = asyncio.Semaphore(concurrency)
         self.pools: dict[Key, PoolEntry] = {}
+        #: the pools by what their scaleTargetRef names: more than one is a conflict
+        self._targets: dict[TargetKey, set[Key]] = {}
+        #: the pool that scales each target shared by pools (PoolScheduler._winner)
+        self._winners: dict[TargetKey, Key] = {}
         self._was_leading = False
 
     def upsert(self, body: Mapping[str, Any]) -> None:
@@ -116,23 +154,81 @@ class PoolScheduler:
         entry = self.pools.get(key)
         body = copy.deepcopy(dict(body))
         if entry is None:
-            self.pools[key] = PoolEntry(body, next_due=self._monotonic())  # first poll right away
+            entry = self.pools[key] = PoolEntry(body, next_due=self._monotonic())  # first poll right away
+            self._retarget(key, entry)
             return
         before = _intent(entry.body)
         entry.body = body
         if _intent(body) != before:  # a changed spec or pause annotation applies now
             entry.next_due = min(entry.next_due, self._monotonic())
             entry.changed = entry.polling
+            self._retarget(key, entry)
 
     def remove(self, namespace: str, name: str) -> None:
-        entry = self.pools.pop((namespace, name), None)
+        entry = self.pools.get((namespace, name))
+        if entry is not None:
+            self._index((namespace, name), entry.target, None)  # while its body is known: it may be the oldest
+            del self.pools[(namespace, name)]
         if entry and entry.polling:
             entry.task.cancel()
+
+    def _retarget(self, key: Key, entry: PoolEntry) -> None:
+        target = target_key(entry.body)
+        if target != entry.target:
+            self._index(key, entry.target, target)
+            entry.target = target
+
+    def _index(self, key: Key, before: TargetKey | None, after: TargetKey | None) -> None:
+        """Move `key` from one target's pools to another's. A pool whose part changes (it scaled
+        the target and now must not, or the other way round) is polled now."""
+        touched = [target for target in (before, after) if target is not None]
+        winners = [self._winner(target) for target in touched]
+        if before is not None and before in self._targets:
+            self._targets[before].discard(key)
+            if self._winners.get(before) == key:
+                del self._winners[before]
+            if not self._targets[before]:
+                del self._targets[before]
+        if after is not None:
+            self._targets.setdefault(after, set()).add(key)
+            if after in self._winners:  # the oldest stays known: one comparison, not a scan
+                self._winners[after] = min(self._winners[after], key, key=lambda k: _seniority(self.pools[k].body))
+        now = self._monotonic()
+        for pool in {*winners, *(self._winner(target) for target in touched)} - {key, None}:
+            self.pools[pool].next_due = min(self.pools[pool].next_due, now)
+
+    def _winner(self, target: TargetKey) -> Key | None:
+        """The pool that scales `target`: the oldest of those naming it (kept until it leaves)."""
+        sharing = self._targets.get(target)
+        if not sharing:
+            return None
+        winner = self._winners.get(target)
+        if winner is None:
+            winner = self._winners[target] = min(sharing, key=lambda k: _seniority(self.pools[k].body))
+        return winner
+
+    def conflict(self, entry: PoolEntry) -> Problem | None:
+        """Why this pool must not scale its target (an older pool scales it), or None."""
+        sharing = self._targets.get(entry.target) if entry.target is not None else None
+        if not sharing or len(sharing) < 2:
+            return None
+        meta = entry.body["metadata"]
+        winner = self._winner(entry.target)
+        if winner == (meta["namespace"], meta["name"]):
+            return None
+        namespace, _, kind, name = entry.target
+        more = len(sharing) - 2
+        return Problem("ScaleTargetConflict",
+                       f"spec.scaleTargetRef.name {name!r} ({kind} {namespace}/{name}) is also the target of "
+                       f"WorkerPool {namespace}/{winner[1]}" + (f" (and {more} more)" if more else "")
+                       + ", which scales it (the oldest pool does): two pools scaling one target fight over its "
+                       "replicas, so this one does not scale it until it names another target or that pool "
+                       "is deleted")
 
     async def _poll(self, entry: PoolEntry, round_started: float) -> PollResult | None:
         async with self._slots:
             try:
-                result = await poll_once(entry.body, entry.memory, self.deps)
+                result = await poll_once(entry.body, entry.memory, self.deps, conflict=self.conflict(entry))
             except Exception:  # noqa: BLE001 - poll_once handles the expected; this is a bug
                 entry.replicas = None
                 metadata = entry.body["metadata"]
@@ -192,7 +288,8 @@ class PoolScheduler:
         chosen = []
         for entry in self.pools.values():
             # a poll that runs or is due within a count reads the queues itself
-            if not entry.polling and entry.next_due - now > PROBE_SECONDS:
+            # (a pool that another pool's target conflict stops does not scale: nothing to bring forward)
+            if not entry.polling and entry.next_due - now > PROBE_SECONDS and self.conflict(entry) is None:
                 found = entry.candidate()
                 if found is not None:
                     chosen.append((entry, found, entry.next_due))
