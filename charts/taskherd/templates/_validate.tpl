@@ -642,6 +642,20 @@ entry that is none of the program's options.
 {{- end }}
 {{- end }}
 
+{{/*
+A queue name the broker and the WorkerPool CRD refuse although the queue format allows it: over 255
+bytes of UTF-8 (RabbitMQ's limit; the schema's maxLength counts characters, sprig's len bytes) or
+holding an invisible format character (Unicode Cf: U+200B, U+FEFF, U+00AD…, a name that looks like
+another queue's). (dict "key" "workerPools[0].queues" "name" …); empty when the name is fine.
+*/}}
+{{- define "taskherd.check.queueBytes" -}}
+{{- if gt (len .name) 255 }}
+{{ .key }} contains a queue name of {{ len .name }} bytes in UTF-8 ({{ toJson (trunc 40 .name) }}…); valid: at most 255 bytes (RabbitMQ's limit on a queue name)
+{{- else if regexMatch "\\p{Cf}" .name }}
+{{ .key }} contains {{ toJson .name }}, which holds an invisible format character (Unicode category Cf, e.g. U+200B zero-width space); valid: a queue name without them (it would look like another queue's)
+{{- end }}
+{{- end }}
+
 {{/* Environment variables the chart sets on the worker (taskherd.contract): env may not repeat them. */}}
 {{- define "taskherd.workerEnvNames" -}}
 TASKHERD_BROKER_URL TASKHERD_BROKER_TYPE TASKHERD_QUEUES TASKHERD_DEAD_LETTER_QUEUES TASKHERD_SOFT_TIME_LIMIT TASKHERD_TIME_LIMIT TASKHERD_VISIBILITY_TIMEOUT TASKHERD_DRAIN_DEADLINE TASKHERD_MAX_TASKS_PER_CHILD TASKHERD_MAX_MEMORY_PER_CHILD_KB TASKHERD_HEARTBEAT_DIR TASKHERD_HEARTBEAT_INTERVAL TASKHERD_METRICS_PORT TASKHERD_METRICS_DIR POD_NAME POD_NAMESPACE
@@ -683,8 +697,11 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- range $q := $pool.queues }}
 {{- if not (regexMatch $f.queue.re (toString $q)) }}
 {{ $k.queues }} contains {{ toJson $q }}, which is invalid; valid: {{ $f.queue.valid }}
-{{- else if and $pool.deadLetterQueuesDerived (gt (len (toString $q)) 251) }}
-{{ $k.queues }} contains a queue name of {{ len (toString $q) }} characters ({{ toJson (trunc 40 (toString $q)) }}…): its dead-letter queue <queue>.dlq would be longer than 255; valid: at most 251 characters, or name the dead-letter queues in workerPools[{{ $i }}].deadLetterQueues
+{{- else }}
+{{- include "taskherd.check.queueBytes" (dict "key" $k.queues "name" (toString $q)) }}
+{{- if and $pool.deadLetterQueuesDerived (le (len (toString $q)) 255) (gt (len (toString $q)) 251) }}
+{{ $k.queues }} contains a queue name of {{ len (toString $q) }} bytes in UTF-8 ({{ toJson (trunc 40 (toString $q)) }}…): its dead-letter queue <queue>.dlq would be longer than 255; valid: at most 251 bytes, or name the dead-letter queues in workerPools[{{ $i }}].deadLetterQueues
+{{- end }}
 {{- end }}
 {{- end }}
 {{- if ne (len (uniq $pool.queues)) (len $pool.queues) }}
@@ -696,6 +713,8 @@ workerPools[{{ $i }}].app is empty (pool {{ toJson $pool.name }}), and so is wor
 {{- range $dlq := $pool.deadLetterQueues }}
 {{- if and (not $pool.deadLetterQueuesDerived) (not (regexMatch $f.queue.re (toString $dlq))) }}
 {{ $k.deadLetterQueues }} contains {{ toJson $dlq }}, which is invalid; valid: {{ $f.queue.valid }}
+{{- else if and (not $pool.deadLetterQueuesDerived) (include "taskherd.check.queueBytes" (dict "key" $k.deadLetterQueues "name" (toString $dlq))) }}
+{{- include "taskherd.check.queueBytes" (dict "key" $k.deadLetterQueues "name" (toString $dlq)) }}
 {{- else if has $dlq $pool.queues }}
 {{ $k.deadLetterQueues }} contains {{ toJson $dlq }}, which is also one of {{ $k.queues }}; a dead-letter queue must not be consumed as work
 {{- end }}
