@@ -193,6 +193,13 @@ def test_a_queue_name_that_cannot_be_encoded_is_refused(broker):
     assert "cannot be encoded in UTF-8" in _refused(broker, queues=["orders\udc80"])
 
 
+@BROKERS
+def test_a_queue_name_with_an_invisible_format_character_is_refused(broker):
+    # "emails\u200b" looks like "emails": workers would wait on a queue the producers never send to
+    message = _refused(broker, queues=["emails\u200b"])
+    assert "holds U+200B (ZERO WIDTH SPACE), an invisible format character" in message, message
+
+
 def test_a_long_queue_from_the_environment_names_the_variable(monkeypatch):
     monkeypatch.setenv("TASKHERD_QUEUES", "q" * 253)
     message = _refused(AMQP)

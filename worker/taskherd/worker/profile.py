@@ -62,6 +62,7 @@ import inspect
 import math
 import os
 import re
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -456,7 +457,8 @@ def _queue_name_problems(dead_letters: Mapping[str, str], s: Settings, *, amqp: 
     pack it, struct.error), including a DLQ derived from a work queue short enough itself (the
     chart and the operator cap a work queue at 251 bytes for '{queue}.dlq'); on both brokers a name
     that cannot be encoded in UTF-8 at all (a lone surrogate: py-amqp and redis-py raise
-    UnicodeEncodeError). On Redis a name is part of a key, which may be far longer: nothing to refuse."""
+    UnicodeEncodeError), or one holding an invisible format character (U+200B…). On Redis a name is
+    part of a key, which may be far longer: no length to refuse."""
     problems = []
     explicit = bool(s.dead_letter_queues)
     for queue, dlq in dead_letters.items():
@@ -469,6 +471,13 @@ def _queue_name_problems(dead_letters: Mapping[str, str], s: Settings, *, amqp: 
                                 f"{what} {name!r} cannot be encoded in UTF-8 ({exc.reason} at {exc.start}); "
                                 f"valid: a name of Unicode characters, no lone surrogates")
                 continue
+            invisible = next((c for c in name if unicodedata.category(c) == "Cf"), None)
+            if invisible is not None:  # as the chart and the WorkerPool CRD refuse it
+                problems.append(f"{'dead_letter_queues' if what != 'work queue' and explicit else 'queues'}: the "
+                                f"{what} {name!r} holds U+{ord(invisible):04X} "
+                                f"({unicodedata.name(invisible, 'unnamed')}), an invisible format character: it "
+                                f"looks like another queue's name, and its workers would wait on a queue nobody "
+                                f"sends to (valid: a name without Unicode format characters, category Cf)")
             if amqp and size > AMQP_MAX_NAME_BYTES:
                 named.append((what, name, size))
         if named and named[0][0] == "work queue" and not explicit:
