@@ -319,13 +319,17 @@ def test_a_pool_that_cannot_be_acted_on_is_a_condition_and_an_event_and_the_oper
     that pool and keeps serving the healthy pool next to it."""
     ns = namespace
     pool_on_redis(cluster, ns, test_image, redis_url, unique_name, name="healthy")
+    # the broken pool scales a Deployment of its own: two pools naming one target are a conflict
+    # of their own (ScaleTargetConflict), and the older one alone would scale it
+    cluster.apply(deployment("broken-workers", *test_image), ns)
+    own = {"scaleTargetRef": {"name": "broken-workers"}}
     broken = {"deployment-missing": {"scaleTargetRef": {"name": "missing"}},
-              "secret-missing": {"broker": {"type": "redis", "secretRef": {"name": "no-such-secret"},
-                                            "queues": [unique_name]}},
-              "broker-unreachable": {"broker": {"type": "redis", "secretRef": {"name": "unreachable"},
-                                                "queues": [unique_name]}},
-              "secret-of-the-other-broker": {"broker": {"type": "redis", "secretRef": {"name": "other-broker"},
-                                                        "queues": [unique_name]}}}[problem]
+              "secret-missing": {**own, "broker": {"type": "redis", "secretRef": {"name": "no-such-secret"},
+                                                   "queues": [unique_name]}},
+              "broker-unreachable": {**own, "broker": {"type": "redis", "secretRef": {"name": "unreachable"},
+                                                       "queues": [unique_name]}},
+              "secret-of-the-other-broker": {**own, "broker": {"type": "redis", "secretRef": {"name": "other-broker"},
+                                                               "queues": [unique_name]}}}[problem]
     secrets = {"broker-unreachable": ("unreachable", "redis://:secret-pw@127.0.0.1:1/5"),
                "secret-of-the-other-broker": ("other-broker", "amqp://shop:secret-pw@127.0.0.1:1/shop")}
     if problem in secrets:
