@@ -187,8 +187,8 @@ def test_a_queue_name_with_an_invisible_format_character_is_refused_naming_it(na
 def test_every_format_character_is_refused_and_nothing_else_is_newly():
     cf = [chr(cp) for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp)) == "Cf"]
     assert len(cf) > 100
-    assert all(policy._format_character(f"q{c}") for c in cf)
-    assert policy._format_character("caf\u00e9-\u65e5\u672c") is None
+    assert all(contract.format_character(f"q{c}") for c in cf)
+    assert contract.format_character("caf\u00e9-\u65e5\u672c") is None
 
 
 def test_the_crd_refuses_format_characters_in_both_lists():

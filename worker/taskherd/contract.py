@@ -393,6 +393,18 @@ SUBDOMAIN = r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
 _LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
+def format_character(name):
+    """The first invisible format character (Unicode category Cf: U+200B, U+FEFF, U+00AD…) of queue
+    name ``name`` as 'U+XXXX (ITS NAME)', None without one: such a name looks like another queue's.
+    Refused by configure(), the operator's spec parser, the chart and the WorkerPool CRD."""
+    import unicodedata  # here: `taskherd probe` imports this module and never needs it
+
+    for c in name:
+        if unicodedata.category(c) == "Cf":
+            return f"U+{ord(c):04X} ({unicodedata.name(c, 'unnamed')})"
+    return None
+
+
 def object_name(raw):
     import re
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -262,15 +261,6 @@ def _utf8_length(name: str) -> int:
     return len(name.encode("utf-8", "replace"))
 
 
-def _format_character(name: str) -> str | None:
-    """The first invisible format character (Unicode category Cf) of ``name`` as U+XXXX and its
-    Unicode name, None without one."""
-    for c in name:
-        if unicodedata.category(c) == "Cf":
-            return f"U+{ord(c):04X} ({unicodedata.name(c, 'unnamed')})"
-    return None
-
-
 def _queue_names(names: Any, key: str, how_many: str) -> None:
     """A list of distinct queue names, as the CRD's list-type set of bounded strings."""
     valid = (f"{how_many} {MAX_QUEUES} distinct names, each {QUEUE_NAME_VALID}, "
@@ -282,7 +272,7 @@ def _queue_names(names: Any, key: str, how_many: str) -> None:
         length = _utf8_length(name)
         _check(length <= MAX_QUEUE_NAME_LENGTH, f"{key}[{i}]", name,
                f"{valid}; here: {length} bytes ({len(name)} characters)")
-        invisible = _format_character(name)
+        invisible = contract.format_character(name)
         _check(invisible is None, f"{key}[{i}]", name, f"{valid}, {FORMAT_CHARACTER_VALID}; here: {invisible}")
         # the first repeat by index, as the API server says it (spec.broker.queues[3]: Duplicate value)
         _check(name not in seen, f"{key}[{i}]", name, f"{valid}; it repeats spec.{key}[{seen.get(name)}]")

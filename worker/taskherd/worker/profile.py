@@ -62,7 +62,6 @@ import inspect
 import math
 import os
 import re
-import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -464,19 +463,17 @@ def _queue_name_problems(dead_letters: Mapping[str, str], s: Settings, *, amqp: 
     for queue, dlq in dead_letters.items():
         named = []
         for what, name in (("work queue", queue), ("dead-letter queue", dlq)):
+            setting = "dead_letter_queues" if what != "work queue" and explicit else "queues"  # as written
             try:
                 size = len(name.encode("utf-8"))
             except UnicodeEncodeError as exc:
-                problems.append(f"{'dead_letter_queues' if what != 'work queue' and explicit else 'queues'}: the "
-                                f"{what} {name!r} cannot be encoded in UTF-8 ({exc.reason} at {exc.start}); "
-                                f"valid: a name of Unicode characters, no lone surrogates")
+                problems.append(f"{setting}: the {what} {name!r} cannot be encoded in UTF-8 ({exc.reason} at "
+                                f"{exc.start}); valid: a name of Unicode characters, no lone surrogates")
                 continue
-            invisible = next((c for c in name if unicodedata.category(c) == "Cf"), None)
+            invisible = contract.format_character(name)
             if invisible is not None:  # as the chart and the WorkerPool CRD refuse it
-                problems.append(f"{'dead_letter_queues' if what != 'work queue' and explicit else 'queues'}: the "
-                                f"{what} {name!r} holds U+{ord(invisible):04X} "
-                                f"({unicodedata.name(invisible, 'unnamed')}), an invisible format character: it "
-                                f"looks like another queue's name, and its workers would wait on a queue nobody "
+                problems.append(f"{setting}: the {what} {name!r} holds {invisible}, an invisible format character: "
+                                f"it looks like another queue's name, and its workers would wait on a queue nobody "
                                 f"sends to (valid: a name without Unicode format characters, category Cf)")
             if amqp and size > AMQP_MAX_NAME_BYTES:
                 named.append((what, name, size))
