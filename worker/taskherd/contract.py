@@ -203,6 +203,31 @@ def redact(text):
     return re.sub(r"(://)([^:@/\s;]*:)?[^\s;]*@", r"\1\2***@", text)
 
 
+def shown(value, limit=200, *, redacted=False):
+    """``repr(value)`` for an error message: one line of about ``limit`` characters at most, whatever
+    the value. The one way a message shows a value, for the worker, the commands and the operator.
+
+    Never raises: repr() of an int of more than 4300 digits raises ValueError (Python's
+    int_max_str_digits) and of a list nested 100,000 deep RecursionError, and an error about a value
+    must not itself fail; such an int is shown by its size, which is all a 400-digit number says.
+    ``redacted``: a URL's password replaced (:func:`redact`) before the cut, so no cut hides its '@'.
+    Cut in the middle, keeping both ends and saying how much went: two long queue names often differ
+    only at their end, and a status keeps 1000 characters, so the valid range after it must fit."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        sign = "-" if value < 0 else ""
+        return f"<an int of {value.bit_length()} bits, about {sign}10**{int(value.bit_length() * 0.30103)}>"
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - nested deeper than repr goes, or a repr() of the user's that fails
+        return f"<a {type(value).__name__} that cannot be shown: {type(exc).__name__} in repr()>"
+    if redacted:
+        text = redact(text)
+    if len(text) <= limit:
+        return text
+    keep = max((limit - 30) // 2, 1)
+    return f"{text[:keep]}…({len(text) - 2 * keep} more characters)…{text[-keep:]}"
+
+
 def url_problem(url):
     """Why a URL cannot be used (a port out of range or not a number, a Redis database that is not a
     number), found before anything connects; None when it looks usable. kombu and redis-py parse

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from taskherd.contract import shown
+
 PAUSED_REPLICAS = "taskherd.io/paused-replicas"
 PAUSED = "taskherd.io/paused"
 #: the same limit as spec.maxReplicas.
@@ -54,7 +56,7 @@ def pause_from(annotations: Mapping[str, Any] | None) -> Pause | None:
         if replicas is not None:
             return Pause(replicas, "Paused", f"autoscaling paused at {replicas} replicas by {PAUSED_REPLICAS}")
         return Pause(None, "InvalidPauseAnnotation",
-                     f"annotation {PAUSED_REPLICAS}={_shown(raw)} is invalid: must be a whole number of replicas "
+                     f"annotation {PAUSED_REPLICAS}={shown(raw, 80)} is invalid: must be a whole number of replicas "
                      f"0-{MAX_PAUSED_REPLICAS} (ASCII digits); holding the current replicas until it is fixed "
                      "or removed")
     if PAUSED in annotations:
@@ -64,15 +66,9 @@ def pause_from(annotations: Mapping[str, Any] | None) -> Pause | None:
         if raw == "false":
             return None
         return Pause(None, "InvalidPauseAnnotation",
-                     f"annotation {PAUSED}={_shown(annotations[PAUSED])} is invalid: must be \"true\" or \"false\"; "
+                     f"annotation {PAUSED}={shown(annotations[PAUSED], 80)} is invalid: must be \"true\" or \"false\"; "
                      "holding the current replicas until it is fixed or removed")
     return None
-
-
-def _shown(value: Any) -> str:
-    """The value as written, cut short: an annotation may hold 256 KiB."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def unreadable(exc: BaseException) -> Pause:

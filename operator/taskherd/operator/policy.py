@@ -162,14 +162,7 @@ class PoolSpec:
 
 
 def _shown(value: Any, limit: int = MAX_SHOWN) -> str:
-    """``repr(value)``, redacted, cut in the middle to at most about ``limit`` characters: a condition
-    keeps 1000 characters of a message, and a 1200-character queue name (or a list of 64) must not
-    push out what is valid. Redacted before the cut, so that no cut hides a URL's '@' from redact."""
-    shown = contract.redact(repr(value))
-    if len(shown) <= limit:
-        return shown
-    keep = (limit - 30) // 2
-    return f"{shown[:keep]}…({len(shown) - 2 * keep} more characters)…{shown[-keep:]}"
+    return contract.shown(value, limit, redacted=True)  # a URL pasted in the wrong field keeps its password
 
 
 def _check(ok: bool, key: str, value: Any, valid: str) -> None:

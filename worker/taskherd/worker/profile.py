@@ -71,7 +71,7 @@ from taskherd.contract import broker_kind
 
 from .backoff import Rng
 from .components import (MAX_SECONDS, Component, default_components, is_seconds, is_whole,
-                         missing_requirements, shown)
+                         missing_requirements)
 from .components import install as install_components
 from .transient import ErrorClassifier, make_classifier
 
@@ -339,13 +339,11 @@ def field_problems(settings: Settings) -> dict[str, str]:
             expects_text = name in ("queue_type", "dead_letter_queue", "delivery_counter_url")
             wrong_type = isinstance(value, bool) or (isinstance(value, str) and not expects_text)
             got = f"; got a {type(value).__name__}" if wrong_type else ""
-            # shown(): repr() of a 5000-digit int raises ValueError; a URL's password stays out of the logs
-            # (redacted before it is shortened: a cut before the '@' would hide the password from redact)
-            said = shown(contract.redact(value) if name == "delivery_counter_url" and isinstance(value, str) else value)
+            said = contract.shown(value, redacted=True)  # a delivery_counter_url's password stays out of the logs
             problems[name] = f"{name}={said} must be {valid}{got}"
         elif name in _MAXIMA and value is not None and value > _MAXIMA[name][0]:
             largest, why, valid_range = _MAXIMA[name]
-            problems[name] = (f"{name}={shown(value)} is more than {largest} ({why}) "
+            problems[name] = (f"{name}={contract.shown(value)} is more than {largest} ({why}) "
                               f"(valid: {valid_range.format(max=largest)})")
     return problems
 
@@ -673,7 +671,7 @@ def _components(components: Any) -> tuple[list[Component], list[str]]:
     valid = ("valid: a list of component instances, e.g. [*default_components(), Heartbeat(interval=2.0)], "
              "or None for default_components()")
     if isinstance(components, (str, bytes, Mapping)) or not hasattr(components, "__iter__"):
-        return [], [f"components={shown(components)} is not a list of components ({valid}); "
+        return [], [f"components={contract.shown(components)} is not a list of components ({valid}); "
                     f"got a {type(components).__name__}"]
     chosen, problems = [], []
     for index, component in enumerate(components):
@@ -683,7 +681,7 @@ def _components(components: Any) -> tuple[list[Component], list[str]]:
             problems.append(f"components[{index}]={component.__name__} is a class, not a component "
                             f"(valid: an instance, {component.__name__}())")
         else:
-            problems.append(f"components[{index}]={shown(component)} is not a component ({valid}); "
+            problems.append(f"components[{index}]={contract.shown(component)} is not a component ({valid}); "
                             f"got a {type(component).__name__}")
     return chosen, problems
 

@@ -21,6 +21,8 @@ import math
 import uuid
 from typing import Any, Callable, Mapping
 
+from taskherd.contract import shown
+
 #: Header of a replacement message: why the original item is not a kombu message.
 UNREADABLE_HEADER = "taskherd_unreadable_item"
 #: Content type of a replacement message: its body is the original item, byte for byte.
@@ -131,9 +133,8 @@ def _json_kind(value: Any) -> str:
     return "array" if isinstance(value, list) else type(value).__name__
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    text = "missing/null" if value is None else repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}…"
+def _shown(value: Any) -> str:
+    return "missing/null" if value is None else shown(value, 60)
 
 
 def _short(exc: BaseException, limit: int = 120) -> str:

@@ -19,6 +19,8 @@ import math
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
+from taskherd.contract import shown
+
 #: content-encodings a JSON body may declare (kombu's JSON decoder reads UTF-8 whatever is declared)
 JSON_ENCODINGS = ("utf-8",)
 
@@ -60,21 +62,21 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
     for name in ("id", "task"):
         value = get(name)
         if not isinstance(value, str) or not value:
-            return f"{noun} {name!r} must be a non-empty string, got {_shown(value)}"
+            return f"{noun} {name!r} must be a non-empty string, got {shown(value)}"
     for name in _OPTIONAL_STRINGS:
         value = get(name)
         if value is not None and not isinstance(value, str):
-            return f"{noun} {name!r} must be a string or null, got {_shown(value)}"
+            return f"{noun} {name!r} must be a string or null, got {shown(value)}"
     for name in _COUNTS:
         value = get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            return f"{noun} {name!r} must be an integer >= 0, got {_shown(value)}"
+            return f"{noun} {name!r} must be an integer >= 0, got {shown(value)}"
     group_index = get("group_index")
     if group_index is not None and not _is_int(group_index):
-        return f"{noun} 'group_index' must be an integer or null, got {_shown(group_index)}"
+        return f"{noun} 'group_index' must be an integer or null, got {shown(group_index)}"
     ignore_result = get("ignore_result")
     if ignore_result is not None and not isinstance(ignore_result, bool):
-        return f"{noun} 'ignore_result' must be true, false or null, got {_shown(ignore_result)}"
+        return f"{noun} 'ignore_result' must be true, false or null, got {shown(ignore_result)}"
     for name in _DATE_TIMES:
         value = get(name)
         problem = date_time_problem(value) if value else None  # falsy: none (as Celery reads it)
@@ -85,14 +87,14 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
     stamped_headers = get("stamped_headers")
     if stamped_headers is not None and not (isinstance(stamped_headers, list)
                                             and all(isinstance(name, str) for name in stamped_headers)):
-        return f"{noun} 'stamped_headers' must be a list of strings or null, got {_shown(stamped_headers)}"
+        return f"{noun} 'stamped_headers' must be a list of strings or null, got {shown(stamped_headers)}"
     stamps = get("stamps")
     if stamps is not None and not isinstance(stamps, dict):
-        return f"{noun} 'stamps' must be a table/object or null, got {_shown(stamps)}"
+        return f"{noun} 'stamps' must be a table/object or null, got {shown(stamps)}"
     timelimit = get("timelimit")
     if not time_limit_ok(timelimit):
         return (f"{noun} 'timelimit' must be [soft, hard] with each a number of seconds >= 0 or null, "
-                f"got {_shown(timelimit)}")
+                f"got {shown(timelimit)}")
     return None
 
 
@@ -108,11 +110,11 @@ def date_time_problem(value: Any) -> str | None:
     from celery.utils.time import maybe_iso8601, maybe_make_aware
 
     if not isinstance(value, (str, datetime)):
-        return f"must be an ISO 8601 date-time string, got {_shown(value)}"
+        return f"must be an ISO 8601 date-time string, got {shown(value)}"
     try:
         maybe_make_aware(maybe_iso8601(value)).astimezone(None).timestamp()
     except (ValueError, TypeError, AttributeError, OverflowError, OSError) as exc:
-        return f"must be an ISO 8601 date-time string within years 1-9999, got {_shown(value)} ({exc})"
+        return f"must be an ISO 8601 date-time string within years 1-9999, got {shown(value)} ({exc})"
     return None
 
 
@@ -128,7 +130,7 @@ def body_problem(body: Any) -> str | None:
         return ("body is a JSON object, but the message has protocol-2 headers: the body must be "
                 "[args, kwargs, embed] (a protocol-1 message carries no 'task' header)")
     if not isinstance(body, (list, tuple)) or len(body) != 3:
-        return f"body must be [args, kwargs, embed], got {_shown(body)}"
+        return f"body must be [args, kwargs, embed], got {shown(body)}"
     args, kwargs, embed = body
     return arguments_problem(args, kwargs) or embed_problem(embed)
 
@@ -147,9 +149,9 @@ def protocol1_problem(body: Mapping[str, Any], headers: Mapping[str, Any]) -> st
 
 def arguments_problem(args: Any, kwargs: Any) -> str | None:
     if not isinstance(args, (list, tuple)):
-        return f"args must be a JSON array, got {_shown(args)}"
+        return f"args must be a JSON array, got {shown(args)}"
     if not isinstance(kwargs, dict):
-        return f"kwargs must be a JSON object, got {_shown(kwargs)}"
+        return f"kwargs must be a JSON object, got {shown(kwargs)}"
     return None
 
 
@@ -158,15 +160,15 @@ def embed_problem(embed: Any) -> str | None:
     if embed is None:
         return None
     if not isinstance(embed, dict):
-        return f"embed (the body's third item) must be a JSON object or null, got {_shown(embed)}"
+        return f"embed (the body's third item) must be a JSON object or null, got {shown(embed)}"
     for name in ("callbacks", "errbacks", "chain"):
         value = embed.get(name)
         if value is not None and not (isinstance(value, list) and all(_is_signature(v) for v in value)):
             return (f"embed {name!r} must be a list of signatures (JSON objects with a 'task') or null, "
-                    f"got {_shown(value)}")
+                    f"got {shown(value)}")
     chord = embed.get("chord")
     if chord is not None and not _is_signature(chord):
-        return f"embed 'chord' must be a signature (a JSON object with a 'task') or null, got {_shown(chord)}"
+        return f"embed 'chord' must be a signature (a JSON object with a 'task') or null, got {shown(chord)}"
     return None
 
 
@@ -205,12 +207,3 @@ def _is_limit(value: Any) -> bool:
 
 def _listed(values) -> str:
     return ", ".join(sorted(values))
-
-
-def _shown(value: Any, limit: int = 80) -> str:
-    """The value as the producer sent it, shortened: a detail line must stay one line."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - nested deeper than repr can go (RecursionError), or a repr that fails
-        return f"a {type(value).__name__} that cannot be shown (nested too deep?)"
-    return text if len(text) <= limit else f"{text[:limit]}… ({type(value).__name__}, {len(text)} chars)"

@@ -52,19 +52,8 @@ def too_long(label: str, value: Any, *, minimum: str = "0 <", maximum: int = MAX
     if value <= maximum:
         return []
     name = label.rpartition("(")[2] or label
-    return [f"{label}={shown(value)}{')' if '(' in label else ''} is longer than {maximum} seconds ({said}) "
+    return [f"{label}={contract.shown(value)}{')' if '(' in label else ''} is longer than {maximum} seconds ({said}) "
             f"(valid: {minimum} {name} <= {maximum})"]
-
-
-def shown(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` for an error message, shortened past ``limit`` characters. repr() of an int of
-    more than 4300 digits raises ValueError (Python's int_max_str_digits): an error message about a
-    huge int must not itself raise; and a 400-digit number says no more than its size."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
-        sign = "-" if value < 0 else ""
-        return f"<an int of {value.bit_length()} bits, about {sign}10**{int(value.bit_length() * 0.30103)}>"
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def is_whole(value: Any) -> bool:

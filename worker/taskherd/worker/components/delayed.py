@@ -10,9 +10,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from taskherd.contract import broker_kind
+from taskherd.contract import broker_kind, shown
 
-from . import Component, is_seconds, shown, too_long
+from . import Component, is_seconds, too_long
 from .recovery import first_broker_url, key_prefix
 
 logger = logging.getLogger(__name__)

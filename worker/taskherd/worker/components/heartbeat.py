@@ -31,7 +31,8 @@ from celery.worker import state as worker_state
 
 from taskherd.pod import shared_files
 
-from . import Component, installed, is_seconds, shown, too_long
+from . import Component, installed, is_seconds, too_long
+from taskherd.contract import shown
 
 logger = logging.getLogger(__name__)
 

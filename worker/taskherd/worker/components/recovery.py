@@ -77,11 +77,11 @@ from typing import Any, Callable, Iterable
 import redis
 
 from taskherd import compat
-from taskherd.contract import broker_kind
+from taskherd.contract import broker_kind, shown
 
 from .. import deliveries
 
-from . import Component, is_seconds, shown, too_long
+from . import Component, is_seconds, too_long
 
 logger = logging.getLogger(__name__)
 

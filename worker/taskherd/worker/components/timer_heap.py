@@ -18,7 +18,8 @@ from celery import bootsteps
 
 from taskherd import compat
 
-from . import Component, installed, is_seconds, shown, too_long
+from . import Component, installed, is_seconds, too_long
+from taskherd.contract import shown
 
 logger = logging.getLogger(__name__)
 
