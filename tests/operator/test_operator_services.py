@@ -116,6 +116,19 @@ def test_an_operator_started_against_an_old_backlog_does_not_believe_it_is_young
     assert observation.oldest_message_age_seconds >= waited - 10, (observation, waited)
 
 
+def test_a_failover_list_whose_first_broker_is_down_is_observed_at_the_next(redis_url, unique_name):
+    """The Secret the workers read, 'redis://down…;redis://up…/N' (kombu connects to the first that
+    answers): the operator read the whole string as one URL and reported the pool's broker down."""
+    queue = unique_name
+    publish(redis_url, queue, 4, age=30)
+    down = "redis://:hunter2@127.0.0.1:1" + redis_url[redis_url.rindex("/"):]  # nothing listens on port 1
+    observer = BrokerObserver(kube=SecretKube(f"{down};{redis_url}"))
+    spec = BrokerSpec(type="redis", secret_name="s", queues=(queue,))
+    for _ in range(2):  # the second poll goes straight to the URL that answered
+        observation = asyncio.run(observer("ns", spec))
+        assert observation.ready == 4 and observation.oldest_message_age_seconds >= 25, observation
+
+
 def test_an_unreachable_broker_raises_a_redacted_observation_error(unique_name):
     observer = BrokerObserver(kube=SecretKube("redis://:hunter2@127.0.0.1:1/3"))
     spec = BrokerSpec(type="redis", secret_name="s", queues=(unique_name,))

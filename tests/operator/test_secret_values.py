@@ -52,6 +52,13 @@ def observe(kind: str, data: dict[str, str], management_url_key: str | None = No
     ("redis", {"url": AMQP}, "key 'url' holds a rabbitmq URL but spec.broker.type is 'redis' "
                              "(valid: a redis URL, or spec.broker.type: rabbitmq)"),
     ("rabbitmq", {"url": REDIS}, "key 'url' holds a redis URL but spec.broker.type is 'rabbitmq'"),
+    # brokers Celery reaches but the operator's clients cannot: every poll failed on them
+    ("redis", {"url": "sentinel://:hunter2@s1:26379;sentinel://s2:26379"},
+     "key 'url' = 'sentinel://:***@s1:26379': the operator cannot observe a sentinel:// broker"),
+    ("redis", {"url": "redis://a:6379/0;redis+socket:///run/redis.sock"},
+     "'redis+socket:///run/redis.sock': the operator cannot observe a redis+socket:// broker"),
+    ("rabbitmq", {"url": "librabbitmq://shop:hunter2@rabbit:5672/shop"},
+     "(valid: redis://, rediss://, amqp://, amqps://, pyamqp://)"),
 ])
 def test_a_broker_url_that_cannot_be_the_pools_broker_is_named_with_what_is_valid(kind, data, says):
     error = observe(kind, data)
@@ -93,7 +100,6 @@ def test_a_broker_url_key_the_secret_lacks_names_the_field_and_its_default():
 
 @pytest.mark.parametrize("kind,data", [
     ("redis", {"url": "rediss://:pw@redis:6380/2"}),
-    ("redis", {"url": "redis://a:6379/0;redis://b:6379/0"}),
     ("rabbitmq", {"url": "amqps://shop:pw@rabbit:5671/shop", "management-url": "https://rabbit:15671/prefix/"}),
     # `kubectl create secret --from-file` keeps the file's last newline: read as the pods read it
     # (the contract strips an environment variable), not taken into a vhost or refused
@@ -112,6 +118,48 @@ def test_values_that_can_be_the_pools_broker_are_inspected(kind, data):
     asyncio.run(BrokerObserver(kube=SecretKube(data), inspect=inspect)("shop", spec))
     management_url = data.get("management-url")
     assert inspected == [(data["url"].strip(), management_url and management_url.strip())]
+
+
+class Broker:
+    """An inspection that answers only for the URLs that are up, as a real client would."""
+
+    def __init__(self, up: set[str]) -> None:
+        self.up = up
+        self.asked: list[str] = []
+
+    def __call__(self, url, queues, *, management_url, global_keyprefix):
+        from taskherd.queues import QueueStats
+        from taskherd.queues.stats import BrokerUnreachable
+        self.asked.append(url)
+        if url not in self.up:
+            raise BrokerUnreachable(f"{url}: connection refused")
+        return {q: QueueStats(q, ready=int(url[-1]) + 1, unacked=0, consumers=None, oldest_age_seconds=None,
+                              oldest_unacked_age_seconds=None) for q in queues}
+
+
+def test_a_failover_list_is_observed_at_the_url_that_answers_as_kombu_connects():
+    """'redis://a/1;redis://b/1' is a failover list (kombu tries the URLs in order); redis-py parsed
+    the whole string as one URL — host a, database 0 — so a pool whose first broker was down (or
+    whose queues live in database 1) read as empty and was scaled to its minimum."""
+    first, second, third = "redis://:hunter2@a:6379/1", "redis://b:6379/2", "redis://c:6379/3"
+    broker = Broker(up={second, third})
+    observer = BrokerObserver(kube=SecretKube({"url": f"{first};{second};{third}"}), inspect=broker)
+    spec = BrokerSpec(type="redis", secret_name="broker", queues=("mail",))
+
+    assert asyncio.run(observer("shop", spec)).ready == 3  # the second answered
+    assert broker.asked == [first, second]  # each URL alone, never the joined string
+    assert asyncio.run(observer("shop", spec)).ready == 3
+    assert broker.asked[2:] == [second]  # the one that answered is asked first, as kombu stays connected
+
+    broker.up = {first, third}  # the second goes down: the next in order, then back to the first
+    assert asyncio.run(observer("shop", spec)).ready == 4
+    assert broker.asked[3:] == [second, third]
+
+    broker.up = set()
+    with pytest.raises(ObservationError) as info:  # none answers: the first one tried is named
+        asyncio.run(observer("shop", spec))
+    assert info.value.reason == "BrokerUnreachable" and "c:6379/3" in str(info.value)
+    assert "hunter2" not in str(info.value)
 
 
 def test_the_verdict_follows_the_secret_once_it_is_read_again():

@@ -119,8 +119,8 @@ def test_a_failover_list_is_refused_where_one_url_is_read(capsys, command, argv)
 def test_a_failover_list_is_taken_where_kombu_connects():
     parser = options.Parser(prog="taskherd dlq list")
     args = argparse.Namespace(broker="amqp://127.0.0.1:1//;amqp://127.0.0.1:2//")
-    assert options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES + options.PY_AMQP_SCHEMES,
-                          failover=options.PY_AMQP_SCHEMES) == args.broker
+    assert options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES,
+                          failover=contract.PY_AMQP_SCHEMES) == args.broker
     args = argparse.Namespace(broker="sentinel://127.0.0.1:1;sentinel://127.0.0.1:2")
     assert options.broker(parser, args) == args.broker  # through Celery: kombu's every scheme
 

@@ -31,6 +31,12 @@ OPERATOR_HEALTH_PORT = 9894
 REDIS_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel")
 #: URL schemes kombu maps to an AMQP transport.
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+#: Of the Redis ones, those redis-py's Redis.from_url opens itself (kombu's sentinel:// and
+#: redis+socket:// it refuses with a ValueError): all that the operator, the exporter and the
+#: commands reading Redis without Celery can use.
+REDIS_PY_SCHEMES = ("redis", "rediss")
+#: Of the AMQP ones, those kombu opens with py-amqp (librabbitmq is no dependency of taskherd).
+PY_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 def broker_kind(url):

@@ -1,9 +1,9 @@
 """Observing a pool's queues: the broker URL from its Secret, then `taskherd.queues.inspect_queues`.
 
 `inspect_queues` is blocking (redis-py / HTTP to the RabbitMQ management API), so it runs in a
-worker thread. On Redis the pools of one broker polled at the same time share one inspection
-(inspection_batch.py); a RabbitMQ inspection is one HTTP request per queue, which a batch would
-only serialise. The observer is injectable: the observe step of a poll takes any
+worker thread. The pools of one broker polled at the same time share one inspection
+(inspection_batch.py): on Redis one pipeline, on RabbitMQ one listing of the vhost. A ';'-joined
+failover list is observed at the URL that answers, as kombu connects (BrokerObserver._answered). The observer is injectable: the observe step of a poll takes any
 `async (namespace, BrokerSpec) -> Observation` and tests pass a fake.
 """
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from taskherd import contract
-from taskherd.queues import AMQP_SCHEMES, REDIS_SCHEMES
 
 from .early_notice import PROBE_SECONDS
 from .inspection_batch import BrokerAddress, InspectionBatcher
@@ -45,16 +44,11 @@ LISTING_MAX_AGE_SECONDS = 1.0
 #: ready messages, fresher than the management API's: the poll a count brought forward runs at the
 #: scheduler's next tick
 COUNT_MAX_AGE_SECONDS = 2 * PROBE_SECONDS
-#: URLs redis-py opens by itself, whose client is kept between polls; any other goes through
-#: inspect_queues, which knows every scheme of the contract.
-KEPT_CLIENT_SCHEMES = ("redis", "rediss")
-#: URLs whose pools polled together share one inspection call (inspection_batch.py): inspect_queues'
-#: Redis schemes (its own list, not the contract's) and the AMQP ones, where a queue's figures do not
-#: depend on the other queues of the call either
-BATCHED_SCHEMES = frozenset(REDIS_SCHEMES) | frozenset(AMQP_SCHEMES)
-#: AMQP URLs kombu opens with py-amqp, whose queues the early notice counts over a connection of
-#: its own (taskherd.queues.rabbitmq_counts; librabbitmq's are left to the polls)
-COUNTED_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: the broker URLs the operator can observe: Redis through redis-py (whose client is kept between
+#: polls), RabbitMQ through its management API, its queues counted early over py-amqp
+#: (taskherd.queues.rabbitmq_counts). A Secret holding another (kombu's sentinel://, redis+socket://,
+#: librabbitmq://) is SecretValueInvalid: every poll would fail on it.
+OBSERVED_SCHEMES = contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES
 
 
 class ObservationError(RuntimeError):
@@ -80,6 +74,11 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
     if kind != broker.type:
         return (f"key {key!r} holds a {kind} URL but spec.broker.type is {broker.type!r} "
                 f"(valid: a {broker.type} URL, or spec.broker.type: {kind})")
+    unobserved = [one for one in _urls(url) if _scheme(one) not in OBSERVED_SCHEMES]
+    if unobserved:
+        return (f"key {key!r} = {contract.redact(unobserved[0])!r}: the operator cannot observe a "
+                f"{_scheme(unobserved[0])}:// broker, it reads Redis with redis-py and RabbitMQ through its "
+                f"management API (valid: {', '.join(s + '://' for s in OBSERVED_SCHEMES)})")
     if management_url is not None:
         problem = contract.http_url_problem(management_url, base=True)
         if problem:
@@ -89,6 +88,15 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
 
 
 BROKER_URL_VALID = "a redis://, rediss:// or amqp:// URL (';'-joined for failover)"
+
+
+def _urls(url: str) -> tuple[str, ...]:
+    """The URLs of a ';'-joined failover list (of one URL most often): kombu's reading of it."""
+    return tuple(one.strip() for one in url.split(";"))
+
+
+def _scheme(url: str) -> str:
+    return urlsplit(url).scheme.lower()
 
 
 def aggregate(stats: Mapping[str, QueueStats], broker: BrokerSpec) -> Observation:
@@ -127,6 +135,8 @@ class BrokerObserver:
         self._counters: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._batches = InspectionBatcher(self._inspect_in_thread)
+        #: of a failover list, the index of the URL that answered last, when not the first
+        self._answering: dict[BrokerAddress, int] = {}
 
     def _inspect_default(self, url: str, queues: list[str], *, management_url: str | None,
                          global_keyprefix: str) -> Mapping[str, Any]:
@@ -136,20 +146,16 @@ class BrokerObserver:
         tasks running, reading them whole cost ~105 ms a batch: bench/operator_scale.py); on
         RabbitMQ a listing of the vhost, at most once a second, answers the pools' queues, with
         the ready messages the early notice counted in the last COUNT_MAX_AGE_SECONDS."""
-        scheme = urlsplit(url).scheme
-        if scheme in KEPT_CLIENT_SCHEMES:
+        if _scheme(url) in contract.REDIS_PY_SCHEMES:
             from taskherd.queues.redis import inspect_redis
             return inspect_redis(url, queues, global_keyprefix=global_keyprefix, client=self._redis_client(url),
                                  unacked=self._unacked(url, global_keyprefix))
-        if scheme in AMQP_SCHEMES:
-            from taskherd.queues.rabbitmq import inspect_rabbitmq
-            from taskherd.queues.rabbitmq_counts import with_counted_ready
-            stats = inspect_rabbitmq(url, queues, management_url=management_url,
-                                     listing=self._listing(url, management_url))
-            counter = self._counters.get(url)  # the early notice's, when it counts this broker
-            return stats if counter is None else with_counted_ready(stats, counter.recent(queues, COUNT_MAX_AGE_SECONDS))
-        from taskherd.queues import inspect_queues
-        return inspect_queues(url, queues, management_url=management_url, global_keyprefix=global_keyprefix)
+        from taskherd.queues.rabbitmq import inspect_rabbitmq  # the Secret's check let only OBSERVED_SCHEMES by
+        from taskherd.queues.rabbitmq_counts import with_counted_ready
+        stats = inspect_rabbitmq(url, queues, management_url=management_url,
+                                 listing=self._listing(url, management_url))
+        counter = self._counters.get(url)  # the early notice's, when it counts this broker
+        return stats if counter is None else with_counted_ready(stats, counter.recent(queues, COUNT_MAX_AGE_SECONDS))
 
     def _redis_client(self, url: str) -> Any:
         import redis
@@ -240,7 +246,7 @@ class BrokerObserver:
                                      return_exceptions=True)
         by_address: dict[BrokerAddress, list[int]] = {}
         for address, indexes in zip(found, by_secret.values()):
-            if isinstance(address, BrokerAddress) and _counted(address.url):
+            if isinstance(address, BrokerAddress):
                 by_address.setdefault(address, []).extend(indexes)
         counts: list[int | None] = [None] * len(pools)
 
@@ -259,10 +265,37 @@ class BrokerObserver:
         return counts
 
     def _count(self, address: BrokerAddress, queues: list[str]) -> Mapping[str, int | None]:
-        if urlsplit(address.url).scheme in COUNTED_AMQP_SCHEMES:
-            return self._counter(address.url).counts(queues)
-        from taskherd.queues.redis import ready_counts
-        return ready_counts(self._redis_client(address.url), queues, global_keyprefix=address.global_keyprefix)
+        def count(url: str) -> Mapping[str, int | None]:
+            if _scheme(url) in contract.PY_AMQP_SCHEMES:
+                return self._counter(url).counts(queues)
+            from taskherd.queues.redis import ready_counts
+            return ready_counts(self._redis_client(url), queues, global_keyprefix=address.global_keyprefix)
+        return self._answered(address, count)
+
+    def _answered(self, address: BrokerAddress, call: Callable[[str], Any]) -> Any:
+        """``call(url)`` with the pool's broker URL; for a ';'-joined failover list the URL that
+        answered last first, then the others in their order, as kombu's connection tries them (a
+        pool's workers are on whichever answers; a cluster's nodes all show its queues). Reading
+        only the first URL read 'redis://a/1;redis://b/1' as database 0 (redis-py parses the whole
+        string as one URL) and 'amqp://a/shop;…' as a vhost 'shop;…': empty queues, scaled to the
+        minimum. The first URL's error when none answers."""
+        urls = address.urls
+        start = self._answering.get(address, 0)
+        errors: list[Exception] = []
+        for index in [*range(start, len(urls)), *range(start)]:
+            try:
+                answer = call(urls[index])
+            except Exception as exc:  # noqa: BLE001 - unreachable or refusing: the next URL may answer
+                errors.append(exc)
+                continue
+            with self._lock:
+                self._answering.pop(address, None)
+                if index:  # kept only while failed over; a few at most (one per Secret's list)
+                    if len(self._answering) >= MAX_KEPT:
+                        self._answering.pop(next(iter(self._answering)))
+                    self._answering[address] = index
+            return answer
+        raise errors[0]
 
     async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
         address = await self._address(namespace, broker)
@@ -270,18 +303,16 @@ class BrokerObserver:
         try:
             # the pools of one broker polled together share an inspection (inspection_batch.py): on
             # Redis one pipeline, on RabbitMQ the vhost's listing read in one worker thread
-            if urlsplit(address.url).scheme in BATCHED_SCHEMES:
-                stats = await self._batches.inspect(address, queues)
-            else:
-                stats = await self._inspect_in_thread(address, queues)
+            stats = await self._batches.inspect(address, queues)
         except Exception as exc:  # BrokerUnreachable and anything the client library raises
             raise ObservationError(contract.redact(f"{type(exc).__name__}: {exc}")) from exc
         return aggregate(stats, broker)
 
     async def _inspect_in_thread(self, address: BrokerAddress, queues: list[str]) -> Mapping[str, Any]:
-        return await asyncio.to_thread(self._inspect or self._inspect_default, address.url, queues,
-                                       management_url=address.management_url,
-                                       global_keyprefix=address.global_keyprefix)
+        inspect = self._inspect or self._inspect_default
+        return await asyncio.to_thread(
+            self._answered, address, lambda url: inspect(url, queues, management_url=address.management_url,
+                                                         global_keyprefix=address.global_keyprefix))
 
 
 def _judge(namespace: str, broker: BrokerSpec, secret: Mapping[str, str]) -> BrokerAddress | tuple[str, str]:
@@ -303,9 +334,5 @@ def _judge(namespace: str, broker: BrokerSpec, secret: Mapping[str, str]) -> Bro
     problem = secret_values_problem(broker, url, management)
     if problem:
         return f"Secret {namespace}/{broker.secret_name}: {problem}", "SecretValueInvalid"
-    return BrokerAddress(url, management, broker.global_keyprefix)
-
-
-def _counted(url: str) -> bool:
-    """Whether the early notice can count this broker's queues (ready_counts)."""
-    return urlsplit(url).scheme in KEPT_CLIENT_SCHEMES + COUNTED_AMQP_SCHEMES
+    first, *failover = _urls(url)
+    return BrokerAddress(first, management, broker.global_keyprefix, tuple(failover))

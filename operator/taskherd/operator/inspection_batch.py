@@ -36,6 +36,13 @@ class BrokerAddress:
     url: str
     management_url: str | None = None
     global_keyprefix: str = ""
+    #: the other URLs of a ';'-joined failover list, in their order (broker.BrokerObserver tries
+    #: them when ``url`` does not answer)
+    failover: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url,) + self.failover
 
 
 InspectFn = Callable[[BrokerAddress, list[str]], Awaitable[Mapping[str, "QueueStats"]]]

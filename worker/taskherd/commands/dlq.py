@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
     parser = build_parser()
     args = parser.parse_args(argv)
     # Redis through redis-py (one URL), RabbitMQ through kombu's py-amqp (its failover lists too)
-    broker_url = options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES + options.PY_AMQP_SCHEMES,
-                                failover=options.PY_AMQP_SCHEMES)
+    broker_url = options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES,
+                                failover=contract.PY_AMQP_SCHEMES)
     dlq = _dead_letter_queue(parser, args)
     if args.command in ("show", "redrive") and not (args.refs or args.all):
         parser.error(f"{args.command}: name at least one ID, or pass --all")

@@ -151,7 +151,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # taskherd.queues reads Redis with redis-py and RabbitMQ's management API from the URL's host
     # and vhost: one URL (a failover list's ';' would end up in the vhost)
-    options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES + options.PY_AMQP_SCHEMES, failover=())
+    options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES, failover=())
     if args.management_url is None:
         args.management_url = options.from_env(parser, "TASKHERD_MANAGEMENT_URL")
     if args.port is None:

@@ -18,12 +18,6 @@ from taskherd import contract
 #: The contract's: a flag and its variable take the same range.
 MAX_SECONDS = float(contract.MAX_SECONDS)
 
-#: What a command that talks to the broker itself (not through Celery) can use: Redis through
-#: redis-py, whose Redis.from_url takes redis:// and rediss:// only (kombu's sentinel:// and
-#: redis+socket:// were a ValueError traceback), and RabbitMQ through kombu's py-amqp transport
-#: (librabbitmq is no dependency of taskherd: an ImportError traceback).
-REDIS_PY_SCHEMES = ("redis", "rediss")
-PY_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 class Parser(argparse.ArgumentParser):
@@ -262,7 +256,8 @@ def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
            failover: tuple[str, ...] | None = None, required: bool = True):
     """The broker URL of -b/$TASKHERD_BROKER_URL, checked to parse and to be one the command can use:
     each URL of one of ``schemes`` (what it connects with takes: through Celery, every broker
-    scheme of the contract; REDIS_PY_SCHEMES, PY_AMQP_SCHEMES for its own clients), and one URL
+    scheme of the contract; contract.REDIS_PY_SCHEMES, PY_AMQP_SCHEMES for a command's own clients:
+    sentinel:// and redis+socket:// were a ValueError traceback, librabbitmq:// an ImportError), and one URL
     unless its scheme is in ``failover`` (None: all of ``schemes``), as redis-py reads
     'redis://a/1;redis://b/1' as host a, database 0. A usage error naming -b/--broker or the
     variable as written otherwise; also stored back in ``args.broker``."""

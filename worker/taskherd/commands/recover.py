@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="repeat every SECONDS instead of once")
     args = parser.parse_args(argv)
     # redis-py's Redis.from_url: not kombu's sentinel:// or redis+socket://, one URL
-    broker_url = options.broker(parser, args, schemes=options.REDIS_PY_SCHEMES, failover=())
+    broker_url = options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES, failover=())
     import redis
 
     from taskherd.worker.components.recovery import restore_dead_workers

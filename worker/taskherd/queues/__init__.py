@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from taskherd.contract import PY_AMQP_SCHEMES, REDIS_PY_SCHEMES
+
 from .stats import BrokerUnreachable, QueueStats
 
 __all__ = ["BrokerUnreachable", "QueueStats", "inspect_queues"]
-
-REDIS_SCHEMES = {"redis", "rediss", "redis+socket", "unix"}
-AMQP_SCHEMES = {"amqp", "amqps", "pyamqp"}
-
 
 def inspect_queues(broker_url: str, queues: list[str], *, management_url: str | None = None,
                    global_keyprefix: str = "", now: float | None = None,
@@ -26,14 +24,14 @@ def inspect_queues(broker_url: str, queues: list[str], *, management_url: str | 
     same names); ``management_url`` to RabbitMQ (derived from the AMQP URL when None).
     """
     scheme = urlsplit(broker_url).scheme.lower()
-    if scheme in REDIS_SCHEMES:
+    if scheme in REDIS_PY_SCHEMES:
         from .redis import inspect_redis
 
         return inspect_redis(broker_url, queues, global_keyprefix=global_keyprefix, now=now,
                              visibility_timeout=visibility_timeout)
-    if scheme in AMQP_SCHEMES:
+    if scheme in PY_AMQP_SCHEMES:
         from .rabbitmq import inspect_rabbitmq
 
         return inspect_rabbitmq(broker_url, queues, management_url=management_url, now=now)
     raise ValueError(f"broker_url scheme {scheme!r} is not supported for inspection: "
-                     f"use one of {sorted(REDIS_SCHEMES | AMQP_SCHEMES)}")
+                     f"use one of {', '.join(REDIS_PY_SCHEMES + PY_AMQP_SCHEMES)}")

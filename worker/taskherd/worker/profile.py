@@ -265,8 +265,9 @@ MAX_HEARTBEAT = 65535
 #: a signed 64-bit int (struct.error at declare); a signed 32-bit bound is already far beyond use.
 MAX_DELIVERIES = 2**31 - 1
 #: schemes redis.Redis.from_url accepts (its parse_url raises ValueError for any other, e.g. kombu's
-#: sentinel:// and redis+socket://, on every count: deliveries would silently go uncounted)
-COUNTER_SCHEMES = ("redis", "rediss", "unix")
+#: sentinel:// and redis+socket://, on every count: deliveries would silently go uncounted); not a
+#: broker URL, so a Unix socket's unix:// too
+COUNTER_SCHEMES = contract.REDIS_PY_SCHEMES + ("unix",)
 
 
 def _counter_url(value: Any) -> bool:
