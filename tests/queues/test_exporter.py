@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from celery import Celery
@@ -41,7 +42,11 @@ def test_exporter_serves_queue_figures(broker_url, rabbitmq_api_url, unique_name
         publish_stamps.disconnect()
     app.close()
     port = free_port()
-    env = {**os.environ, "TASKHERD_BROKER_URL": broker_url, "TASKHERD_QUEUES": queue}
+    # the workers' Secret, which the chart gives the exporter too, as a failover list whose first
+    # broker is down (nothing listens on port 1): kombu connects to the next, and so does the exporter
+    parts = urlsplit(broker_url)
+    down = urlunsplit(parts._replace(netloc=parts.netloc.rpartition(":")[0] + ":1"))
+    env = {**os.environ, "TASKHERD_BROKER_URL": f"{down};{broker_url}", "TASKHERD_QUEUES": queue}
     command = [sys.executable, "-m", "taskherd.cli", "exporter", "--port", str(port), "--address", "127.0.0.1",
                "--interval", "1"] + (["--management-url", rabbitmq_api_url] if amqp else [])
     log = open(tmp_path / "exporter.log", "wb")

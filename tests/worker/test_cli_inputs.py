@@ -108,10 +108,9 @@ def test_the_variable_is_named_when_its_scheme_is_refused(capsys, monkeypatch):
 @pytest.mark.parametrize("command,argv", [
     (recover.main, ["-b", "redis://127.0.0.1:1/1;redis://127.0.0.1:2/1"]),
     (dlq.main, ["list", "-b", "redis://127.0.0.1:1/1;redis://127.0.0.1:2/1", "-Q", "a"]),
-    (exporter_main, ["-b", "amqp://127.0.0.1:1/v;amqp://127.0.0.1:2/v", "-Q", "a"]),
 ])
 def test_a_failover_list_is_refused_where_one_url_is_read(capsys, command, argv):
-    # redis-py reads 'redis://a/1;redis://b/1' as host a, database 0; the exporter's vhost would hold ';…'
+    # redis-py reads 'redis://a/1;redis://b/1' as host a, database 0
     err = usage_error(capsys, command, argv)
     assert "a ';'-joined failover list" in err and "(valid: one URL)" in err
 

@@ -39,6 +39,11 @@ REDIS_PY_SCHEMES = ("redis", "rediss")
 PY_AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
+def failover_urls(url):
+    """The URLs of a ';'-joined failover list, as kombu reads it (a tuple of one most often)."""
+    return tuple(one.strip() for one in (url or "").split(";"))
+
+
 def broker_kind(url):
     """'redis', 'amqp' or 'other', from a broker URL (its first URL when several are ``;``-joined)."""
     first = (url or "").split(";")[0].strip()

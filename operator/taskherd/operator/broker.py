@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from taskherd import contract
+from taskherd.queues import first_answer
 
 from .early_notice import PROBE_SECONDS
 from .inspection_batch import BrokerAddress, InspectionBatcher
@@ -74,7 +75,7 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
     if kind != broker.type:
         return (f"key {key!r} holds a {kind} URL but spec.broker.type is {broker.type!r} "
                 f"(valid: a {broker.type} URL, or spec.broker.type: {kind})")
-    unobserved = [one for one in _urls(url) if _scheme(one) not in OBSERVED_SCHEMES]
+    unobserved = [one for one in contract.failover_urls(url) if _scheme(one) not in OBSERVED_SCHEMES]
     if unobserved:
         return (f"key {key!r} = {contract.redact(unobserved[0])!r}: the operator cannot observe a "
                 f"{_scheme(unobserved[0])}:// broker, it reads Redis with redis-py and RabbitMQ through its "
@@ -88,11 +89,6 @@ def secret_values_problem(broker: BrokerSpec, url: str, management_url: str | No
 
 
 BROKER_URL_VALID = "a redis://, rediss:// or amqp:// URL (';'-joined for failover)"
-
-
-def _urls(url: str) -> tuple[str, ...]:
-    """The URLs of a ';'-joined failover list (of one URL most often): kombu's reading of it."""
-    return tuple(one.strip() for one in url.split(";"))
 
 
 def _scheme(url: str) -> str:
@@ -273,29 +269,17 @@ class BrokerObserver:
         return self._answered(address, count)
 
     def _answered(self, address: BrokerAddress, call: Callable[[str], Any]) -> Any:
-        """``call(url)`` with the pool's broker URL; for a ';'-joined failover list the URL that
-        answered last first, then the others in their order, as kombu's connection tries them (a
-        pool's workers are on whichever answers; a cluster's nodes all show its queues). Reading
-        only the first URL read 'redis://a/1;redis://b/1' as database 0 (redis-py parses the whole
-        string as one URL) and 'amqp://a/shop;…' as a vhost 'shop;…': empty queues, scaled to the
-        minimum. The first URL's error when none answers."""
-        urls = address.urls
-        start = self._answering.get(address, 0)
-        errors: list[Exception] = []
-        for index in [*range(start, len(urls)), *range(start)]:
-            try:
-                answer = call(urls[index])
-            except Exception as exc:  # noqa: BLE001 - unreachable or refusing: the next URL may answer
-                errors.append(exc)
-                continue
-            with self._lock:
-                self._answering.pop(address, None)
-                if index:  # kept only while failed over; a few at most (one per Secret's list)
-                    if len(self._answering) >= MAX_KEPT:
-                        self._answering.pop(next(iter(self._answering)))
-                    self._answering[address] = index
-            return answer
-        raise errors[0]
+        """``call(url)`` with the pool's broker URL; of a failover list the first that answers
+        (taskherd.queues.first_answer), starting from the one that answered last, as kombu's
+        connection stays with the broker it reached."""
+        index, answer = first_answer(address.urls, call, self._answering.get(address, 0))
+        with self._lock:
+            self._answering.pop(address, None)
+            if index:  # kept only while failed over; a few at most (one per Secret's list)
+                if len(self._answering) >= MAX_KEPT:
+                    self._answering.pop(next(iter(self._answering)))
+                self._answering[address] = index
+        return answer
 
     async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
         address = await self._address(namespace, broker)
@@ -334,5 +318,5 @@ def _judge(namespace: str, broker: BrokerSpec, secret: Mapping[str, str]) -> Bro
     problem = secret_values_problem(broker, url, management)
     if problem:
         return f"Secret {namespace}/{broker.secret_name}: {problem}", "SecretValueInvalid"
-    first, *failover = _urls(url)
+    first, *failover = contract.failover_urls(url)
     return BrokerAddress(first, management, broker.global_keyprefix, tuple(failover))

@@ -149,9 +149,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="Redis: kombu's visibility_timeout transport option (default: "
                              "$TASKHERD_VISIBILITY_TIMEOUT, else 3600)")
     args = parser.parse_args(argv)
-    # taskherd.queues reads Redis with redis-py and RabbitMQ's management API from the URL's host
-    # and vhost: one URL (a failover list's ';' would end up in the vhost)
-    options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES, failover=())
+    # taskherd.queues reads Redis with redis-py and RabbitMQ's management API, a failover list at
+    # its first URL that answers: the workers' Secret is the exporter's too
+    options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES)
     if args.management_url is None:
         args.management_url = options.from_env(parser, "TASKHERD_MANAGEMENT_URL")
     if args.port is None:
