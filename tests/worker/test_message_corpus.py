@@ -15,12 +15,14 @@ import json
 import pickle
 import sys
 import uuid
+import zlib
 
 import pytest
 
 from e2e.lib.waiting import wait_for
 from raw_messages import (DROP, RedisItem, Wire, consuming_worker, json_body, kombu_payload, settle,
                           task_headers)
+from taskherd.worker.decompression import MAX_DECOMPRESSED_BYTES
 
 UNDECODABLE, INVALID, REFUSED, UNKNOWN = "undecodable-message", "invalid-message", "content-refused", "unknown-task"
 GOOD_BODY = [["corpus", "ok"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
@@ -48,6 +50,17 @@ def _nested(depth: int) -> list:
     for _ in range(depth - 1):
         value = [value]
     return value
+
+
+def _zlib_bomb(size: int) -> bytes:
+    """A good task body, [["aaa…"], {}, {}] of about ``size`` bytes, zlib-compressed (to ~1/1000),
+    written in steps so that this process never holds it inflated."""
+    packer = zlib.compressobj(9)
+    chunk = b"a" * (1 << 20)
+    parts = [packer.compress(b'[["')]
+    parts += [packer.compress(chunk) for _ in range(size >> 20)]
+    parts += [packer.compress(b'"], {}, {}]'), packer.flush()]
+    return b"".join(parts)
 
 
 def _item(**changes) -> RedisItem:
@@ -125,6 +138,10 @@ CASES = [
          (UNDECODABLE, "body (compression 'application/x-gzip') could not be decoded: Error -3 while decompressing")),
     Case("compression-unknown", _task(json_body(GOOD_BODY), compression="application/x-snappy"),
          (UNDECODABLE, "body (compression 'application/x-snappy') could not be decoded: ")),
+    # a valid task whose body inflates past the bound: it ran, inflated whole in the main process
+    # and again in the pool child; larger, it got the worker killed for memory (and the next one)
+    Case("compression-bomb", _task(_zlib_bomb(MAX_DECOMPRESSED_BYTES + (1 << 20)), compression="application/x-gzip"),
+         (UNDECODABLE, f"could not be decoded: the body inflates to more than {MAX_DECOMPRESSED_BYTES} bytes")),
     # -- the protocol-2 body's shape --------------------------------------------------------------
     Case("kwargs-list", _task([["k"], ["v"], {}]), (INVALID, "kwargs must be a JSON object, got ['v']")),
     Case("args-string", _task(["ab", {}, {}]), (INVALID, "args must be a JSON array, got 'ab'")),

@@ -33,7 +33,7 @@ from kombu.serialization import prepare_accept_content
 from vine import promise
 
 from taskherd import compat
-from taskherd.worker import redis_items, task_messages
+from taskherd.worker import decompression, redis_items, task_messages
 from taskherd.worker.amqp_properties import UNREADABLE_HEADERS
 from taskherd.worker.deadletter import (Envelope, Reason, dead_letter_queue_declaration, exception_fields,
                                        json_safe, publish_envelope, raw_body_fields)
@@ -143,6 +143,7 @@ class Consumer(CeleryConsumer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        decompression.install()  # a compressed body inflates in this process, as it arrives
         # Before the first connection: every Redis channel this worker opens checks what it pops.
         compat.guard_redis_items(functools.partial(redis_items.guarded, loads=compat.redis_item_loads,
                                                    body_codecs=compat.redis_body_codecs()))
