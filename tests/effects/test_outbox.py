@@ -135,8 +135,10 @@ def test_enqueue_stores_arguments_as_celery_encodes_them_and_the_relay_hands_the
     ({"args": ["a\x00"]}, r"outbox args= cannot be stored \(the character NUL"),
     ({"args": [{"__type__": "mine", "__value__": 1}]}, r"outbox args= cannot be stored \(a dict with exactly the keys "
                                                       r"'__type__' and '__value__'"),
-    ({"queue": 5}, r"outbox queue=5; valid: a queue name \(a non-empty str\), or None"),
+    ({"queue": 5}, r"outbox queue=5; valid: a queue name \(a non-empty str, not starting with 'amq.'\), or None"),
     ({"queue": ""}, r"outbox queue=''; valid: a queue name"),
+    ({"queue": "amq.orders"}, r"outbox queue='amq.orders' has the prefix 'amq.', which RabbitMQ reserves"),
+    ({"queue": "orders\udc80"}, r"outbox queue='orders\\udc80' cannot be encoded in UTF-8 \(surrogates not allowed"),
 ])
 def test_enqueue_refuses_arguments_celery_cannot_carry_naming_them_and_keeps_the_transaction(outbox_dsn, arguments,
                                                                                            message):
@@ -290,6 +292,55 @@ def test_cli_refuses_a_bad_table_or_a_blank_dsn_before_connecting(args, env, say
     refused = outbox_cli(*args, env=env)
     assert refused.returncode == 2 and says in refused.stderr, refused
     assert "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_a_queue_the_broker_refuses_holds_only_its_rows_and_a_row_no_client_can_send_is_set_aside(
+        broker_url, outbox_dsn, unique_name, monkeypatch):
+    """Rows the real broker refuses every time failed their batch on every poll and, being the
+    oldest, stopped every row behind them for good (a refusal was taken for an outage). A queue the
+    broker refuses to this relay holds its own rows until it is mended; a row whose queue name
+    py-amqp cannot send (over 255 bytes) is set aside with the reason; the other rows go on."""
+    from celery import Celery
+    from kombu import Connection
+
+    monkeypatch.setattr(outbox, "HOLD_SECONDS", 1.0)
+    amqp = broker_url.startswith("amqp")
+    taken = f"{unique_name}-taken"
+    with Connection(broker_url) as connection:
+        if amqp:  # declared by another app as a quorum queue: Celery's classic declare gets 406
+            connection.default_channel.queue_declare(taken, durable=True, auto_delete=False,
+                                                     arguments={"x-queue-type": "quorum"})
+        else:  # the queue's key holds something else: LPUSH gets WRONGTYPE
+            connection.default_channel.client.set(taken, "not a list")
+    good = enqueue_orders(outbox_dsn, [1], unique_name)
+    held = enqueue_orders(outbox_dsn, [2, 3], taken)
+    unsendable = enqueue_orders(outbox_dsn, [4], "q" * 300) if amqp else []
+    behind = enqueue_orders(outbox_dsn, [9], unique_name)
+
+    publisher = outbox.CeleryPublisher(app=Celery(broker=broker_url, set_as_current=False))
+    relay = outbox.Relay(connect=lambda: psycopg.connect(outbox_dsn), publish=publisher.publish, batch_size=10)
+    try:
+        assert relay.run(once=True) == 2  # the good row and the one behind the others
+
+        pending = dict(rows(outbox_dsn, "SELECT id::text, refused FROM taskherd_outbox WHERE sent_at IS NULL"))
+        assert pending == {**{row_id: None for row_id in held}, **{row_id: pending.get(row_id) for row_id in unsendable}}
+        if amqp:  # set aside, with what py-amqp said
+            assert pending[unsendable[0]].startswith("this relay cannot send it: error: ubyte format"), pending
+        with Connection(broker_url) as connection:  # mended: the other app's queue or key is gone
+            if amqp:
+                connection.default_channel.queue_delete(taken)
+            else:
+                connection.default_channel.client.delete(taken)
+        time.sleep(1.2)  # the hold lapses: the queue is tried again
+        assert relay.run(once=True) == 2
+    finally:
+        publisher.app.close()
+    sent = {row_id for (row_id,) in rows(outbox_dsn, "SELECT id::text FROM taskherd_outbox WHERE sent_at IS NOT NULL")}
+    assert sent == set(good + held + behind)
+    with Connection(broker_url) as connection:  # really on the broker, each once
+        channel = connection.default_channel
+        for queue, count in ((unique_name, 2), (taken, 2)):
+            assert [channel.basic_get(queue, no_ack=True) is not None for _ in range(count + 1)] == [True] * count + [False]
 
 
 def test_relay_publishes_with_publisher_confirms_on_rabbitmq(amqp_url):

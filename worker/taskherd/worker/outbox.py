@@ -14,15 +14,21 @@ therefore published twice; its message carries a stable task id (the row's id), 
 guarded by `idempotent(key=lambda task, *a: task.request.id)` runs the effect once.
 
 A row that can never become a task message (written by hand or by another program: `args` that is
-not a JSON array, a typed value Celery cannot read back…) is set aside, not published: its
-`refused` column says why, the relay logs it, and the rows behind it go on (`taskherd outbox
-status` counts them). Fix the row and set `refused` to NULL to relay it.
+not a JSON array, a typed value Celery cannot read back, a queue name no broker takes or py-amqp
+cannot send…) is set aside, not published: its `refused` column says why, the relay logs it, and
+the rows behind it go on (`taskherd outbox status` counts them). Fix the row and set `refused` to
+NULL to relay it. A queue the broker refuses to this relay (RabbitMQ: declared with other
+arguments, not permitted; Redis: its key holds another type) is held: its rows wait, the other
+queues' rows go on, and it is tried again after HOLD_SECONDS — mending the relay's settings or the
+broker is what releases it, not the row. An outage is neither: the batch rolls back and is tried
+again.
 """
 from __future__ import annotations
 
 import logging
 import re
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -105,9 +111,9 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
     """
     if not isinstance(task_name, str) or not task_name:
         raise ValueError(f"outbox task_name={task_name!r}; valid: a registered task name")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise ValueError(f"outbox queue={queue!r}; valid: a queue name (a non-empty str), or None for the "
-                         "task's own routing")
+    problem = queue_problem(queue)
+    if problem:
+        raise ValueError(f"outbox {problem}")
     # Refused before the INSERT: a failed statement would abort the caller's whole transaction.
     args_text, kwargs_text = _arguments_text(args, kwargs)
     task_id = str(uuid.uuid4())
@@ -115,6 +121,25 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
                          "VALUES (%s, %s, %s::jsonb, %s::jsonb, %s)").format(t=_table(table)),
                  (task_id, task_name, args_text, kwargs_text, queue))
     return task_id
+
+
+def queue_problem(queue: object) -> str | None:
+    """Why no broker takes a message for ``queue`` (None: the task's own routing), or None. On
+    either broker the relay's publish fails for these, every time: RabbitMQ refuses a name with
+    the reserved prefix 'amq.' (ACCESS_REFUSED) and kombu's Redis transport cannot route to one;
+    neither client can send a lone surrogate."""
+    if queue is None:
+        return None
+    valid = "valid: a queue name (a non-empty str, not starting with 'amq.'), or None for the task's own routing"
+    if not isinstance(queue, str) or not queue:
+        return f"queue={queue!r}; {valid}"
+    if queue.startswith("amq."):
+        return f"queue={queue!r} has the prefix 'amq.', which RabbitMQ reserves for itself; {valid}"
+    try:
+        queue.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"queue={queue!r} cannot be encoded in UTF-8 ({exc.reason} at {exc.start}); {valid}"
+    return None
 
 
 def _arguments_text(args: object, kwargs: object) -> tuple[str, str]:
@@ -202,6 +227,9 @@ def row_of(record: Sequence[Any]) -> OutboxRow:
     row_id, task_name, args_text, kwargs_text, queue = record
     if not isinstance(task_name, str) or not task_name:
         raise UnrelayableRow(f"task_name={task_name!r}; valid: a registered task name")
+    problem = queue_problem(queue)
+    if problem:
+        raise UnrelayableRow(problem)
     decoded = []
     for column, text in (("args", args_text), ("kwargs", kwargs_text)):
         try:
@@ -214,6 +242,46 @@ def row_of(record: Sequence[Any]) -> OutboxRow:
     if problem:
         raise UnrelayableRow(problem)
     return OutboxRow(str(row_id), task_name, args, kwargs, queue)
+
+
+#: how long a queue the broker refused to this relay is held before its rows are tried again
+HOLD_SECONDS = 30.0
+
+
+class RowRefused(Exception):
+    """``rows[index]`` of a publish was refused, the rows before it were published, those after it
+    were not. ``unsendable``: the row itself cannot be sent (set it aside); otherwise the broker
+    refused its queue to this relay (hold the queue, not the row)."""
+
+    def __init__(self, index: int, reason: str, *, unsendable: bool) -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+        self.unsendable = unsendable
+
+
+def refusal_of(exc: BaseException) -> str | None:
+    """'unsendable' when the row cannot be sent by this client at all (a queue name py-amqp cannot
+    pack, over 255 bytes: struct.error, or encode); 'queue' when the broker refused the row's queue
+    (RabbitMQ closing the channel: 406 a queue declared with other arguments, 403 not permitted,
+    404, 405 another connection's exclusive queue — the connection stays up; Redis: a WRONGTYPE
+    reply, the queue's key holds something else); None for anything else, an outage or a nack,
+    which the batch's retry is for."""
+    from amqp.exceptions import ChannelError
+
+    for cause in _causes(exc):  # kombu wraps what the client raised (OperationalError from …)
+        if isinstance(cause, (struct.error, UnicodeError)):
+            return "unsendable"
+        if isinstance(cause, ChannelError) or (type(cause).__name__ == "ResponseError" and "WRONGTYPE" in str(cause)):
+            return "queue"
+    return None
+
+
+def _causes(exc: BaseException | None) -> Iterable[BaseException]:
+    seen = 0
+    while exc is not None and seen < 10:
+        yield exc
+        exc, seen = exc.__cause__, seen + 1  # raised "from" it; not __context__, any error met meanwhile
 
 
 class CeleryPublisher:
@@ -240,22 +308,30 @@ class CeleryPublisher:
 
     def publish(self, rows: Iterable[OutboxRow]) -> None:
         with self.app.producer_or_acquire() as producer:
-            for row in rows:
+            for index, row in enumerate(rows):
                 options = {"queue": row.queue} if row.queue else {}
-                self.app.send_task(row.task_name, args=row.args, kwargs=row.kwargs, task_id=row.id,
-                                   producer=producer, **options)
+                try:
+                    self.app.send_task(row.task_name, args=row.args, kwargs=row.kwargs, task_id=row.id,
+                                       producer=producer, **options)
+                except Exception as exc:
+                    refusal = refusal_of(exc)
+                    if refusal is None:
+                        raise
+                    raise RowRefused(index, f"{type(exc).__name__}: {exc}", unsendable=refusal == "unsendable") from exc
 
 
 class Batch(NamedTuple):
     relayed: int  #: rows published and marked sent
-    refused: int  #: rows set aside (UnrelayableRow)
+    refused: int  #: rows set aside (UnrelayableRow, RowRefused)
+    left: int = 0  #: rows behind a row the broker refused, left pending for the next batch
 
 
 @dataclass
 class Relay:
     #: returns a new psycopg connection (called again after a connection error)
     connect: Callable[[], Any]
-    #: publishes a batch; must raise if any row was not accepted by the broker
+    #: publishes a batch; must raise if any row was not accepted by the broker: RowRefused when
+    #: a row was refused (the rows before it published, those after it not)
     publish: Callable[[list[OutboxRow]], None]
     #: rows per transaction: larger amortises commits, smaller re-publishes less after a crash
     batch_size: int = 100
@@ -273,6 +349,8 @@ class Relay:
             raise ValueError(f"outbox relay poll_interval_seconds={self.poll_interval_seconds!r}; valid: > 0")
         self._t = _table(self.table)
         self._conn = None
+        #: queue (None: the task's own routing) -> (monotonic time it is tried again, the refusal)
+        self._held: dict[str | None, tuple[float, str]] = {}
 
     def relay_batch(self) -> Batch:
         """One transaction: lock up to batch_size pending rows, publish them, mark them sent (and set
@@ -284,32 +362,62 @@ class Relay:
         with conn.transaction():
             # args and kwargs as text, for Celery's JSON decoder: kombu's typed values (a datetime…)
             # become what the producer passed, not the dicts that encode them.
+            not_held, held = self._not_held()
             records = conn.execute(sql.SQL(
                 "SELECT id, task_name, args::text, kwargs::text, queue FROM {t} WHERE sent_at IS NULL "
-                "AND refused IS NULL ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED").format(t=self._t),
-                (self.batch_size,)).fetchall()
-            rows, refused = [], []
+                "AND refused IS NULL{not_held} ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED").format(
+                t=self._t, not_held=not_held), (*held, self.batch_size)).fetchall()
+            rows, refused, left = [], [], 0
             for record in records:
                 try:
                     rows.append(row_of(record))
                 except UnrelayableRow as exc:
                     refused.append((record[0], str(exc)))
+            if rows:
+                try:
+                    self.publish(rows)
+                except RowRefused as exc:  # the rows behind it wait for the next batch
+                    if exc.unsendable:
+                        refused.append((rows[exc.index].id, f"this relay cannot send it: {exc.reason}"))
+                    else:
+                        self._hold(rows[exc.index].queue, exc.reason)
+                    left = len(rows) - exc.index - (1 if exc.unsendable else 0)
+                    rows = rows[:exc.index]
+                if rows and self.after_publish is not None:
+                    self.after_publish(rows)
             if refused:
                 # Set aside in this transaction: a row that fails every publish would otherwise stop
                 # its whole batch, and every row behind it, for good.
                 conn.cursor().executemany(sql.SQL("UPDATE {t} SET refused = %s, relayed_by = %s WHERE id = %s")
                                           .format(t=self._t), [(why, self.name, row_id) for row_id, why in refused])
             if rows:
-                self.publish(rows)
-                if self.after_publish is not None:
-                    self.after_publish(rows)
                 conn.execute(sql.SQL("UPDATE {t} SET sent_at = clock_timestamp(), relayed_by = %s WHERE id = ANY(%s)")
                              .format(t=self._t), (self.name, [row.id for row in rows]))
         for row_id, why in refused:
             logger.error("outbox relay %s: row %s of %s cannot be published and is set aside (its refused column "
                          "says why; fix the row and set refused = NULL to relay it): %s",
                          self.name, row_id, self.table, why)
-        return Batch(relayed=len(rows), refused=len(refused))
+        return Batch(relayed=len(rows), refused=len(refused), left=left)
+
+    def _not_held(self) -> tuple[sql.Composable, list]:
+        """The SELECT's condition leaving out the rows of held queues, and its parameters; holds
+        whose time is up are dropped (their queue is tried again)."""
+        now = time.monotonic()
+        self._held = {queue: hold for queue, hold in self._held.items() if hold[0] > now}
+        named = [queue for queue in self._held if queue is not None]
+        condition = []
+        if None in self._held:
+            condition.append(sql.SQL(" AND queue IS NOT NULL"))
+        if named:
+            condition.append(sql.SQL(" AND (queue IS NULL OR queue <> ALL(%s))"))
+        return sql.Composed(condition), ([named] if named else [])
+
+    def _hold(self, queue: str | None, reason: str) -> None:
+        self._held[queue] = (time.monotonic() + HOLD_SECONDS, reason)
+        logger.error("outbox relay %s: the broker refused queue %s; its rows wait, the other queues' rows go on, "
+                     "and it is tried again in %gs (mend the relay's settings — e.g. --app, for the queue's "
+                     "arguments — or the broker): %s", self.name,
+                     repr(queue) if queue is not None else "(the task's own routing)", HOLD_SECONDS, reason)
 
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> int:
         """Relays until `stop` is set (or, with `once`, until nothing is pending); returns rows relayed."""
@@ -331,7 +439,7 @@ class Relay:
             if batch.relayed:
                 logger.info("outbox relay %s: relayed %d rows in %.3fs (total %d)",
                             self.name, batch.relayed, time.monotonic() - started, total)
-            if batch.relayed + batch.refused < self.batch_size:
+            if not batch.left and batch.relayed + batch.refused < self.batch_size:
                 if once:
                     break
                 stop.wait(self.poll_interval_seconds)
