@@ -351,6 +351,8 @@ class Relay:
         self._conn = None
         #: queue (None: the task's own routing) -> (monotonic time it is tried again, the refusal)
         self._held: dict[str | None, tuple[float, str]] = {}
+        #: what the broker raised for the first queue held in this run (run(once=True) raises it)
+        self._first_refusal: BaseException | None = None
 
     def relay_batch(self) -> Batch:
         """One transaction: lock up to batch_size pending rows, publish them, mark them sent (and set
@@ -381,6 +383,7 @@ class Relay:
                         refused.append((rows[exc.index].id, f"this relay cannot send it: {exc.reason}"))
                     else:
                         self._hold(rows[exc.index].queue, exc.reason)
+                        self._first_refusal = self._first_refusal or exc.__cause__ or exc
                     left = len(rows) - exc.index - (1 if exc.unsendable else 0)
                     rows = rows[:exc.index]
                 if rows and self.after_publish is not None:
@@ -420,9 +423,12 @@ class Relay:
                      repr(queue) if queue is not None else "(the task's own routing)", HOLD_SECONDS, reason)
 
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> int:
-        """Relays until `stop` is set (or, with `once`, until nothing is pending); returns rows relayed."""
+        """Relays until `stop` is set (or, with `once`, until nothing is pending but the rows of
+        queues the broker refused: then, the others relayed, what the broker said is raised);
+        returns rows relayed."""
         stop = stop or threading.Event()
         total = 0
+        self._first_refusal = None
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -444,6 +450,8 @@ class Relay:
                     break
                 stop.wait(self.poll_interval_seconds)
         self._close()
+        if once and self._first_refusal is not None:
+            raise self._first_refusal  # the command says what the broker refused, in one line
         return total
 
     def _close(self) -> None:
