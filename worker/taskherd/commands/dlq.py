@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from taskherd import contract
 from taskherd.contract import broker_kind
 from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
+from taskherd.worker.deliveries import header_count, header_timestamp
 from taskherd.worker.publishing import Unroutable, publish
 
 from . import options
@@ -115,7 +116,8 @@ def parse(body: bytes, headers: dict | None, content_type: str | None, content_e
                           task_id=envelope.task_id, reason=envelope.reason, queue=envelope.queue,
                           dead_lettered_at=envelope.dead_lettered_at, attempts=envelope.attempts,
                           envelope=envelope, **common)
-    deaths = headers.get("x-death") or []
+    deaths = headers.get("x-death")
+    deaths = deaths if isinstance(deaths, list) else []  # RabbitMQ writes a list; a producer may write anything
     task_id = headers.get("id") if isinstance(headers.get("id"), str) else None
     task = headers.get("task") if isinstance(headers.get("task"), str) else None
     if deaths:
@@ -126,8 +128,8 @@ def parse(body: bytes, headers: dict | None, content_type: str | None, content_e
         return DeadLetter(ref=task_id or _digest(body), kind="native", task=task, task_id=task_id,
                           reason=f"rabbitmq:{first.get('reason', 'unknown')}",
                           queue=headers.get("x-first-death-queue") or first.get("queue"),
-                          dead_lettered_at=when if isinstance(when, (int, float)) else None,
-                          attempts=sum(int(d.get("count", 1)) for d in deaths if isinstance(d, dict)),
+                          dead_lettered_at=header_timestamp(when),
+                          attempts=sum(header_count(d.get("count", 1)) or 1 for d in deaths if isinstance(d, dict)),
                           envelope=None, **common)
     return DeadLetter(ref=task_id or _digest(body), kind="unknown", task=task, task_id=task_id,
                       reason=unreadable or "unknown", queue=None, dead_lettered_at=None, attempts=None,
@@ -144,8 +146,7 @@ def redrive_message(letter: DeadLetter) -> tuple[bytes, dict, str, str]:
         env = letter.envelope
         headers = {k: v for k, v in (env.headers or {}).items() if k != FIRST_FAILURE_HEADER}
         embed = env.embed or {}
-        headers.update(retries=0, eta=None, expires=None,
-                       **{REDRIVES_HEADER: int(headers.get(REDRIVES_HEADER) or 0) + 1})
+        headers.update(retries=0, eta=None, expires=None, **{REDRIVES_HEADER: next_redrive(headers)})
         body = json.dumps([env.args or [], env.kwargs or {},
                            {"callbacks": embed.get("callbacks"), "errbacks": embed.get("errbacks"),
                             "chain": embed.get("chain"), "chord": embed.get("chord")}]).encode()
@@ -157,8 +158,15 @@ def redrive_message(letter: DeadLetter) -> tuple[bytes, dict, str, str]:
                 env.content_encoding or "binary")
     headers = {k: v for k, v in letter.headers.items() if k not in _DEATH_HEADERS}
     if "task" in headers:
-        headers[REDRIVES_HEADER] = int(headers.get(REDRIVES_HEADER) or 0) + 1
+        headers[REDRIVES_HEADER] = next_redrive(headers)
     return letter.body, headers, letter.content_type or "application/data", letter.content_encoding or "binary"
+
+
+def next_redrive(headers: dict) -> int:
+    """The redrive number of the next redrive: one more than the letter's. A ``taskherd_redrives``
+    that is no count (any producer can set it) reads as 0, as the worker reads it
+    (taskherd.worker.deliveries.attempt): the redrive is number 1, a fresh delivery budget."""
+    return (header_count(headers.get(REDRIVES_HEADER)) or 0) + 1
 
 
 class RedisDeadLetters:

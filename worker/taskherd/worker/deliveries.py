@@ -43,9 +43,12 @@ and the task runs twice (the idempotency guard's case), each copy still bounded.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
+
+from taskherd.contract import shown
 
 from .deadletter import REDRIVES_HEADER
 
@@ -70,27 +73,94 @@ def exceeds(redeliveries: int | None, max_deliveries: int) -> bool:
     return redeliveries is not None and redeliveries + 1 > max_deliveries
 
 
+# -- reading the counts and times taskherd keeps in a message's headers -------------------------
+# Any producer can put anything in a header, and some of these are read in the worker's main
+# process (the Redis QoS counts a return as it takes the message), where an exception ends the
+# worker — and every worker restarted after it, since the message comes back. So every header
+# taskherd reads a number from is read here, and anything unreadable is None, never an exception.
+
+#: Digits a count may have: 18 hold any count a broker or taskherd writes (AMQP's widest integer
+#: is 64 bits); more is no count (and int() refuses more than 4300 digits).
+MAX_COUNT_DIGITS = 18
+_COUNT_LIMIT = 10 ** MAX_COUNT_DIGITS
+#: The latest epoch second a timestamp may be: the end of year 9999, the last datetime can show.
+LATEST_TIMESTAMP = 253402300799.0
+
+
+def header_count(value: Any) -> int | None:
+    """A count read from a header (``retries``, ``taskherd_redrives``, the count in
+    ``taskherd_redeliveries``, ``x-delivery-count``): an integer >= 0, or None when ``value`` is
+    none — a bool, a float that is not whole (NaN, Infinity), a negative number, more than
+    MAX_COUNT_DIGITS digits, a string of anything but ASCII digits ('²' and '٣' are digits to
+    str.isdigit(), and int() refuses the first), a dict, a list, None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value < _COUNT_LIMIT else None
+    if isinstance(value, float):
+        whole = math.isfinite(value) and value.is_integer() and 0 <= value < _COUNT_LIMIT
+        return int(value) if whole else None
+    if isinstance(value, str):
+        digits = 0 < len(value) <= MAX_COUNT_DIGITS and value.isascii() and value.isdecimal()
+        return int(value) if digits else None
+    return None
+
+
+def header_timestamp(value: Any) -> float | None:
+    """Epoch seconds read from a header (``taskherd_first_failure_at``, ``taskherd_published_at``,
+    both written as numbers): a finite number from 0 to the end of year 9999, or None when
+    ``value`` is none (a string, a bool, NaN, Infinity, a dict, None …)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > LATEST_TIMESTAMP:
+        return None  # before float(): a 5000-digit int would overflow it
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and 0 <= seconds <= LATEST_TIMESTAMP else None
+
+
+def _count_or_zero(value: Any) -> int:
+    """A retry or redrive number of an attempt: an unreadable one counts as 0 (see :func:`attempt`)."""
+    return header_count(value) or 0
+
+
 # -- the count carried in the message ----------------------------------------------------------
-def _whole(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def attempt(task_id: Any, retries: Any, redrives: Any) -> str:
-    """Which attempt a count belongs to: task id, retry number, redrive number."""
-    return f"{task_id}:{_whole(retries)}:{_whole(redrives)}"
+    """Which attempt a count belongs to: task id, retry number, redrive number.
+
+    An unreadable retry or redrive number reads as 0. This keeps the bound exact: the main process
+    that writes a count (:func:`returned_headers`) and the child that reads it (:func:`count`) both
+    scope it here, from the same headers, so a message returned N times is counted N whatever
+    those headers hold. (A ``retries`` that is no count never reaches the pool: the message
+    checks dead-letter it as invalid-message, as they do an ``id`` that is not a string: that one
+    is shown, since str() of a list nested a thousand deep raises.)"""
+    task = task_id if isinstance(task_id, str) else shown(task_id)
+    return f"{task}:{_count_or_zero(retries)}:{_count_or_zero(redrives)}"
 
 
 def carried(value: Any, of_attempt: str) -> int | None:
-    """The count in a ``taskherd_redeliveries`` header value when it belongs to ``of_attempt``."""
+    """The count in a ``taskherd_redeliveries`` header value when it belongs to ``of_attempt``.
+
+    None also when the count is unreadable: taskherd writes only well-formed counts, so a message
+    carrying another was never returned by taskherd, and its first return writes a good count."""
     if not isinstance(value, str):
         return None
     scope, _, count = value.rpartition(":")
-    if scope != of_attempt or not count.isdigit():
-        return None
-    return int(count)
+    return header_count(count) if scope == of_attempt else None
+
+
+def _log_unreadable_counts(headers: Mapping[str, Any], scope: str) -> None:
+    """One warning per delivery for a count header that cannot be read (how each is read instead:
+    :func:`attempt`, :func:`carried`)."""
+    redrives = headers.get(REDRIVES_HEADER)
+    if redrives is not None and header_count(redrives) is None:
+        logger.warning("taskherd: %s: header %s=%s is not a count (valid: an integer >= 0); read as 0",
+                       scope, REDRIVES_HEADER, shown(redrives))
+    value = headers.get(HEADER)
+    if value is not None and carried(value, scope) is None and (
+            not isinstance(value, str) or value.rpartition(":")[0] == scope):
+        logger.warning("taskherd: %s: header %s=%s is not a count of its deliveries (valid: "
+                       "'<task id>:<retries>:<redrives>:<count>', count an integer >= 0); read as absent",
+                       scope, HEADER, shown(value))
 
 
 def returned_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,12 +203,14 @@ def count(*, task_id: str, retries: int, headers: Mapping[str, Any] | None, rede
     from_header = carried(headers.get(HEADER), scope)
     if from_header is not None:
         return Count(from_header, "header")
+    _log_unreadable_counts(headers, scope)
     if not redelivered:
         return FIRST_DELIVERY
-    if queue_type == "quorum" and headers.get(QUORUM_HEADER) is not None:
-        return Count(_whole(headers.get(QUORUM_HEADER)), QUORUM_HEADER)
+    quorum_count = header_count(headers.get(QUORUM_HEADER))
+    if queue_type == "quorum" and quorum_count is not None:
+        return Count(quorum_count, QUORUM_HEADER)
     if counter_url:
-        key = delivery_key(task_id, _whole(retries), _whole(headers.get(REDRIVES_HEADER)))
+        key = delivery_key(task_id, _count_or_zero(retries), _count_or_zero(headers.get(REDRIVES_HEADER)))
         return Count(record_delivery(counter_url, key, ttl=counter_ttl), "counter", (counter_url, key))
     logger.warning("taskherd: %s was redelivered and nothing counts its deliveries here (no count header, no "
                    "x-delivery-count, no delivery_counter_url); running it uncounted", scope)

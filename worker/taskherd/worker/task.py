@@ -234,7 +234,8 @@ class Task(celery.Task):
         request = self.request
         retries = request.retries or 0
         failed_at = time.time()
-        first_failure = (request.headers or {}).get(FIRST_FAILURE_HEADER) or failed_at
+        # A header any producer can set: one that is no time is ignored (this failure is the first).
+        first_failure = deliveries.header_timestamp((request.headers or {}).get(FIRST_FAILURE_HEADER)) or failed_at
         transient = profile.classifier.is_transient(exc)
         if transient and retries < profile.max_retries:
             self._stop_if_taken_back(exc, "retried")
@@ -260,7 +261,7 @@ class Task(celery.Task):
                 f"{self.max_retries})")
         elif isinstance(exc, SoftTimeLimitExceeded):
             reason, detail = Reason.SOFT_TIME_LIMIT, (
-                f"exceeded its soft time limit ({profile.soft_time_limit}s); not retried")
+                f"exceeded its soft time limit ({self._soft_time_limit_applied(profile)}s); not retried")
         else:
             reason, detail = Reason.PERMANENT_ERROR, f"{type(exc).__name__} is permanent: not retried"
             if retries:
@@ -268,7 +269,13 @@ class Task(celery.Task):
                 # autoretry_for giving up): "not retried" alone read as if the task had run once.
                 detail += f" (attempt {attempts}, after {retries} retries)"
         self._send_to_dlq(profile, reason=reason, detail=detail, attempts=attempts, exc=exc,
-                          first_failure_at=float(first_failure), failed_at=failed_at)
+                          first_failure_at=first_failure, failed_at=failed_at)
+
+    def _soft_time_limit_applied(self, profile: Profile) -> Any:
+        """The soft time limit this run had: the message's own (``timelimit`` header, [hard, soft],
+        from ``apply_async(soft_time_limit=…)``) when set, else the task's, else the profile's —
+        the order in which Celery's Request picks it."""
+        return soft_limit_applied(self.request.timelimit, self.soft_time_limit, profile.soft_time_limit)
 
     def _stop_if_taken_back(self, exc: BaseException | None, outcome: str) -> None:
         """Raises TakenBack when Redis fast recovery gave this delivery back to its queue while it
@@ -308,6 +315,13 @@ class Task(celery.Task):
                 logger.exception("taskherd: could not dead-letter %s[%s]; putting it back", self.name, request.id)
                 time.sleep(DEAD_LETTER_FAILURE_PAUSE)
                 raise PublishFailed(f"dead-lettering failed: {publish_error!r}", requeue=True) from publish_error
+
+
+def soft_limit_applied(timelimit: Any, task_limit: Any, default: Any) -> Any:
+    """The soft time limit of a run: the message's (``timelimit`` = [hard, soft]), else the task's,
+    else ``default``; a falsy one is unset, as Celery's Request reads it."""
+    message_limit = timelimit[1] if isinstance(timelimit, (list, tuple)) and len(timelimit) == 2 else None
+    return message_limit or task_limit or default
 
 
 def _context_headers(request: Any, name: str) -> dict:
@@ -444,8 +458,9 @@ class Request(CeleryRequest):
             embed=json_safe(embed), headers=json_safe(headers),
             exception_type="billiard.exceptions.TimeLimitExceeded",
             exception_message=f"TimeLimitExceeded({timeout})", traceback=None,
-            attempts=int(headers.get("retries") or 0) + 1,
-            first_failure_at=float(headers.get(FIRST_FAILURE_HEADER) or now), last_failure_at=now,
+            attempts=(deliveries.header_count(headers.get("retries")) or 0) + 1,
+            first_failure_at=deliveries.header_timestamp(headers.get(FIRST_FAILURE_HEADER)) or now,
+            last_failure_at=now,
             hostname=self.hostname, exchange=self.delivery_info.get("exchange"),
             routing_key=self.delivery_info.get("routing_key"),
         )

@@ -602,6 +602,10 @@ def returned(payload: Any) -> Any:
         payload["properties"]["delivery_info"]["redelivered"] = True
     except (KeyError, TypeError, AttributeError):
         pass  # not a task message taskherd knows: restored as kombu would
+    except Exception:  # noqa: BLE001 - this runs in the main process: a message must not end the worker
+        # returned_headers reads every header leniently; should a value still defeat it, the
+        # message goes back uncounted (the message checks then judge it) rather than stop consuming.
+        logger.exception("taskherd: could not count a return of a message; it goes back to its queue uncounted")
     return payload
 
 
