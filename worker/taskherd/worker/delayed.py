@@ -33,7 +33,11 @@ import time
 import uuid
 from typing import Any, Callable
 
+from kombu.utils import json as kombu_json
+
 from taskherd import compat
+
+from .task_messages import date_time_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -58,26 +62,30 @@ return {#due, head[2]}
 """
 
 
-def due_time(headers: Any, *, default_timezone: dt.tzinfo) -> float | None:
-    """Epoch seconds of a protocol-2 message's ETA, or None (no ETA, or one that cannot be read:
-    Celery then handles the message itself, as it would without taskherd)."""
+def due_time(headers: Any, *, default_timezone: dt.tzinfo | None = None) -> float | None:
+    """Epoch seconds of a protocol-2 message's ETA, or None (no ETA, or one Celery cannot read
+    either: Celery then refuses the message itself, and the bad-message check before it).
+
+    Read by the one reading of the message check and of Celery's worker
+    (:func:`taskherd.worker.task_messages.date_time_timestamp`): an ETA accepted there is parked
+    here — never held unacknowledged past the visibility timeout because this reading differs
+    (``…z`` lowercase, ``T24:00:00``, a datetime, a naive value read in another time zone)."""
     if not isinstance(headers, dict) or "task" not in headers:
         return None
     eta = headers.get("eta")
-    if not isinstance(eta, str) or not eta:
+    if not eta:
         return None
     try:
-        when = dt.datetime.fromisoformat(eta)
-    except ValueError:
+        return date_time_timestamp(eta, timezone=default_timezone)
+    except (ValueError, TypeError, AttributeError, OverflowError, OSError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=default_timezone)
-    return when.timestamp()
 
 
 def parked_message(raw: dict[str, Any]) -> dict[str, Any]:
     """What is stored for a delivery: kombu's message with its ETA moved aside and a new tag."""
-    payload = json.loads(json.dumps(raw))  # a copy: the consumer keeps reading the original
+    # A copy (the consumer keeps reading the original), through kombu's JSON: kombu decoded the
+    # item with it, so the headers may hold what only it writes back (a datetime ``eta``/``expires``).
+    payload = kombu_json.loads(kombu_json.dumps(raw))
     headers = payload.setdefault("headers", {})
     headers[ORIGINAL_ETA_HEADER] = headers.pop("eta", None)
     properties = payload.setdefault("properties", {})
@@ -105,7 +113,7 @@ class DelaySet:
     def park(self, message: Any, eta: float) -> None:
         """Stores ``message`` to be delivered again at ``eta``; returns once Redis has it."""
         record = {"lists": self.destinations.of(message.channel, message),
-                  "message": json.dumps(parked_message(message._raw))}
+                  "message": kombu_json.dumps(parked_message(message._raw))}
         self.client.zadd(self.key, {json.dumps(record): eta})
         self.parked.set()
 

@@ -29,11 +29,14 @@ UNREADABLE_HEADER = "taskherd_unreadable_item"
 UNREADABLE_CONTENT_TYPE = "application/x-taskherd-unreadable-item"
 
 
-def item_problem(item: bytes, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> str | None:
+def item_problem(item: bytes, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any],
+                 recorded_tag: str | None = None) -> str | None:
     """Why kombu could not turn ``item`` into a delivery, or None.
 
     ``loads``: kombu's JSON decoding of an item; ``body_codecs``: kombu's body encodings by name
-    (both passed in, so that the check reads an item exactly as kombu will).
+    (both passed in, so that the check reads an item exactly as kombu will). ``recorded_tag``: the
+    delivery tag the pop recorded the item under (recovery.POP_SCRIPT reads it with Redis's JSON
+    parser), which kombu's reading must find too, or the acknowledgement would clear another entry.
     """
     try:
         payload = loads(item)
@@ -47,6 +50,9 @@ def item_problem(item: bytes, *, loads: Callable[[bytes], Any], body_codecs: Map
     tag = properties.get("delivery_tag")
     if not isinstance(tag, str) or not tag:
         return f"'properties.delivery_tag' must be a non-empty string, got {_shown(tag)}"
+    if recorded_tag is not None and tag != recorded_tag:
+        return (f"'properties.delivery_tag' reads {_shown(tag)} here but {_shown(recorded_tag)} where it was "
+                f"popped (valid: one 'delivery_tag' that every JSON parser reads alike)")
     info = properties.get("delivery_info")
     if not isinstance(info, dict):
         return f"'properties.delivery_info' must be a JSON object, got {_shown(info)}"
@@ -84,11 +90,14 @@ def _body_problem(body: Any, encoding: Any, body_codecs: Mapping[str, Any]) -> s
     return None
 
 
-def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
-    """A kombu message carrying ``item`` whole, to be dead-lettered from ``queue``. It keeps the
-    item's delivery tag when it has one: taskherd's pop already recorded the item as this worker's
-    delivery under that tag (recovery.POP_SCRIPT), and the replacement's acknowledgement must
-    clear that record, not leave it to be restored."""
+def replacement(item: bytes, *, queue: str, problem: str, tag: str | None = None) -> bytes:
+    """A kombu message carrying ``item`` whole, to be dead-lettered from ``queue``, under delivery
+    tag ``tag``: the tag taskherd's pop recorded the item under as this worker's delivery
+    (recovery.POP_SCRIPT returns it), so that the replacement's acknowledgement clears that record
+    rather than leave it to be restored and dead-lettered again. None: the pop recorded nothing (or
+    kombu's own BRPOP/RPOP popped it): a tag of its own, which kombu records when it delivers it.
+    Never read from the item here: what the pop's parser (Redis's cjson) reads in it may be
+    unreadable for Python's (an item nested deeper than Python's recursion limit) or differ."""
     return json.dumps({
         "body": base64.b64encode(item).decode("ascii"),
         "content-type": UNREADABLE_CONTENT_TYPE,
@@ -96,7 +105,7 @@ def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
         "headers": {UNREADABLE_HEADER: problem},
         "properties": {
             "body_encoding": "base64",
-            "delivery_tag": _delivery_tag(item) or str(uuid.uuid4()),
+            "delivery_tag": str(uuid.uuid4()) if tag is None else tag,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "delivery_mode": 2,
             "priority": 0,
@@ -104,21 +113,15 @@ def replacement(item: bytes, *, queue: str, problem: str) -> bytes:
     }).encode("utf-8")
 
 
-def _delivery_tag(item: bytes) -> str | None:
-    try:
-        tag = json.loads(item)["properties"]["delivery_tag"]
-    except (ValueError, TypeError, KeyError, RecursionError):
-        return None
-    return tag if isinstance(tag, str) else None
-
-
-def guarded(item: Any, queue: str, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any]) -> Any:
-    """``item`` if kombu can deliver it, else its :func:`replacement` (see the module doc)."""
+def guarded(item: Any, queue: str, *, loads: Callable[[bytes], Any], body_codecs: Mapping[str, Any],
+            recorded_tag: str | None = None) -> Any:
+    """``item`` if kombu can deliver it, else its :func:`replacement` (see the module doc).
+    ``recorded_tag``: the delivery tag the pop recorded it under, if it recorded it."""
     if not isinstance(item, (bytes, str)):
         return item  # nothing popped
     raw = item.encode("utf-8", "surrogateescape") if isinstance(item, str) else item
-    problem = item_problem(raw, loads=loads, body_codecs=body_codecs)
-    return item if problem is None else replacement(raw, queue=queue, problem=problem)
+    problem = item_problem(raw, loads=loads, body_codecs=body_codecs, recorded_tag=recorded_tag)
+    return item if problem is None else replacement(raw, queue=queue, problem=problem, tag=recorded_tag)
 
 
 def _json_kind(value: Any) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import time
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
@@ -79,7 +80,7 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
         return f"{noun} 'ignore_result' must be true, false or null, got {shown(ignore_result)}"
     for name in _DATE_TIMES:
         value = get(name)
-        problem = date_time_problem(value) if value else None  # falsy: none (as Celery reads it)
+        problem = date_time_problem(value, field=name) if value else None  # falsy: none (as Celery reads it)
         if problem:
             return f"{noun} {name!r} {problem}"
     # Celery's revocation check iterates these in the main process, after the request has taken a
@@ -98,23 +99,56 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
     return None
 
 
-def date_time_problem(value: Any) -> str | None:
-    """Why ``value`` is not a date-time Celery can schedule on, or None (also for no value).
+#: How far ahead an ``eta`` may be when the worker receives it (days). Further is refused as
+#: ``invalid-message``: such an ETA is a mistake (year 9999, a mistyped year, seconds sent as
+#: milliseconds), and it would wait unseen — on Redis in the delay set, counted in no queue's depth;
+#: on RabbitMQ held unacked by a worker. A task meant for next year belongs in a scheduler (celery beat).
+MAX_ETA_AHEAD_DAYS = 365
 
-    Converted as Celery's strategy converts an ETA (to the system time zone, then a timestamp):
-    one it cannot convert is rejected there without requeue, which drops it on Redis.
-    """
+
+def date_time_of(value: Any, *, timezone: Any = None) -> datetime | None:
+    """The aware date-time a Celery worker reads from a message's ``eta`` or ``expires`` (None for
+    a falsy one): Celery's own reading (its Request: ``maybe_iso8601``, then ``maybe_make_aware``,
+    a naive value being UTC), so that what the check accepts is what the worker schedules — and
+    what the delay set parks (taskherd.worker.delayed). Raises (ValueError, TypeError,
+    AttributeError, OverflowError) for a value Celery cannot read; ``timezone``: the app's."""
     if not value:
-        return None  # Celery reads a falsy eta/expires as none: nearly every message, checked first
+        return None
     # Imported here, past the common case: an import statement costs ~1 µs even when the module is loaded.
     from celery.utils.time import maybe_iso8601, maybe_make_aware
 
     if not isinstance(value, (str, datetime)):
+        raise TypeError(f"not a date-time string: {shown(value)}")
+    return maybe_make_aware(maybe_iso8601(value), timezone)
+
+
+def date_time_timestamp(value: Any, *, timezone: Any = None) -> float | None:
+    """Epoch seconds of :func:`date_time_of` (None for a falsy value), converted as Celery's
+    strategy converts an ETA (to the system time zone, then a timestamp): raises where it raises."""
+    when = date_time_of(value, timezone=timezone)
+    return None if when is None else when.astimezone(None).timestamp()
+
+
+def date_time_problem(value: Any, *, field: str | None = None, now: float | None = None) -> str | None:
+    """Why ``value`` is not a date-time Celery can schedule on, or None (also for no value).
+
+    Read by :func:`date_time_timestamp`, as the worker reads it: one Celery cannot convert is
+    rejected there without requeue, which drops it on Redis. An ``eta`` (``field="eta"``) more than
+    :data:`MAX_ETA_AHEAD_DAYS` ahead of ``now`` (default: the clock) is refused too.
+    """
+    if not value:
+        return None  # Celery reads a falsy eta/expires as none: nearly every message, checked first
+    if not isinstance(value, (str, datetime)):
         return f"must be an ISO 8601 date-time string, got {shown(value)}"
     try:
-        maybe_make_aware(maybe_iso8601(value)).astimezone(None).timestamp()
+        when = date_time_timestamp(value)
     except (ValueError, TypeError, AttributeError, OverflowError, OSError) as exc:
         return f"must be an ISO 8601 date-time string within years 1-9999, got {shown(value)} ({exc})"
+    if field == "eta":
+        ahead = when - (time.time() if now is None else now)
+        if ahead > MAX_ETA_AHEAD_DAYS * 86400:
+            return (f"is {ahead / 86400:.0f} days ahead, got {shown(value)} (valid: at most {MAX_ETA_AHEAD_DAYS} "
+                    f"days ahead; schedule later tasks with celery beat)")
     return None
 
 

@@ -93,6 +93,9 @@ EXPIRY_KEY = KEY_NAMESPACE + "expiry"
 OWNER_KEY = KEY_NAMESPACE + "owner"
 UNACKED_KEY = "unacked"  # kombu.transport.redis.Channel defaults
 UNACKED_INDEX_KEY = "unacked_index"
+#: hash: delivery tag -> kombu's unacked entry that could be neither read nor restored from its
+#: holder's record (kept for an operator rather than dropped, or restored again on every sweep)
+UNRESTORABLE_KEY = KEY_NAMESPACE + "unrestorable"
 
 
 #: Defaults (bench/pod_kill.py, docs/benchmarks.md): a killed worker's task runs again after about
@@ -229,7 +232,11 @@ return restored
 # with the delivery already recorded as w's: kombu's unacked entry and index (what kombu's append
 # writes), and the held record restoring pushes back — the item as it was popped, to the list it
 # came from (it never reached a task: not a redelivery). An item without a delivery tag (not a
-# kombu message) is returned untracked: the bad-message guard dead-letters it at once.
+# kombu message; an empty tag counts as none) is returned untracked: the bad-message guard
+# dead-letters it at once. With ARGV[3] (any value) the reply of a recorded item carries the tag it
+# was recorded under as a third element: {list, item, tag}. The worker's guard acknowledges a
+# replacement under that very tag, whatever Python's own parser makes of the item (one too deeply
+# nested for it, say), so that no record of the pop outlives its acknowledgement.
 POP_SCRIPT = """
 local function text(v) if type(v) == 'string' then return v end return '' end
 for i = 5, #KEYS do
@@ -238,7 +245,7 @@ for i = 5, #KEYS do
     local ok, message = pcall(cjson.decode, item)
     local properties = ok and type(message) == 'table' and message['properties']
     local tag = type(properties) == 'table' and properties['delivery_tag']
-    if type(tag) == 'string' then
+    if type(tag) == 'string' and tag ~= '' then
       local info = properties['delivery_info']
       if type(info) ~= 'table' then info = {} end
       redis.call('HSET', KEYS[1], tag, ARGV[1])
@@ -246,6 +253,7 @@ for i = 5, #KEYS do
       redis.call('HSET', KEYS[3], tag, '[' .. item .. ',' .. cjson.encode(text(info['exchange'])) .. ',' ..
                  cjson.encode(text(info['routing_key'])) .. ']')
       redis.call('ZADD', KEYS[4], ARGV[2], tag)
+      if ARGV[3] then return {KEYS[i], item, tag} end
     end
     return {KEYS[i], item}
   end
@@ -493,19 +501,21 @@ def _pop_start(channel: Any, kombus_start: Callable[..., Any], timeout: float | 
     return compat.redis_send_poll(
         channel, "EVAL", POP_SCRIPT, 4 + len(lists), keys(OWNER_KEY), keys(held_key(tracker.worker_id)),
         keys(UNACKED_KEY), keys(UNACKED_INDEX_KEY), *(keys(name) for name in lists), tracker.worker_id,
-        repr(time.time()))
+        repr(time.time()), "tag")
 
 
 def _pop_read(channel: Any, kombus_read: Callable[..., Any], **options: Any) -> Any:
-    """Reads what _pop_start sent. A pop's reply reads exactly like BRPOP's and is delivered as
-    kombu delivers one; a wait's reply only means "pop again"."""
+    """Reads what _pop_start sent. A pop's reply is delivered as kombu delivers BRPOP's
+    (:func:`_as_brpop_reply`); a wait's reply only means "pop again"."""
     from queue import Empty
 
     sent = getattr(channel, "_taskherd_sent", None)
     if sent not in ("wait", "pop"):
         return kombus_read(channel, **options)
     try:
-        reply = compat.redis_read_poll(channel, "BLMOVE" if sent == "wait" else "BRPOP", **options)
+        # A pop's reply is read as the script's ("EVAL"): not through the client's BRPOP handling
+        # (prefix stripping, the bad-message guard), which knows nothing of the recorded tag.
+        reply = compat.redis_read_poll(channel, "BLMOVE" if sent == "wait" else "EVAL", **options)
     except channel.connection_errors:
         if sent == "pop":
             # The reply may have carried a message, now recorded as ours and read by nobody: this
@@ -528,7 +538,45 @@ def _pop_read(channel: Any, kombus_read: Callable[..., Any], **options: Any) -> 
     if not reply:
         channel._taskherd_sent = "pop-empty"
         raise Empty()
-    return compat.redis_deliver_popped(channel, reply)
+    return compat.redis_deliver_popped(channel, _as_brpop_reply(channel, reply))
+
+
+def _as_brpop_reply(channel: Any, reply: Any) -> tuple[str, Any]:
+    """POP_SCRIPT's reply ({list, item} or {list, item, recorded tag}) as kombu's client would
+    have returned BRPOP's: the list key without the global_keyprefix, and the item through the
+    bad-message guard when the worker has it (taskherd.worker.redis_items) — an item kombu cannot
+    deliver is replaced by a message under the tag the pop recorded it under, so that its
+    acknowledgement clears that record, whatever Python's parser makes of the item."""
+    from kombu.utils.encoding import bytes_to_str
+
+    list_key, item = reply[0], reply[1]
+    recorded_tag = bytes_to_str(reply[2]) if len(reply) > 2 else None
+    key = bytes_to_str(list_key)
+    tracker = _installed_tracker
+    prefix = tracker.keys.prefix if tracker is not None else ""
+    if prefix and key.startswith(prefix):
+        key = key[len(prefix):]
+    if _items_guarded():
+        from .. import redis_items
+
+        global _body_codecs
+        if _body_codecs is None:
+            _body_codecs = compat.redis_body_codecs()
+        item = redis_items.guarded(item, key.rsplit(channel.sep, 1)[0], loads=compat.redis_item_loads,
+                                   body_codecs=_body_codecs, recorded_tag=recorded_tag)
+    return key, item
+
+
+#: kombu's body codecs, for the guard of popped items (read once)
+_body_codecs: dict[str, Any] | None = None
+
+
+def _items_guarded() -> bool:
+    """Whether this process's Redis channels check what they pop (compat.guard_redis_items, which
+    the BadMessages component installs)."""
+    from kombu.transport import redis as kombu_redis
+
+    return getattr(kombu_redis.Channel._get_client, "taskherd_original", None) is not None
 
 
 def pops_atomically(redis_version: str) -> bool:
@@ -574,7 +622,12 @@ class Tracker:
         """JSON of what restoring this delivery pushes, and where (kombu's restore, precomputed):
         the message marked redelivered and carrying its delivery count + 1 (taskherd.worker.deliveries)."""
         payload = returned(_copy_of_what_returned_changes(message._raw))  # the consumer keeps reading the original
-        return json.dumps({"lists": self.destinations.of(channel, message), "message": json.dumps(payload)})
+        # kombu's JSON for the message: kombu decoded it with it, so its headers may hold what only
+        # it writes back (a datetime eta/expires, from the __type__ marker), which json.dumps refuses
+        # — in the consumer, where that would end the worker.
+        from kombu.utils.json import dumps as kombu_dumps
+
+        return json.dumps({"lists": self.destinations.of(channel, message), "message": kombu_dumps(payload)})
 
 
 def _copy_of_what_returned_changes(raw: Any) -> Any:
@@ -701,22 +754,65 @@ def _tracking_qos_class():
             if self.tracker is None:
                 return super().restore_by_tag(tag, client=client, leftmost=leftmost)
 
+            unreadable: list[Any] = []  # (why, where it went): logged once, after the transaction
+
             def restore_transaction(pipe):
+                unreadable.clear()  # the function runs again when a watched key changed
                 payload = pipe.hget(self.unacked_key, tag)
                 owner = pipe.hget(OWNER_KEY, tag)
+                entry = held = None
+                if payload:
+                    try:
+                        message, exchange, routing_key = loads(bytes_to_str(payload))
+                        entry = message, exchange, routing_key
+                    except Exception as exc:  # noqa: BLE001 - one entry must not stop kombu's sweep of the others
+                        # kombu's unacked entry of a pop is the item as Redis's parser read it,
+                        # which Python's may not (nested too deep, say): the holder's record
+                        # (JSON that any parser reads) says what to push back, and where.
+                        held = pipe.hget(held_key(bytes_to_str(owner)), tag) if owner else None
+                        unreadable.append(f"{type(exc).__name__}: {str(exc)[:120]}")
                 pipe.multi()
                 self._remove_from_indices(tag, pipe)
                 if owner:  # whoever held it, it is back on the queue now
                     pipe.hdel(OWNER_KEY, tag)
                     pipe.hdel(held_key(bytes_to_str(owner)), tag)
-                if payload:
-                    message, exchange, routing_key = loads(bytes_to_str(payload))
+                if entry is not None:
+                    message, exchange, routing_key = entry
                     self.channel._do_restore_message(returned(message), exchange, routing_key, pipe, leftmost)
+                elif payload:
+                    lists = _push_held_record(pipe, held, prefix=self.tracker.keys.prefix, leftmost=leftmost)
+                    if lists is None:  # nothing says where it goes: kept aside, never dropped
+                        pipe.hset(UNRESTORABLE_KEY, tag, payload)
+                    unreadable.append(lists)
 
             with self.channel.conn_or_acquire(client) as client:
                 client.transaction(restore_transaction, self.unacked_key, OWNER_KEY)
+            if unreadable:
+                why, lists = unreadable
+                logger.warning("taskherd recovery: the unacked entry of delivery %r cannot be read (%s); %s",
+                               bytes_to_str(tag), why,
+                               f"restored from its holder's record to {', '.join(lists)}" if lists else
+                               f"kept in the hash {self.tracker.keys(UNRESTORABLE_KEY)}")
 
     return TrackingQoS
+
+
+def _push_held_record(pipe: Any, held: Any, *, prefix: str, leftmost: bool) -> list[str] | None:
+    """Queues on ``pipe`` (kombu's, which adds the key prefix) the pushes a held record describes
+    (``{"lists": [...], "message": "..."}``, full key names); the lists, or None when ``held`` is
+    missing or not such a record."""
+    try:
+        record = json.loads(held)
+        lists, message = record["lists"], record["message"]
+        if not (isinstance(lists, list) and lists and all(isinstance(name, str) for name in lists)
+                and isinstance(message, str)):
+            return None
+    except Exception:  # noqa: BLE001 - no record, or not one of ours
+        return None
+    for name in lists:
+        (pipe.lpush if leftmost else pipe.rpush)(name[len(prefix):] if prefix and name.startswith(prefix) else name,
+                                                 message)
+    return lists
 
 
 _installed_lease: Lease | None = None
