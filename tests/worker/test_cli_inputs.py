@@ -105,6 +105,40 @@ def test_the_variable_is_named_when_its_scheme_is_refused(capsys, monkeypatch):
     assert "TASKHERD_BROKER_URL=sentinel://… is not supported here" in err
 
 
+@pytest.mark.parametrize("command,argv,says", [
+    # recover never talks to RabbitMQ: not "talks to RabbitMQ with py-amqp"
+    (recover.main, ["-b", AMQP], "taskherd recover is for Redis brokers only (RabbitMQ redelivers a dead worker's "
+                                 "unacknowledged messages by itself"),
+    (recover.main, ["-b", "sqs://127.0.0.1:1"],
+     "taskherd recover is for Redis brokers only (valid: redis://, rediss://)"),
+    (recover.main, ["-b", "sentinel://127.0.0.1:1"], "taskherd recover talks to Redis with redis-py, which takes no "
+                                                     "sentinel:// URL"),
+    (exporter_main, ["-b", "librabbitmq://127.0.0.1:1//", "-Q", "a"],
+     "taskherd exporter talks to RabbitMQ with py-amqp, which takes no librabbitmq:// URL"),
+    (dlq.main, ["list", "-b", "memory://", "-Q", "a"], "taskherd dlq is for Redis and RabbitMQ brokers only"),
+], ids=lambda value: value if isinstance(value, str) else None)
+def test_a_refused_scheme_says_what_the_command_connects_to(capsys, command, argv, says):
+    err = usage_error(capsys, command, argv)
+    assert says in " ".join(err.split()), err
+    if command is recover.main:
+        assert "py-amqp" not in err and "talks to RabbitMQ" not in err, err
+
+
+@pytest.mark.parametrize("command,takes,not_taken", [
+    (recover.main, "broker URL, redis://… or rediss://…; Redis only", ["amqp", "sentinel"]),
+    (exporter_main, "broker URL, redis://…, rediss://…, amqp://…, amqps://… or pyamqp://…",
+     ["sentinel", "librabbitmq"]),
+], ids=["recover", "exporter"])
+def test_the_broker_help_names_only_the_schemes_the_command_takes(capsys, command, takes, not_taken):
+    with pytest.raises(SystemExit) as exit_:
+        command(["--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    broker_help = out.partition("--broker BROKER ")[2].partition("(default: $TASKHERD_BROKER_URL)")[0]
+    assert broker_help.startswith(takes), broker_help
+    assert not any(scheme in broker_help for scheme in not_taken), broker_help
+
+
 @pytest.mark.parametrize("command,argv", [
     (recover.main, ["-b", "redis://127.0.0.1:1/1;redis://127.0.0.1:2/1"]),
     (dlq.main, ["list", "-b", "redis://127.0.0.1:1/1;redis://127.0.0.1:2/1", "-Q", "a"]),
@@ -195,6 +229,28 @@ def test_an_import_failing_inside_the_users_module_keeps_its_own_error(app_modul
     with pytest.raises(ModuleNotFoundError, match="a_dependency_that_is_not_installed"):
         options.find_app("cli_inputs_broken:app")
     assert options.find_app(f"{app_module}:app").main == "cli_inputs_app"
+
+
+def test_a_value_error_raised_inside_the_users_module_is_raised_as_it_is(app_module, tmp_path):
+    # kombu wraps it as ValueError("Couldn't import …"): it was taken for a malformed spec (exit 2,
+    # "valid: a module path", no traceback)
+    (tmp_path / "cli_inputs_raises.py").write_text('PORT = int("not-a-number")\n')
+    for spec in ("cli_inputs_raises", "cli_inputs_raises:app"):
+        with pytest.raises(ValueError, match="invalid literal for int") as raised:
+            options.find_app(spec)
+        assert not isinstance(raised.value, options.AppNotFound) and "Couldn't import" not in str(raised.value)
+        with pytest.raises(options.AppImportFailed) as failed:
+            options.load_app(spec)
+        assert type(failed.value.error) is ValueError and failed.value.spec == spec
+
+
+def test_the_worker_command_shows_the_users_import_error_first_then_its_traceback(capsys, app_module, tmp_path):
+    (tmp_path / "cli_inputs_raises.py").write_text('PORT = int("not-a-number")\n')
+    assert worker_command.main(["-A", "cli_inputs_raises"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("taskherd worker: invalid literal for int() with base 10: 'not-a-number'\n"), err
+    assert "Traceback (most recent call last)" in err and 'cli_inputs_raises.py", line 1, in <module>' in err
+    assert "valid: a module path" not in err
 
 
 # -- 5. the contract's seconds have a maximum -------------------------------------------------------

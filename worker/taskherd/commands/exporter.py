@@ -37,6 +37,9 @@ from taskherd.queues import BrokerUnreachable, QueueStats, inspect_queues
 from . import options
 
 logger = logging.getLogger("taskherd.exporter")
+#: libraries that log every request at INFO (RabbitMQ's management API, read through httpx); their
+#: warnings and errors still show
+NOISY_LOGGERS = ("httpx", "httpcore")
 
 
 @dataclass(frozen=True)
@@ -126,9 +129,13 @@ class QueuePoller(Collector):
         yield from metric_families(snapshot, self.dead_letters)
 
 
+#: what taskherd.queues reads: Redis with redis-py, RabbitMQ's management API from the URL's host and vhost
+SCHEMES = contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = options.Parser(prog="taskherd exporter", description=__doc__.split("\n")[0])
-    options.add_broker(parser)
+    options.add_broker(parser, SCHEMES)
     parser.add_argument("--management-url", default=None, type=options.base_url("--management-url"),
                         help="RabbitMQ management API, http://user:pass@host:15672 (default: $TASKHERD_MANAGEMENT_URL, "
                              "else the AMQP host on port 15672)")
@@ -151,7 +158,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # taskherd.queues reads Redis with redis-py and RabbitMQ's management API, a failover list at
     # its first URL that answers: the workers' Secret is the exporter's too
-    options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES)
+    options.broker(parser, args, schemes=SCHEMES)
     if args.management_url is None:
         args.management_url = options.from_env(parser, "TASKHERD_MANAGEMENT_URL")
     if args.port is None:
@@ -172,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(list(argv or []))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in NOISY_LOGGERS:  # httpx logs every management API request at INFO: two lines a queue a poll
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     def inspect(names: list[str]) -> dict[str, QueueStats]:
         return inspect_queues(args.broker, names, management_url=args.management_url,

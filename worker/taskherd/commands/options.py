@@ -138,37 +138,83 @@ def broker_errors() -> tuple[type[BaseException], ...]:
             kombu.exceptions.OperationalError)
 
 
-def add_broker(parser: argparse.ArgumentParser) -> None:
+def add_broker(parser: argparse.ArgumentParser, schemes: tuple[str, ...] | None = None, note: str = "") -> None:
+    """-b/--broker; its help names ``schemes``, those the command's broker() check takes (None: every
+    broker URL Celery takes, Redis or RabbitMQ), and ``note`` after them (what it is not for)."""
+    said = ("redis://… or amqp://…" if schemes is None
+            else ", ".join(f"{scheme}://…" for scheme in schemes[:-1]) + f" or {schemes[-1]}://…"
+            if len(schemes) > 1 else f"{schemes[0]}://…")
     parser.add_argument("-b", "--broker", default=None,
-                        help="broker URL, redis://… or amqp://… (default: $TASKHERD_BROKER_URL)")
+                        help=f"broker URL, {said}{'; ' + note if note else ''} (default: $TASKHERD_BROKER_URL)")
 
 
 class AppNotFound(ValueError):
-    """-A/--app names no Celery app: a module that is not there, an attribute it has not, something
-    that is not a Celery app (a usage error: exit 2, one line)."""
+    """-A/--app names no Celery app: a spec that is no module path, a module that is not there, an
+    attribute it has not, something that is not a Celery app (a usage error: exit 2, one line)."""
+
+
+class AppImportFailed(Exception):
+    """Importing the module of -A/--app raised: the user's own code (or what it imports) failed at
+    import time. ``error`` is that exception, with its traceback: what the commands show
+    (:func:`report_app_import_failure`), exit 1, as ``celery -A`` shows it."""
+
+    def __init__(self, spec: str, error: BaseException):
+        self.spec, self.error = spec, error
+        super().__init__(f"-A/--app={spec!r}: importing it raised {type(error).__name__}: {error}")
 
 
 _APP_VALID = "valid: a module path as for `celery -A`, e.g. myproject.celery or myproject.celery:app"
 
 
+def _spec_problem(spec: str) -> str | None:
+    """What makes ``spec`` no module path at all, before anything is imported (importlib's ValueError
+    for ':' and the ModuleNotFoundError of ':app' or 'a:b:c' would read like the user's own errors).
+    Dots are left to Celery, which reads '.mod' and 'mod.' as 'mod'."""
+    module, colon, attribute = spec.partition(":")
+    if not module.strip():
+        return "no module before ':'" if colon else "empty"
+    if ":" in attribute:
+        return "more than one ':'"
+    return None
+
+
+def _raised_in_module_code(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a module's top-level code ran (the user's module, or one it
+    imports): its traceback passes through a ``<module>`` frame. An import that fails before any
+    module code runs (no such module, importlib refusing the name) has none."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "<module>":
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def find_app(spec: str):
     """The Celery app ``spec`` names, found as ``celery -A`` finds it (a module, ``module:attribute``,
-    from the working directory too). A module that is not there, an attribute it has not, or what is
-    not a Celery app is :class:`AppNotFound`; an import failing inside the user's own module is
-    raised as it is: its traceback is what they need."""
+    from the working directory too). A spec that is no module path, a module that is not there, an
+    attribute it has not, or what is not a Celery app is :class:`AppNotFound`; an import failing
+    inside the user's own module is raised as it is (not kombu's ``ValueError("Couldn't import …")``
+    wrapping of it): its traceback is what they need."""
     import os
     import sys
 
     from celery import Celery
     from celery.app.utils import find_app as celery_find_app
 
+    problem = _spec_problem(spec)
+    if problem:
+        raise AppNotFound(f"-A/--app={spec!r}: {problem} ({_APP_VALID})")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     module, _, attribute = spec.partition(":")
+    users_error = None
     try:
         app = celery_find_app(spec)
     except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
+        if _raised_in_module_code(exc):  # the user's module imports something that is not there
+            raise
+        if exc.name and (exc.name == module or module.startswith(exc.name + ".")):
             raise AppNotFound(f"-A/--app={spec!r}: no module named {exc.name!r} ({_APP_VALID})") from None
         # Celery imports 'module:attribute' as a module when the attribute is missing; the module
         # itself was imported (else its own error is the user's to see)
@@ -176,16 +222,51 @@ def find_app(spec: str):
             raise AppNotFound(f"-A/--app={spec!r}: module {module!r} has no attribute {attribute!r} "
                               f"({_APP_VALID})") from None
         raise
-    except AttributeError:  # a module without app, celery or any Celery instance in it
-        if module not in sys.modules:
+    except AttributeError as exc:  # a module without app, celery or any Celery instance in it
+        if module not in sys.modules or _raised_in_module_code(exc):
             raise
         raise AppNotFound(f"-A/--app={spec!r}: module {module!r} has no Celery app (no attribute app or "
                           f"celery, no Celery instance; {_APP_VALID})") from None
-    except ValueError as exc:  # ':' or ':app': "Couldn't import ':': Empty module name"
-        raise AppNotFound(f"-A/--app={spec!r}: {exc} ({_APP_VALID})") from None
+    except ValueError as exc:
+        if not _raised_in_module_code(exc):  # importlib refusing the name itself
+            raise AppNotFound(f"-A/--app={spec!r}: {exc} ({_APP_VALID})") from None
+        # kombu's symbol_by_name turns any ValueError raised while importing (int('x'), a ProfileError
+        # of configure(), a bad TASKHERD_* variable) into ValueError("Couldn't import 'spec': …"),
+        # raised while handling it: the user's own exception is its context
+        wrapped = exc.__context__
+        users_error = wrapped if isinstance(wrapped, ValueError) and str(exc).startswith("Couldn't import") else exc
+    if users_error is not None:
+        raise users_error  # outside the except clause: its own traceback and context, not kombu's wrapper
     if not isinstance(app, Celery):  # 'module:function': the worker would fail on it later, deeper
         raise AppNotFound(f"-A/--app={spec!r} names a {type(app).__name__}, not a Celery app ({_APP_VALID})")
     return app
+
+
+def load_app(spec: str):
+    """:func:`find_app` for the commands: :class:`AppNotFound` as it is (a usage error), and whatever
+    the user's module raised while it was imported as :class:`AppImportFailed` holding it."""
+    try:
+        return find_app(spec)
+    except AppNotFound:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything the user's module raises at import
+        raise AppImportFailed(spec, exc) from exc
+
+
+def report_app_import_failure(prog: str, failure: AppImportFailed, file=None) -> None:
+    """The user's error first and whole (a ProfileError names every problem), then where the import
+    raised it, then its traceback as Python (and ``celery -A``) prints it; no usage hint: the spec is
+    right, the module is wrong."""
+    import sys
+    import traceback
+
+    file = file if file is not None else sys.stderr
+    error = failure.error
+    print(f"{prog}: {str(error) or type(error).__name__}", file=file)
+    print(f"({type(error).__name__} raised while importing -A/--app={failure.spec!r}; its traceback follows)",
+          file=file)
+    traceback.print_exception(error, file=file)
+    file.flush()
 
 
 def add_app(parser: argparse.ArgumentParser, help_: str) -> None:
@@ -251,16 +332,34 @@ def dead_letter_queues(parser: argparse.ArgumentParser, args: argparse.Namespace
         raise  # parser.error exits; this line is never reached
 
 
+#: what a broker kind is called when a command says it connects to it
+_KIND_NAMES = {"redis": "Redis", "amqp": "RabbitMQ"}
+
+
+def _refused_scheme(prog: str, scheme: str, url: str, schemes: tuple[str, ...], not_for: dict[str, str]) -> str:
+    """Why ``prog`` refuses ``scheme``, said from what it connects to (its ``schemes``): a scheme of a
+    broker it reads but through a client that cannot open that URL, or a broker it is not for at all
+    (then ``not_for``'s reason for that kind, when given)."""
+    kind = contract.broker_kind(url)
+    taken = [k for k in _KIND_NAMES if any(contract.broker_kind(f"{s}://") == k for s in schemes)]
+    if kind in taken:
+        client = "redis-py" if kind == "redis" else "py-amqp"
+        return f": {prog} talks to {_KIND_NAMES[kind]} with {client}, which takes no {scheme}:// URL"
+    reason = f": {prog} is for {' and '.join(_KIND_NAMES[k] for k in taken)} brokers only"
+    return reason + (f" ({not_for[kind]})" if kind in not_for else "")
+
+
 def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
            schemes: tuple[str, ...] = contract.REDIS_SCHEMES + contract.AMQP_SCHEMES,
-           failover: tuple[str, ...] | None = None, required: bool = True):
+           failover: tuple[str, ...] | None = None, required: bool = True, not_for: dict[str, str] | None = None):
     """The broker URL of -b/$TASKHERD_BROKER_URL, checked to parse and to be one the command can use:
     each URL of one of ``schemes`` (what it connects with takes: through Celery, every broker
     scheme of the contract; contract.REDIS_PY_SCHEMES, PY_AMQP_SCHEMES for a command's own clients:
     sentinel:// and redis+socket:// were a ValueError traceback, librabbitmq:// an ImportError), and one URL
     unless its scheme is in ``failover`` (None: all of ``schemes``), as redis-py reads
     'redis://a/1;redis://b/1' as host a, database 0. A usage error naming -b/--broker or the
-    variable as written otherwise; also stored back in ``args.broker``."""
+    variable as written otherwise, saying what the command connects to (``not_for``: broker kind ->
+    why the command is not for it); also stored back in ``args.broker``."""
     flag = "-b/--broker"
     if args.broker is None:  # not given: the variable, named as the user wrote it in errors
         args.broker, flag = from_env(parser, "TASKHERD_BROKER_URL"), "TASKHERD_BROKER_URL"
@@ -279,9 +378,7 @@ def broker(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
             parser.error(f"{flag}={contract.redact(args.broker)!r} is not a URL (valid: {valid})")
         used.append(scheme.lower())
         if scheme.lower() not in schemes:
-            why = {"redis": f": {parser.prog} talks to Redis with redis-py, which takes no {scheme}:// URL",
-                   "amqp": f": {parser.prog} talks to RabbitMQ with py-amqp, not {scheme}"}.get(
-                       contract.broker_kind(one), "")
+            why = _refused_scheme(parser.prog, scheme, one, schemes, not_for or {})
             parser.error(f"{flag}={scheme}://… is not supported here{why} (valid: {valid})")
     if len(used) > 1 and used[0] not in (schemes if failover is None else failover):
         parser.error(f"{flag}={contract.redact(args.broker)!r}: a ';'-joined failover list of {used[0]}:// "

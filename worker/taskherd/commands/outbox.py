@@ -53,7 +53,7 @@ def _table_name(raw: str) -> str:
 
 def _load_app(spec: str | None, broker_url: str | None):
     if spec:
-        app = options.find_app(spec)
+        app = options.load_app(spec)
         if broker_url:
             app.conf.broker_url = broker_url
         return app
@@ -105,6 +105,9 @@ def main(argv: list[str]) -> int:
     except options.AppNotFound as exc:
         print(f"taskherd outbox {args.command}: {exc}", file=sys.stderr)
         return 2
+    except options.AppImportFailed as failure:  # the user's module raised: its error and traceback
+        options.report_app_import_failure(f"taskherd outbox {args.command}", failure)
+        return 1
     except psycopg.errors.UndefinedTable:
         print(f"taskherd outbox {args.command}: there is no table {args.table!r} in this database (--table; "
               f"`taskherd outbox migrate --table {args.table}` creates it)", file=sys.stderr)

@@ -44,7 +44,7 @@ def load_app(args: argparse.Namespace):
     from celery import Celery
 
     if args.app:
-        app = options.find_app(args.app)
+        app = options.load_app(args.app)
         if args.broker:
             app.conf.broker_url = args.broker
         return app
@@ -93,6 +93,9 @@ def main(argv: list[str]) -> int:
     except options.AppNotFound as exc:
         print(f"taskherd ping: {exc}", file=sys.stderr)
         return 2
+    except options.AppImportFailed as failure:  # the user's module raised: its error and traceback
+        options.report_app_import_failure("taskherd ping", failure)
+        return 1
     except TimeoutError:
         print(f"taskherd ping: no worker of queue {queue!r} ran the ping within {args.timeout:g}s: is a worker consuming "
               f"{queue!r}, and does its app call taskherd.worker.configure()?", file=sys.stderr)

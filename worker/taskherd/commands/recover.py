@@ -15,23 +15,65 @@ from taskherd import contract
 from . import options
 
 
+#: redis-py's Redis.from_url: not kombu's sentinel:// or redis+socket://, one URL
+SCHEMES = contract.REDIS_PY_SCHEMES
+#: why recover refuses a RabbitMQ URL
+NOT_FOR = {"amqp": "RabbitMQ redelivers a dead worker's unacknowledged messages by itself when its connection "
+                   "closes: there is nothing to recover there"}
+
+
+def registry_prefixes(client) -> set[str]:
+    """The global key prefixes ("" for none) under which taskherd workers are registered for fast
+    recovery on this Redis (kombu's ``global_keyprefix`` applies to the registry too), in one scan."""
+    from taskherd.worker.components.recovery import WORKERS_KEY
+
+    found = set()
+    for key in client.scan_iter(match="*" + WORKERS_KEY, count=1000):
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        if name.endswith(WORKERS_KEY):
+            found.add(name[:-len(WORKERS_KEY)])
+    return found
+
+
+def prefix_mismatch(client, prefix: str) -> str | None:
+    """Why a pass with ``prefix`` finds none of the workers registered on this Redis, or None: no
+    worker is registered with it, and some are under another prefix (a --global-keyprefix left out or
+    mistyped). A silent ``{"restored": {}}`` would say there was nothing to restore."""
+    from taskherd.worker.components.recovery import WORKERS_KEY, Keys
+
+    if client.exists(Keys(prefix)(WORKERS_KEY)):
+        return None
+    elsewhere = registry_prefixes(client) - {prefix}
+    if not elsewhere:
+        return None
+    given = f"--global-keyprefix={prefix!r}" if prefix else "no --global-keyprefix"
+    found = ", ".join(f"--global-keyprefix={other!r}" if other else "no --global-keyprefix"
+                      for other in sorted(elsewhere))
+    return (f"no taskherd worker is registered on this Redis with {given}; workers are registered with "
+            f"{found} (the app's global_keyprefix transport option): nothing of theirs is restored without it")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = options.Parser(prog="taskherd recover", description=__doc__.split("\n\n")[0])
-    options.add_broker(parser)
+    options.add_broker(parser, SCHEMES, note="Redis only: RabbitMQ redelivers by itself")
     options.add_keyprefix(parser)
     parser.add_argument("--watch", type=options.seconds("--watch"), metavar="SECONDS",
                         help="repeat every SECONDS instead of once")
     args = parser.parse_args(argv)
-    # redis-py's Redis.from_url: not kombu's sentinel:// or redis+socket://, one URL
-    broker_url = options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES, failover=())
+    broker_url = options.broker(parser, args, schemes=SCHEMES, failover=(), not_for=NOT_FOR)
     import redis
 
     from taskherd.worker.components.recovery import restore_dead_workers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     client = redis.Redis.from_url(broker_url, socket_timeout=10)
+    warned = None
     while True:
         try:
+            mismatch = prefix_mismatch(client, args.global_keyprefix)
+            if mismatch and mismatch != warned:  # --watch: said again only when it changes
+                print(f"taskherd recover: warning: {mismatch}", file=sys.stderr, flush=True)
+            warned = mismatch
             restored = restore_dead_workers(client, prefix=args.global_keyprefix)
         except redis.RedisError as exc:
             # Once: the broker's own error in one line. --watch: a CronJob-like loop rides out an outage.

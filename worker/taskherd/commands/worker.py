@@ -20,7 +20,7 @@ import sys
 
 from taskherd import contract
 
-from .options import AppNotFound, Parser, find_app
+from .options import AppImportFailed, AppNotFound, Parser, load_app, report_app_import_failure
 
 #: flag -> (dest, kind): "value" takes an argument, "flag" is a switch (celery worker's spelling)
 OPTIONS = {
@@ -176,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     from celery.utils.nodenames import default_nodename, host_format
 
     try:
-        app = find_app(args.app)
+        app = load_app(args.app)
     except AppNotFound as exc:
         print(f"taskherd worker: {exc}", file=sys.stderr)
         return 2
+    except AppImportFailed as failure:  # the user's module raised: its error and traceback, as celery -A
+        report_app_import_failure("taskherd worker", failure)
+        return 1
     # As `celery worker -P`: the app's worker_pool unless a pool is named on the command line.
     options.setdefault("pool_cls", concurrency.get_implementation(app.conf.worker_pool))
     options["hostname"] = host_format(default_nodename(args.hostname))  # %h, %n, %d as `celery -n` expands
