@@ -85,6 +85,13 @@ def _recorded(client: redis.Redis, key: str) -> list[str]:
     return [raw.decode().split("|", 2)[2] for raw in client.lrange(key, 0, -1)]
 
 
+def _fast_sweeping_worker(worker_factory, broker_url: str, queue: str):
+    """A worker whose deliveries come back after 8 s, kombu sweeping for them every second."""
+    return worker_factory("apps.core_app", queues=[queue], concurrency=1,
+                          env=core_env(broker_url, queue, broker_url, soft_time_limit=5, time_limit=6,
+                                       visibility_timeout=8, restore_sweep=1))
+
+
 def _assert_alive(worker, pid: int) -> None:
     assert worker.is_running() and worker.pid == pid, f"the worker exited or was replaced:\n{worker.tail()}"
     assert "Traceback" not in worker.log() and "Error in timer" not in worker.log(), worker.tail(80)
@@ -96,9 +103,7 @@ def test_etas_celery_reads_are_parked_and_run_once(broker_url, unique_name, work
     worker instead of parked would be restored and run twice (three times, seen on the old code)."""
     q = unique_name
     client = redis.Redis.from_url(broker_url)
-    worker = worker_factory("apps.core_app", queues=[q], concurrency=1,
-                            env=core_env(broker_url, q, broker_url, soft_time_limit=5, time_limit=6,
-                                         visibility_timeout=8, restore_sweep=1))
+    worker = _fast_sweeping_worker(worker_factory, broker_url, q)
     pid = worker.pid
     when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=14)
     lower_z = when.strftime("%Y-%m-%dT%H:%M:%S.%f") + "z"
@@ -147,9 +152,7 @@ def test_an_item_the_pop_recorded_is_acked_under_that_tag_and_dead_lettered_once
     through several restore sweeps and a warm shutdown; `unacked` empty, no traceback."""
     q = unique_name
     client = redis.Redis.from_url(broker_url)
-    worker = worker_factory("apps.core_app", queues=[q], concurrency=1,
-                            env=core_env(broker_url, q, broker_url, soft_time_limit=5, time_limit=6,
-                                         visibility_timeout=8, restore_sweep=1))
+    worker = _fast_sweeping_worker(worker_factory, broker_url, q)
     pid = worker.pid
     empty_tag = _record_payload(q, "empty-tag")
     empty_tag["properties"]["delivery_tag"] = ""
@@ -193,9 +196,7 @@ def test_the_restore_sweep_goes_on_past_an_entry_python_cannot_read(broker_url, 
     client.hset(recovery.OWNER_KEY, deep_tag, "w-gone")
     client.hset(recovery.held_key("w-gone"), deep_tag, json.dumps({"lists": [q], "message": deep.decode()}))
 
-    worker = worker_factory("apps.core_app", queues=[q], concurrency=1,
-                            env=core_env(broker_url, q, broker_url, soft_time_limit=5, time_limit=6,
-                                         visibility_timeout=8, restore_sweep=1))
+    worker = _fast_sweeping_worker(worker_factory, broker_url, q)
     pid = worker.pid
     wait_for("the good entry restored and run", lambda: _recorded(client, "restored"), timeout=30,
              explain=worker.tail)
