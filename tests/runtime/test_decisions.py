@@ -149,12 +149,13 @@ def test_metric_names_follow_prometheus_conventions():
 
 def test_published_at_reads_the_stamp_and_skips_missing_or_garbage():
     class Request:
-        taskherd_published_at = "1700000000.5"
+        taskherd_published_at = 1700000000.5  # a number, as the PublishStamps component writes it
 
     assert metrics.published_at(Request()) == 1700000000.5
     assert metrics.published_at(object()) is None
-    Request.taskherd_published_at = "yesterday"
-    assert metrics.published_at(Request()) is None
+    for garbage in ("yesterday", "1700000000.5", float("inf")):  # another producer's: no stamp
+        Request.taskherd_published_at = garbage
+        assert metrics.published_at(Request()) is None
 
 
 def test_heartbeat_records_round_trip_and_corruption_is_named(tmp_path):

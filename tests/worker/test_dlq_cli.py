@@ -1,4 +1,5 @@
 """`taskherd dlq list|show|redrive|purge` against real brokers and a real worker."""
+import base64
 import io
 import json
 import os
@@ -221,3 +222,99 @@ def test_items_that_are_not_kombu_messages_are_listed_not_a_traceback_and_purge_
     assert code == 1 and "original queue unknown; pass --to QUEUE" in err and client.llen(key) == 3
     code, out, _ = dlq("purge", "--force", *where)
     assert code == 0 and "purged 3 message(s)" in out and client.llen(key) == 0
+
+
+@pytest.mark.parametrize("broker_url", ["redis"], indirect=True)
+def test_a_redis_item_that_was_never_a_task_message_is_shown_and_not_redriven(
+        broker_url, record_url, recorded, producer, unique_name, worker_factory):
+    """An item of a work queue's list that is no kombu message is dead-lettered as undecodable-message
+    with its bytes. `redrive` sent them back as a kombu message (application/data), which the
+    worker dead-lettered again as content-refused under a new ref, the original reason lost; `show`
+    printed no bytes. Now: refused by name (exit 1), skipped and counted by --all, shown."""
+    q = unique_name
+    client = redis.Redis.from_url(broker_url)
+    flags = redis.Redis.from_url(record_url)
+    flags.set("bug", 1)
+    worker_factory("apps.core_app", queues=[q], concurrency=1, env=core_env(broker_url, q, record_url))
+    text, binary, long = b"hello, not a kombu message", b"\x80\x04 pickled? \xff\xfe", b"x" * 5000
+    for item in (text, binary, long):
+        client.lpush(q, item)
+    task = producer.send_task("core.fails_while_flag", args=("never", "bug"), queue=q)
+    wait_for("four dead letters", lambda: len(dead_letters(broker_url, q)), timeout=30, equals=4)
+    where = ["-b", broker_url, "-Q", q]
+    items = {base64.b64decode(l.envelope.raw_body_b64): l for l in dead_letters(broker_url, q) if l.task_id is None}
+    assert set(items) == {text, binary, long}
+    assert {l.envelope.reason for l in items.values()} == {"undecodable-message"}
+    refs = {item: letter.ref for item, letter in items.items()}
+
+    code, out, err = dlq("show", refs[text], refs[binary], refs[long], *where)
+    assert code == 0 and err == ""
+    assert f'raw_body:          {len(text)} bytes, UTF-8: "hello, not a kombu message"' in out
+    assert f"raw_body:          {len(binary)} bytes, base64: {base64.b64encode(binary).decode()}" in out
+    assert (f'5000 bytes, UTF-8: "{"x" * 2048}" …(first 2048 of 5000 characters shown; all of them: '
+            f'dlq show --json)') in out
+    code, out, _ = dlq("show", "--json", refs[long], *where)
+    assert code == 0 and base64.b64decode(json.loads(out)["envelope"]["raw_body_b64"]) == long
+
+    code, out, err = dlq("redrive", refs[text], *where)
+    assert code == 1 and "redriven" not in out
+    (line,) = err.splitlines()
+    assert line.startswith(f"taskherd dlq: {refs[text]}: not redriven (undecodable-message: not a kombu message")
+    assert "not a task" in line and f"taskherd dlq show {refs[text]}" in line and "taskherd dlq purge" in line
+
+    flags.delete("bug")  # the real task is fixed: --all redrives it and skips the three items
+    code, out, err = dlq("redrive", "--all", *where)
+    assert code == 0, err
+    assert out.splitlines() == [f"redriven {task.id} (core.fails_while_flag) -> {q}"]
+    (line,) = err.splitlines()
+    assert line.startswith("taskherd dlq: skipped 3 dead letter(s) that were never task messages")
+    assert all(ref in line for ref in refs.values()) and "taskherd dlq show REF" in line
+    wait_for("the redriven task to run", lambda: len(recorded("never")), timeout=30, equals=2)
+    time.sleep(2)  # had they been sent back, the worker would have dead-lettered them again by now
+    letters = dead_letters(broker_url, q)
+    assert sorted(l.ref for l in letters) == sorted(refs.values()), "the same letters, no new refs"
+    assert {l.reason for l in letters} == {"undecodable-message"} and client.llen(q) == 0
+
+
+def _bad_message_letter(**fields):
+    from taskherd.commands.dlq import parse
+    from taskherd.worker.deadletter import ENVELOPE_HEADER, Envelope
+
+    envelope = Envelope(queue="orders", raw_body_b64=base64.b64encode(b"\x80\x04raw").decode(), **fields)
+    return parse(json.dumps(envelope.to_dict()).encode(), {ENVELOPE_HEADER: 1}, "application/json", "utf-8")
+
+
+@pytest.mark.parametrize("fields,never", [
+    # what the worker writes for a Redis item that is no kombu message (bad_messages)
+    (dict(reason="undecodable-message", detail="not a kombu message: not valid kombu JSON (…)"), "Redis list item"),
+    (dict(reason="undecodable-message", detail="?", content_type="application/x-taskherd-unreadable-item",
+          headers={"taskherd_unreadable_item": "…"}), "Redis list item"),
+    (dict(reason="content-refused", detail="no content type"), "no headers and no content type"),
+    (dict(reason="undecodable-message", detail="AMQP headers could not be decoded: …",
+          content_type="application/json", headers={"taskherd_unreadable_headers": "nested too deep"}),
+     "AMQP headers could not be read"),
+    # bad task messages: sent back as they came (a serializer accepted since, a task deployed since)
+    (dict(reason="content-refused", detail="pickle", content_type="application/x-python-serialize",
+          content_encoding="binary", headers={"id": "p", "task": "x"}), None),
+    (dict(reason="unknown-task", detail="no task named 'x'", content_type="application/json",
+          headers={"id": "p", "task": "x"}), None),
+])
+def test_which_bad_messages_were_never_task_messages(fields, never):
+    from taskherd.commands.dlq import never_a_task
+
+    why = never_a_task(_bad_message_letter(**fields))
+    assert (why is None) if never is None else (never in why), why
+
+
+def test_a_named_letter_that_was_never_a_task_is_refused_before_anything_is_published():
+    """No broker needed: the refusal comes before the queue checks and the publish."""
+    from taskherd.commands.dlq import _redrive
+
+    letter = _bad_message_letter(reason="undecodable-message", detail="not a kombu message: a JSON string\nand more")
+    for select_all, code, said in ((False, 1, f"taskherd dlq: {letter.ref}: not redriven (undecodable-message: "
+                                                  f"not a kombu message: a JSON string and more): it was a Redis"),
+                                   (True, 0, f"taskherd dlq: skipped 1 dead letter(s) that were never task messages")):
+        out, err = io.StringIO(), io.StringIO()
+        assert _redrive(None, [letter], "redis://127.0.0.1:1/0", to=None, keyprefix="", stdout=out, stderr=err,
+                        select_all=select_all) == code
+        assert out.getvalue() == "" and len(err.getvalue().splitlines()) == 1 and err.getvalue().startswith(said)

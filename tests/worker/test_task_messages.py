@@ -36,9 +36,9 @@ def _nested(depth: int) -> list:
                                    "got 'next week'"),
     ({**GOOD, "expires": 1700000000}, "header 'expires' must be an ISO 8601 date-time string, got 1700000000"),
     ({**GOOD, "eta": "0001-01-01T00:00:00+14:00"}, "date value out of range"),
-    ({**GOOD, "timelimit": [1, 2, 3]}, "header 'timelimit' must be [soft, hard]"),
-    ({**GOOD, "timelimit": [True, None]}, "header 'timelimit' must be [soft, hard]"),
-    ({**GOOD, "timelimit": [float("inf"), None]}, "header 'timelimit' must be [soft, hard]"),
+    ({**GOOD, "timelimit": [1, 2, 3]}, "header 'timelimit' must be [hard, soft]"),
+    ({**GOOD, "timelimit": [True, None]}, "header 'timelimit' must be [hard, soft]"),
+    ({**GOOD, "timelimit": [float("inf"), None]}, "header 'timelimit' must be [hard, soft]"),
     ({**GOOD, "x" * 500: "x" * 500, "shadow": ["y" * 500]}, "got ['yyyy" + "y" * 79 + "…(334 more characters)…"),
     ({**GOOD, "retries": 3, "eta": "2026-01-01T00:00:00", "expires": "2026-01-02T00:00:00+02:00",
       "timelimit": [10, 20.5], "shadow": None, "group_index": 0, "ignore_result": False}, None),
@@ -72,6 +72,16 @@ def test_header_problem(headers, problem):
 def test_body_problem(body, problem):
     found = task_messages.body_problem(body)
     assert (found is None) if problem is None else (problem in found), found
+
+
+def test_the_timelimit_problem_names_celerys_wire_order_hard_then_soft():
+    """Celery sends ``timelimit`` as [time_limit, soft_time_limit] (as_task_v2): the problem said
+    [soft, hard], and a producer writing by it swapped its limits."""
+    sent = Celery(broker="memory://").amqp.as_task_v2("i", "t", time_limit=60, soft_time_limit=30)
+    assert sent.headers["timelimit"] == [60, 30]
+    assert task_messages.header_problem({**GOOD, "timelimit": sent.headers["timelimit"]}) is None
+    problem = task_messages.header_problem({**GOOD, "timelimit": [60, 30, 1]})
+    assert "'timelimit' must be [hard, soft]" in problem and "[soft, hard]" not in problem
 
 
 def test_protocol1_problem_names_fields_and_headers():

@@ -9,7 +9,10 @@ came from as ordinary task messages — retry count reset, a fresh delivery budg
 broker has confirmed that publish are they removed from the DLQ (a crash in between leaves a
 copy in both, never in neither). The publish is taskherd.worker.publishing's: on RabbitMQ a
 queue that does not exist (a typo in ``--to``) is refused by the broker and the dead letter
-stays; on Redis the ``--global-keyprefix`` applies to the work queue as to the DLQ.
+stays; on Redis the ``--global-keyprefix`` applies to the work queue as to the DLQ. A dead letter
+that was never a task message (a Redis list item that was not a kombu message, see
+:func:`never_a_task`) is not redriven: named, it is refused (exit 1); under ``--all`` it is skipped
+and counted. ``show`` prints such a letter's bytes.
 
 Browsing RabbitMQ takes the messages with ``basic.get`` and returns the ones not removed by
 closing the channel (they are requeued); Redis is read with LRANGE and changed with LREM.
@@ -27,9 +30,11 @@ from typing import Any, Iterable
 
 from taskherd import contract
 from taskherd.contract import broker_kind
-from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope
+from taskherd.worker.amqp_properties import UNREADABLE_HEADERS
+from taskherd.worker.deadletter import ENVELOPE_HEADER, FIRST_FAILURE_HEADER, REDRIVES_HEADER, Envelope, Reason
 from taskherd.worker.deliveries import header_count, header_timestamp
 from taskherd.worker.publishing import Unroutable, publish
+from taskherd.worker.redis_items import UNREADABLE_CONTENT_TYPE, UNREADABLE_HEADER
 
 from . import options
 
@@ -160,6 +165,35 @@ def redrive_message(letter: DeadLetter) -> tuple[bytes, dict, str, str]:
     if "task" in headers:
         headers[REDRIVES_HEADER] = next_redrive(headers)
     return letter.body, headers, letter.content_type or "application/data", letter.content_encoding or "binary"
+
+
+def never_a_task(letter: DeadLetter) -> str | None:
+    """Why ``letter`` was never a task message and cannot be redriven into one, or None.
+
+    Redriving sends a bad message back as it came (:func:`redrive_message`); for these there is
+    nothing a worker could run, and it dead-lettered the copy again under a new ref
+    (``content-refused``), the original reason lost:
+
+    - a Redis list item that was not a kombu message (``undecodable-message``, the worker's detail
+      ``not a kombu message: …``): the envelope keeps the item's bytes, with no headers and no
+      content type (taskherd.worker.redis_items);
+    - a bad message with no headers and no content type: nothing in it names a task;
+    - a RabbitMQ message whose headers could not be read: they were not kept, so no task name or id;
+    - an item of a Redis DLQ list that is not a kombu message itself (listed ``undecodable: …``).
+    """
+    envelope = letter.envelope
+    if envelope is not None and envelope.raw_body_b64 is not None:
+        headers = envelope.headers if isinstance(envelope.headers, dict) else {}
+        not_kombu = envelope.reason == Reason.UNDECODABLE and str(envelope.detail).startswith("not a kombu message")
+        if not_kombu or envelope.content_type == UNREADABLE_CONTENT_TYPE or UNREADABLE_HEADER in headers:
+            return "it was a Redis list item that is not a kombu message, not a task"
+        if not headers and envelope.content_type is None:
+            return "it has no headers and no content type: nothing in it is a task to send back"
+        if UNREADABLE_HEADERS in headers:
+            return "its AMQP headers could not be read and were not kept: no task can be rebuilt from it"
+    if letter.kind == "unknown" and letter.reason.startswith("undecodable:"):
+        return "it is an item of the DLQ's Redis list that is not a kombu message, not a task"
+    return None
 
 
 def next_redrive(headers: dict) -> int:
@@ -310,9 +344,38 @@ def _print_letter(letter: DeadLetter, out) -> None:
     if envelope.get("traceback"):
         print("traceback:", file=out)
         print("  " + envelope["traceback"].rstrip().replace("\n", "\n  "), file=out)
-    if "body" in full or "body_b64" in full:
-        print(f"{'body:':<{_LABEL_WIDTH}}{json.dumps(full.get('body', full.get('body_b64')), default=str)}", file=out)
+    if envelope.get("raw_body_b64") is not None:  # a bad message: the bytes as they came
+        _print_raw("raw_body", envelope["raw_body_b64"], out)
+    if "body" in full:
+        print(f"{'body:':<{_LABEL_WIDTH}}{json.dumps(full['body'], default=str)}", file=out)
+    elif "body_b64" in full:
+        _print_raw("body", full["body_b64"], out)
     print("", file=out)
+
+
+#: how much of a raw body `dlq show` prints (`show --json` has it all, base64)
+RAW_SHOWN = 2048
+
+
+def _print_raw(label: str, encoded: Any, out) -> None:
+    """A message's bytes for a person: as text (a JSON string, escapes and all, on one line) when
+    they are UTF-8, else base64; the first RAW_SHOWN characters or bytes, and the total size."""
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (ValueError, TypeError):  # binascii.Error is a ValueError
+        print(f"{label + ':':<{_LABEL_WIDTH}}(not valid base64) {json.dumps(str(encoded)[:RAW_SHOWN])}", file=out)
+        return
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        cut = len(raw) > RAW_SHOWN
+        shown = base64.b64encode(raw[:RAW_SHOWN]).decode("ascii")
+        more = f" …(first {RAW_SHOWN} bytes shown; all of them: dlq show --json)" if cut else ""
+        print(f"{label + ':':<{_LABEL_WIDTH}}{len(raw)} bytes, base64: {shown}{more}", file=out)
+        return
+    cut = len(text) > RAW_SHOWN
+    more = f" …(first {RAW_SHOWN} of {len(text)} characters shown; all of them: dlq show --json)" if cut else ""
+    print(f"{label + ':':<{_LABEL_WIDTH}}{len(raw)} bytes, UTF-8: {json.dumps(text[:RAW_SHOWN])}{more}", file=out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -423,7 +486,7 @@ def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
                 _print_letter(letter, stdout)
         return 1 if missing else 0
     return (_redrive(store, chosen, args.broker, to=args.to, keyprefix=args.global_keyprefix, stdout=stdout,
-                     stderr=stderr) or (1 if missing else 0))
+                     stderr=stderr, select_all=args.all) or (1 if missing else 0))
 
 
 #: kombu's Redis transport: the separator of a binding's fields (routing key, pattern, queue)
@@ -477,10 +540,22 @@ def redis_queue_unknown(broker_url: str, queues: list[str], *, keyprefix: str) -
 
 
 def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | None, keyprefix: str, stdout,
-             stderr) -> int:
+             stderr, select_all: bool = False) -> int:
     failed = 0
     declared: dict[str, bool] = {}
+    skipped: list[DeadLetter] = []
     for letter in letters:
+        why = never_a_task(letter)
+        if why is not None:
+            if select_all:  # counted below, one line for all of them
+                skipped.append(letter)
+                continue
+            detail = letter.envelope.detail if letter.envelope is not None else None
+            print(f"taskherd dlq: {letter.ref}: not redriven ({_one_line(letter.reason, detail)}): {why}; it stays "
+                  f"in the DLQ — see its bytes with `taskherd dlq show {letter.ref}`, remove it with "
+                  f"`taskherd dlq purge` (which removes every dead letter of the DLQ)", file=stderr)
+            failed += 1
+            continue
         queue = to or letter.queue
         if not queue:
             print(f"taskherd dlq: {letter.ref}: original queue unknown; pass --to QUEUE", file=stderr)
@@ -505,7 +580,28 @@ def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | Non
             continue
         store.remove(letter)
         print(f"redriven {letter.ref} ({letter.task or 'message'}) -> {queue}", file=stdout)
+    if skipped:
+        # Not a failure of --all ("every dead letter that can be redriven"): no redrive will ever
+        # take them, and a status of 1 for ever after would hide the failures that matter.
+        refs = ", ".join(letter.ref for letter in skipped[:_SKIPPED_SHOWN])
+        refs += f", … ({len(skipped) - _SKIPPED_SHOWN} more)" if len(skipped) > _SKIPPED_SHOWN else ""
+        print(f"taskherd dlq: skipped {len(skipped)} dead letter(s) that were never task messages (not kombu "
+              f"messages, or headers that could not be read): {refs}; they stay in the DLQ — see their bytes with "
+              f"`taskherd dlq show REF`, remove them with `taskherd dlq purge` (which removes every dead letter "
+              f"of the DLQ)", file=stderr)
     return 1 if failed else 0
+
+
+#: how many refs of letters `redrive --all` skipped its summary names
+_SKIPPED_SHOWN = 10
+
+
+def _one_line(reason: str, detail: str | None, limit: int = 160) -> str:
+    """``reason: detail`` on one line, the detail cut at ``limit`` characters."""
+    if not detail:
+        return reason
+    detail = " ".join(str(detail).split())
+    return f"{reason}: {detail if len(detail) <= limit else detail[:limit] + '…'}"
 
 
 def _purge(store, dlq: str, *, force: bool, stdin, stdout) -> int:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import redis as redis_client
 
 from taskherd.contract import redact
+from taskherd.worker.deliveries import header_timestamp
 
 from .stats import AGE_FROM_STAMP, BrokerUnreachable, QueueStats
 
@@ -114,18 +115,23 @@ def priority_list_keys(queue: str, *, steps: Iterable[int] = PRIORITY_STEPS, pre
     return [prefix + (queue if step == 0 else f"{queue}{SEP}{step}") for step in steps]
 
 
+def _headers(payload: dict[str, Any]) -> dict[str, Any]:
+    """A list item's headers; {} when it has none, or something that is not a JSON object."""
+    headers = payload.get("headers")
+    return headers if isinstance(headers, dict) else {}
+
+
 def is_delayed(payload: dict[str, Any]) -> bool:
     """An ETA/countdown message waits on purpose; it says nothing about backlog age."""
-    headers = payload.get("headers") or {}
-    return bool(headers.get("eta"))
+    return bool(_headers(payload).get("eta"))
 
 
 def published_at(payload: dict[str, Any]) -> float | None:
-    stamp = (payload.get("headers") or {}).get(PUBLISHED_AT_HEADER)
-    try:
-        return float(stamp) if stamp is not None else None
-    except (TypeError, ValueError):
-        return None
+    """A list item's publish stamp, or None when it has none or none readable. Any producer can put
+    anything in the header: float() took Infinity, NaN, '1e999' and digits of other scripts ('١٢'),
+    and the oldest age read NaN or -inf. Read by taskherd's one lenient reader
+    (deliveries.header_timestamp, which imports no Celery): an unreadable stamp is no stamp."""
+    return header_timestamp(_headers(payload).get(PUBLISHED_AT_HEADER))
 
 
 def oldest_undelayed(raw_messages_oldest_first: Iterable[bytes]) -> tuple[bool, float | None]:

@@ -94,7 +94,7 @@ def header_problem(headers: Mapping[str, Any], *, noun: str = "header") -> str |
         return f"{noun} 'stamps' must be a table/object or null, got {shown(stamps)}"
     timelimit = get("timelimit")
     if not time_limit_ok(timelimit):
-        return (f"{noun} 'timelimit' must be [soft, hard] with each a number of seconds >= 0 or null, "
+        return (f"{noun} 'timelimit' must be [hard, soft] with each a number of seconds >= 0 or null, "
                 f"got {shown(timelimit)}")
     return None
 

@@ -59,6 +59,7 @@ from taskherd import compat, contract
 from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
+from ..deliveries import header_timestamp
 from ..metric_values import MULTIPROC_ENV, add_all
 from . import Component, installed, is_whole
 from .heartbeat import Heartbeat
@@ -153,14 +154,16 @@ def record_outcome(task_name: str, outcome: str) -> None:
 
 
 def published_at(request: Any) -> float | None:
-    """The publish stamp of a task request (Celery puts custom headers on the request), or None."""
+    """The publish stamp of a task request (Celery puts custom headers on the request), or None
+    when it has none or none readable: any producer can put anything in the header, and float()
+    took Infinity, NaN, '1e999' and digits of other scripts ('١٢'), observing a queue wait of +Inf
+    or NaN. Read by taskherd's one lenient reader (deliveries.header_timestamp): a finite number of
+    epoch seconds, else the task counts as unstamped (no observation)."""
     value = getattr(request, PUBLISHED_AT_HEADER, None)
     if value is None:
-        value = (getattr(request, "headers", None) or {}).get(PUBLISHED_AT_HEADER)
-    try:
-        return float(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
+        headers = getattr(request, "headers", None)
+        value = headers.get(PUBLISHED_AT_HEADER) if isinstance(headers, dict) else None
+    return header_timestamp(value)
 
 
 # -- the multiprocess directory ------------------------------------------------------------------
