@@ -489,6 +489,14 @@ def redis_qos_base() -> type:
     return kombu_redis.QoS
 
 
+def redis_item_guard() -> Callable[..., Any] | None:
+    """The guard :func:`guard_redis_items` installed, as ``guard(item, list_key, **kwargs)`` (the
+    list key without the global_keyprefix), or None: for a pop made outside kombu's BRPOP."""
+    from kombu.transport import redis as kombu_redis
+
+    return getattr(kombu_redis.Channel._get_client, "taskherd_guard", None)
+
+
 def guard_redis_items(guard: Callable[[Any, str], Any]) -> None:
     """Makes every kombu Redis channel of this process pass each item it pops off a queue list
     (BRPOP when consuming, RPOP for ``basic_get``) through ``guard(item, queue)`` and parse what
@@ -530,6 +538,7 @@ def guard_redis_items(guard: Callable[[Any, str], Any]) -> None:
         return guarded_class(client)
 
     _get_client.taskherd_original = original
+    _get_client.taskherd_guard = lambda item, list_key, **kwargs: guard(item, queue_of(list_key), **kwargs)
     channel._get_client = _get_client
 
 

@@ -556,27 +556,10 @@ def _as_brpop_reply(channel: Any, reply: Any) -> tuple[str, Any]:
     prefix = tracker.keys.prefix if tracker is not None else ""
     if prefix and key.startswith(prefix):
         key = key[len(prefix):]
-    if _items_guarded():
-        from .. import redis_items
-
-        global _body_codecs
-        if _body_codecs is None:
-            _body_codecs = compat.redis_body_codecs()
-        item = redis_items.guarded(item, key.rsplit(channel.sep, 1)[0], loads=compat.redis_item_loads,
-                                   body_codecs=_body_codecs, recorded_tag=recorded_tag)
+    guard = compat.redis_item_guard()  # the BadMessages component's, when installed
+    if guard is not None:
+        item = guard(item, key, recorded_tag=recorded_tag)
     return key, item
-
-
-#: kombu's body codecs, for the guard of popped items (read once)
-_body_codecs: dict[str, Any] | None = None
-
-
-def _items_guarded() -> bool:
-    """Whether this process's Redis channels check what they pop (compat.guard_redis_items, which
-    the BadMessages component installs)."""
-    from kombu.transport import redis as kombu_redis
-
-    return getattr(kombu_redis.Channel._get_client, "taskherd_original", None) is not None
 
 
 def pops_atomically(redis_version: str) -> bool:
