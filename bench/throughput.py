@@ -7,6 +7,9 @@ real `celery worker` (prefork, concurrency 2), and time the queue draining from 
 taken to the last (worker boot is excluded). Variants alternate within a round so that machine
 noise hits both alike; the figure reported is the median over rounds, with its overhead against
 vanilla. `profile-X-Y` variants leave components out of configure() (what each one costs).
+`profile` is what every task pays (configure() alone); `taskherd` adds the Redis idempotency guard,
+which a task opts into, and is also compared with `handrolled`: vanilla plus the idempotency key a
+user writes by hand (the same two Redis round trips), the like-for-like baseline of a guarded task.
 Needs the services (`bash scripts/services.sh up`; `source scripts/services.sh env`). Uses a leased
 Redis database and a fresh RabbitMQ vhost, as the tests do.
 """
@@ -32,7 +35,9 @@ from e2e.lib import services
 from e2e.lib.waiting import wait_for
 from support.worker_process import python_env
 
-VARIANTS = ("vanilla", "taskherd")
+VARIANTS = ("vanilla", "profile", "handrolled", "taskherd")
+#: (variant, its like-for-like baseline) reported besides the overhead against vanilla
+LIKE_FOR_LIKE = (("taskherd", "handrolled"),)
 
 
 def producer(variant: str, broker_url: str, queue: str) -> Celery:
@@ -193,7 +198,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--brokers", default="redis,rabbitmq")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="also: profile (configure() alone), idempotency (the guard alone), profile-X-Y or "
+                        help="vanilla, profile (configure() alone), handrolled (vanilla plus a hand-written idempotency "
+                             "key), taskherd (profile plus the guard); also: idempotency (the guard alone), profile-X-Y or "
                              "taskherd-X (without the components of class X and Y, e.g. profile-Metrics)")
     parser.add_argument("--task-ms", type=float, default=0,
                         help="each task sleeps this long (default 0: no-op); shows the overhead on real work")
@@ -247,7 +253,8 @@ def main() -> int:
         kind = f"{args.task_ms:g} ms" if args.task_ms else "no-op"
         print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
               f"overhead vs {base}")
-        width = max(len(v) for v in variants) + 2
+        pairs = [(v, like) for v, like in LIKE_FOR_LIKE if v in variants and like in variants and base not in (v, like)]
+        width = max(len(label) for label in variants + [f"{v} vs {like}" for v, like in pairs]) + 2
         print(f"{'variant':<{width}}" + "".join(f"{broker:>12}{'overhead':>10}{'per round':>22}"
                                                  for broker in args.brokers.split(",")))
         for v in variants:
@@ -258,6 +265,12 @@ def main() -> int:
                 row += fmt.format(median) + (f"{overhead * 100:>9.1f}%" if v != base else f"{'':>10}")
                 row += f"{per_round_overhead(figures[(broker, v)], figures[(broker, base)], lower_is_better):>22}" \
                     if v != base else f"{'':>22}"
+            print(row)
+        for v, like in pairs:  # the per-round overhead against its like-for-like baseline
+            row = f"{v + ' vs ' + like:<{width}}"
+            for broker in args.brokers.split(","):
+                against = per_round_overhead(figures[(broker, v)], figures[(broker, like)], lower_is_better)
+                row += f"{'':>22}{against:>22}"
             print(row)
     return 0
 

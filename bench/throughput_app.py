@@ -5,6 +5,9 @@ vanilla      Celery with the same ack settings as the profile: acks_late, reject
 taskherd     configure(app) (retries, DLQ, delivery counting, heartbeat, metrics, fast recovery on
              Redis) and the Redis idempotency guard keyed on the task id.
 profile      configure(app) alone; idempotency: the guard alone (to attribute the overhead).
+handrolled   vanilla plus the idempotency key a Celery user writes by hand without taskherd
+             (redis-py: SET NX EX to claim, SET to mark done): taskherd's like-for-like baseline for
+             a task that guards an effect — the same two round trips, none of taskherd's checks.
 profile-X-Y  configure(app) without its components of class X and Y (e.g. profile-Metrics), and
 taskherd-X   the same plus the guard: what each component costs.
 
@@ -33,7 +36,8 @@ app.conf.update(task_default_queue=QUEUE, broker_connection_retry_on_startup=Tru
 
 #: variant -> (apply the profile?, guard with idempotency?). The two halves of "taskherd" exist to
 #: attribute its overhead (bench/throughput.py --variants).
-VARIANTS = {"vanilla": (False, False), "taskherd": (True, True), "profile": (True, False), "idempotency": (False, True)}
+VARIANTS = {"vanilla": (False, False), "taskherd": (True, True), "profile": (True, False), "idempotency": (False, True),
+            "handrolled": (False, "by hand")}
 BASE_VARIANT, *LEFT_OUT = VARIANT.split("-")
 if BASE_VARIANT not in VARIANTS or (LEFT_OUT and BASE_VARIANT not in ("profile", "taskherd")):
     raise SystemExit(f"BENCH_VARIANT={VARIANT!r}; valid: {', '.join(VARIANTS)}, or profile-/taskherd- followed by "
@@ -61,6 +65,19 @@ if with_idempotency:
     def noop(task):
         if TASK_SECONDS:
             time.sleep(TASK_SECONDS)
+elif with_idempotency == "by hand":
+    keys = redis.Redis.from_url(REDIS_URL)
+
+    @app.task(name="bench.noop", bind=True, ignore_result=True)
+    def noop(task):
+        # The usual hand-written guard: claim with a lease, skip a key already done, mark it done.
+        # It has no lease renewal, no owner check and no stored result: the least a user writes.
+        key = f"bench:{task.request.id}"
+        if not keys.set(key, "running", nx=True, ex=30) and keys.get(key) == b"done":
+            return
+        if TASK_SECONDS:
+            time.sleep(TASK_SECONDS)
+        keys.set(key, "done", ex=7 * 24 * 3600)
 else:
     @app.task(name="bench.noop", ignore_result=True)
     def noop():
