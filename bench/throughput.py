@@ -198,9 +198,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--brokers", default="redis,rabbitmq")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="vanilla, profile (configure() alone), handrolled (vanilla plus a hand-written idempotency "
-                             "key), taskherd (profile plus the guard); also: idempotency (the guard alone), profile-X-Y or "
-                             "taskherd-X (without the components of class X and Y, e.g. profile-Metrics)")
+                        help="vanilla, profile (configure() alone), handrolled (vanilla plus a hand-written "
+                             "idempotency key), taskherd (profile plus the guard); also: idempotency (the guard "
+                             "alone), profile-X-Y or taskherd-X (without the components of class X and Y, e.g. "
+                             "profile-Metrics)")
     parser.add_argument("--task-ms", type=float, default=0,
                         help="each task sleeps this long (default 0: no-op); shows the overhead on real work")
     parser.add_argument("--profile", action="store_true",
@@ -253,7 +254,8 @@ def main() -> int:
         kind = f"{args.task_ms:g} ms" if args.task_ms else "no-op"
         print(f"\n{kind} {title}, {args.tasks} tasks, prefork c=2, median of {args.rounds} rounds; "
               f"overhead vs {base}")
-        pairs = [(v, like) for v, like in LIKE_FOR_LIKE if v in variants and like in variants and base not in (v, like)]
+        pairs = [(v, like) for v, like in LIKE_FOR_LIKE
+                 if v in variants and like in variants and base not in (v, like)]
         width = max(len(label) for label in variants + [f"{v} vs {like}" for v, like in pairs]) + 2
         print(f"{'variant':<{width}}" + "".join(f"{broker:>12}{'overhead':>10}{'per round':>22}"
                                                  for broker in args.brokers.split(",")))

@@ -1,4 +1,4 @@
-"""`taskherd dlq list|show|redrive|purge` against real brokers and a real worker."""
+"""`taskherd dlq list|show|redrive|delete|purge` against real brokers and a real worker."""
 import base64
 import io
 import json
@@ -66,6 +66,20 @@ def test_list_show_redrive_purge(broker_url, record_url, recorded, producer, uni
     wait_for("the redriven task to run again", lambda: len(recorded("a")), timeout=30, equals=2)
     time.sleep(1)
     assert [l.task_id for l in dead_letters(broker_url, q)] == [second.id], "it succeeded and left the DLQ"
+
+    # delete removes the named letters only, after asking; the others stay, in their order
+    flags.set("bug-too", 1)
+    third = producer.send_task("core.fails_while_flag", args=("c", "bug-too"), queue=q)
+    wait_for("another dead letter", lambda: len(dead_letters(broker_url, q)), timeout=30, equals=2)
+    code, out, _ = dlq("delete", third.id, *where, stdin="n\n")
+    assert code == 1 and f"Delete 1 dead letter(s) from {q}.dlq ({third.id})?" in out
+    assert "aborted: nothing deleted" in out and len(dead_letters(broker_url, q)) == 2
+    code, out, err = dlq("delete", third.id, "no-such-id", *where, stdin="y\n")
+    assert code == 1 and f"deleted {third.id} (core.fails_while_flag) from {q}.dlq" in out
+    assert "no-such-id is not in" in err, "an ID not found is named, and the status says so"
+    assert [l.task_id for l in dead_letters(broker_url, q)] == [second.id]
+    code, out, err = dlq("delete", "--force", "no-such-id", *where)
+    assert (code, out) == (1, "") and "no-such-id is not in" in err
 
     # purge asks first (through the real `taskherd` entry point); "n" keeps everything
     env = {**os.environ, "TASKHERD_BROKER_URL": broker_url}
@@ -260,7 +274,8 @@ def test_a_redis_item_that_was_never_a_task_message_is_shown_and_not_redriven(
     assert code == 1 and "redriven" not in out
     (line,) = err.splitlines()
     assert line.startswith(f"taskherd dlq: {refs[text]}: not redriven (undecodable-message: not a kombu message")
-    assert "not a task" in line and f"taskherd dlq show {refs[text]}" in line and "taskherd dlq purge" in line
+    assert "not a task" in line and f"taskherd dlq show {refs[text]}" in line
+    assert f"taskherd dlq delete {refs[text]}" in line
 
     flags.delete("bug")  # the real task is fixed: --all redrives it and skips the three items
     code, out, err = dlq("redrive", "--all", *where)
@@ -274,6 +289,11 @@ def test_a_redis_item_that_was_never_a_task_message_is_shown_and_not_redriven(
     letters = dead_letters(broker_url, q)
     assert sorted(l.ref for l in letters) == sorted(refs.values()), "the same letters, no new refs"
     assert {l.reason for l in letters} == {"undecodable-message"} and client.llen(q) == 0
+
+    code, out, err = dlq("delete", "--force", refs[text], refs[binary], *where)  # as the refusal said
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"deleted {refs[ref]} (message) from {q}.dlq" for ref in (text, binary)]
+    assert [l.ref for l in dead_letters(broker_url, q)] == [refs[long]]
 
 
 def _bad_message_letter(**fields):

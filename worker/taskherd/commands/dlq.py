@@ -1,4 +1,5 @@
-"""``taskherd dlq list|show|redrive|purge``: look into a dead-letter queue and send messages back.
+"""``taskherd dlq list|show|redrive|delete|purge``: look into a dead-letter queue, send messages
+back, or remove some (``delete``) or all (``purge``) for good.
 
 Reads both kinds of dead letters: taskherd envelopes (header ``taskherd_envelope``) and messages
 RabbitMQ dead-lettered natively (``x-death`` header: rejected, delivery limit, expired).
@@ -406,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "redrive":
             p.add_argument("--to", type=options.not_empty("--to"),
                            help="queue to send to (default: the queue each message came from)")
+    p_delete = sub.add_parser("delete", parents=[common], help="remove the named dead letters for good")
+    p_delete.add_argument("refs", nargs="+", metavar="ID", help="task id or REF from `list` (every one: purge)")
+    p_delete.add_argument("--force", action="store_true", help="do not ask for confirmation")
     p_purge = sub.add_parser("purge", parents=[common], help="delete every message in the DLQ")
     p_purge.add_argument("--force", action="store_true", help="do not ask for confirmation")
     return parser
@@ -474,10 +478,12 @@ def _run(args, store, dlq: str, *, stdin, stdout, stderr) -> int:
         else:
             _print_table(letters, stdout)
         return 0
-    chosen = _select(letters, args.refs, args.all)
+    chosen = _select(letters, args.refs, getattr(args, "all", False))  # delete names each letter
     missing = set(args.refs) - {l.ref for l in chosen} - {l.task_id for l in chosen}
     for ref in sorted(missing):
         print(f"taskherd dlq: {ref} is not in {dlq}", file=stderr)
+    if args.command == "delete":
+        return _delete(store, chosen, dlq, force=args.force, stdin=stdin, stdout=stdout) or (1 if missing else 0)
     if args.command == "show":
         for letter in chosen:
             if args.json:
@@ -553,7 +559,7 @@ def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | Non
             detail = letter.envelope.detail if letter.envelope is not None else None
             print(f"taskherd dlq: {letter.ref}: not redriven ({_one_line(letter.reason, detail)}): {why}; it stays "
                   f"in the DLQ — see its bytes with `taskherd dlq show {letter.ref}`, remove it with "
-                  f"`taskherd dlq purge` (which removes every dead letter of the DLQ)", file=stderr)
+                  f"`taskherd dlq delete {letter.ref}`", file=stderr)
             failed += 1
             continue
         queue = to or letter.queue
@@ -583,17 +589,19 @@ def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | Non
     if skipped:
         # Not a failure of --all ("every dead letter that can be redriven"): no redrive will ever
         # take them, and a status of 1 for ever after would hide the failures that matter.
-        refs = ", ".join(letter.ref for letter in skipped[:_SKIPPED_SHOWN])
-        refs += f", … ({len(skipped) - _SKIPPED_SHOWN} more)" if len(skipped) > _SKIPPED_SHOWN else ""
         print(f"taskherd dlq: skipped {len(skipped)} dead letter(s) that were never task messages (not kombu "
-              f"messages, or headers that could not be read): {refs}; they stay in the DLQ — see their bytes with "
-              f"`taskherd dlq show REF`, remove them with `taskherd dlq purge` (which removes every dead letter "
-              f"of the DLQ)", file=stderr)
+              f"messages, or headers that could not be read): {_refs(skipped)}; they stay in the DLQ — see "
+              f"their bytes with `taskherd dlq show REF`, remove them with `taskherd dlq delete REF…`", file=stderr)
     return 1 if failed else 0
 
 
-#: how many refs of letters `redrive --all` skipped its summary names
-_SKIPPED_SHOWN = 10
+#: how many refs a line naming letters shows (redrive --all's skipped ones, delete's question)
+_REFS_SHOWN = 10
+
+
+def _refs(letters: list[DeadLetter]) -> str:
+    refs = ", ".join(letter.ref for letter in letters[:_REFS_SHOWN])
+    return refs + (f", … ({len(letters) - _REFS_SHOWN} more)" if len(letters) > _REFS_SHOWN else "")
 
 
 def _one_line(reason: str, detail: str | None, limit: int = 160) -> str:
@@ -602,6 +610,21 @@ def _one_line(reason: str, detail: str | None, limit: int = 160) -> str:
         return reason
     detail = " ".join(str(detail).split())
     return f"{reason}: {detail if len(detail) <= limit else detail[:limit] + '…'}"
+
+
+def _delete(store, letters: list[DeadLetter], dlq: str, *, force: bool, stdin, stdout) -> int:
+    if not letters:
+        return 1  # each ID not found was named on stderr
+    if not force:
+        print(f"Delete {len(letters)} dead letter(s) from {dlq} ({_refs(letters)})? This cannot be undone. "
+              f"[y/N] ", end="", file=stdout, flush=True)
+        if stdin.readline().strip().lower() not in ("y", "yes"):
+            print("aborted: nothing deleted", file=stdout)
+            return 1
+    for letter in letters:
+        store.remove(letter)
+        print(f"deleted {letter.ref} ({letter.task or 'message'}) from {dlq}", file=stdout)
+    return 0
 
 
 def _purge(store, dlq: str, *, force: bool, stdin, stdout) -> int:
