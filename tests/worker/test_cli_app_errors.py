@@ -153,3 +153,35 @@ def test_recover_is_silent_when_no_worker_is_registered_anywhere(redis_url, caps
 
     assert recover.main(["-b", redis_url]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_recover_watch_looks_for_other_prefixes_once_per_recheck_not_every_pass(redis_url, monkeypatch, capsys):
+    """With no worker under its own prefix, the look for others is a SCAN of the whole keyspace: a
+    --watch of every 0.01 s must not make one each pass."""
+    import redis
+
+    from taskherd.commands import recover
+
+    looks, passes = [], []
+
+    class Stop(Exception):
+        pass
+
+    def sleep(_seconds):
+        passes.append(1)
+        if len(passes) == 20:
+            raise Stop
+
+    real_mismatch = recover.prefix_mismatch
+    monkeypatch.setattr(recover, "prefix_mismatch", lambda *a, **k: looks.append(1) or real_mismatch(*a, **k))
+    monkeypatch.setattr(recover.time, "sleep", sleep)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        _register_dead_worker(client, "shop:", "celery@h.1.dead0002")
+        with pytest.raises(Stop):
+            recover.main(["-b", redis_url, "--watch", "0.01"])
+        out, err = capsys.readouterr()
+        assert len(out.splitlines()) == 20 and len(looks) == 1, "20 passes, one look"
+        assert len(err.strip().splitlines()) == 1 and "--global-keyprefix='shop:'" in err, err
+    finally:
+        client.close()

@@ -22,6 +22,11 @@ NOT_FOR = {"amqp": "RabbitMQ redelivers a dead worker's unacknowledged messages 
                    "closes: there is nothing to recover there"}
 
 
+#: --watch looks for workers registered under another prefix at most this often: with none under
+#: its own, the look is a SCAN of the whole keyspace, and a large idle Redis would pay it every pass
+PREFIX_RECHECK_SECONDS = 300.0
+
+
 def registry_prefixes(client) -> set[str]:
     """The global key prefixes ("" for none) under which taskherd workers are registered for fast
     recovery on this Redis (kombu's ``global_keyprefix`` applies to the registry too), in one scan."""
@@ -67,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     client = redis.Redis.from_url(broker_url, socket_timeout=10)
-    warned = None
+    warned, checked_at = None, None
     while True:
         try:
-            mismatch = prefix_mismatch(client, args.global_keyprefix)
-            if mismatch and mismatch != warned:  # --watch: said again only when it changes
-                print(f"taskherd recover: warning: {mismatch}", file=sys.stderr, flush=True)
-            warned = mismatch
+            if checked_at is None or time.monotonic() - checked_at >= PREFIX_RECHECK_SECONDS:
+                mismatch = prefix_mismatch(client, args.global_keyprefix)
+                checked_at = time.monotonic()
+                if mismatch and mismatch != warned:  # --watch: said again only when it changes
+                    print(f"taskherd recover: warning: {mismatch}", file=sys.stderr, flush=True)
+                warned = mismatch
             restored = restore_dead_workers(client, prefix=args.global_keyprefix)
         except redis.RedisError as exc:
             # Once: the broker's own error in one line. --watch: a CronJob-like loop rides out an outage.
