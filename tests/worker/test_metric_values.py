@@ -17,7 +17,7 @@ def multiprocess_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(metric_values.MULTIPROC_ENV, str(tmp_path))
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)
     monkeypatch.setattr(metric_values, "_files", {})
-    monkeypatch.setattr(metric_values, "_values", [])
+    monkeypatch.setattr(metric_values, "_values", [], raising=False)  # the class before values moved lazily
     compat.use_multiprocess_value_class()
     yield tmp_path
     for file in metric_values._files.values():
@@ -88,6 +88,55 @@ def test_a_forked_process_writes_its_own_file_and_leaves_its_parents_alone(multi
     assert sorted(p.name for p in multiprocess_dir.iterdir()) == sorted(
         [f"counter_{os.getpid()}.db", f"counter_{pid}.db"])
     assert collected(multiprocess_dir)[("forked_total", (("task", "a"),))] == 6.0
+
+
+def test_a_forked_process_creates_files_only_for_the_types_it_writes(multiprocess_dir):
+    """The main process's max gauge (pool_child_last_death_timestamp_seconds) and its counters were
+    re-pointed into every child at its first write, leaving a gauge_max_<child>.db of each recycled
+    child behind, which nothing folds away: a child now opens only the file of what it writes."""
+    counter = Counter("written", "w", ["task"], registry=None)
+    last = Gauge("last", "l", ["task"], registry=None, multiprocess_mode="max")
+    unused = Counter("unused_in_child", "u", ["task"], registry=None)
+    last.labels("a").set(1700000000.0)
+    unused.labels("a").inc()
+    value = compat.sample_value(counter.labels("a"))
+    metric_values.add_all([(value, 1.0)])
+    children = []
+    for _ in range(3):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                metric_values.add_all([(value, 1.0)])
+                os._exit(0)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        children.append(pid)
+    parent = os.getpid()
+    assert sorted(p.name for p in multiprocess_dir.iterdir()) == sorted(
+        [f"counter_{parent}.db", f"gauge_max_{parent}.db"] + [f"counter_{pid}.db" for pid in children])
+    samples = collected(multiprocess_dir)
+    assert samples[("written_total", (("task", "a"),))] == 4.0
+    assert samples[("unused_in_child_total", (("task", "a"),))] == 1.0
+    assert samples[("last", (("task", "a"),))] == 1700000000.0
+
+
+def test_a_value_first_used_in_a_child_after_the_fork_starts_at_zero_there(multiprocess_dir):
+    gauge = Gauge("level", "l", ["task"], registry=None, multiprocess_mode="livesum")
+    child_value = compat.sample_value(gauge.labels("a"))
+    child_value.set(7.0)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = child_value.get() == 0.0  # the child's own file: nothing written there yet
+            child_value.set(2.0)
+            os._exit(0 if ok and child_value.get() == 2.0 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_value.get() == 7.0
 
 
 def test_values_of_another_class_are_added_through_their_own_inc():

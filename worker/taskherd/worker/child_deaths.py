@@ -25,6 +25,11 @@ from typing import Callable
 logger = logging.getLogger(__name__)
 
 OOM_KILLED = "OOMKilled"
+#: The causes :func:`cause_of` names that are known before any death: the worker creates their
+#: series at 0 for every task at start (taskherd.worker.components.metrics.create_known_series), so
+#: that the first death of each shows in Prometheus's ``increase()``. ``ExitCode<n>`` and other
+#: signals appear at their first death.
+KNOWN_CAUSES = (OOM_KILLED, signal.SIGKILL.name, signal.SIGSEGV.name)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _STATUS = re.compile(r"(?:signal (?P<signal>\d+)|exitcode (?P<exitcode>-?\d+))")
 

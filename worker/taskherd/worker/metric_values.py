@@ -14,6 +14,13 @@ lock and one check for a fork. Through the metric objects each sample took its o
 instructions a no-op task in the pool child, a fifth of all the child's work on RabbitMQ
 (cachegrind, docs/benchmarks.md). The metric objects still write through the same class, so both
 paths share the lock, the files and each sample's value.
+
+After a fork, a value moves to the new process's file on its first use there, not at the fork: a
+pool child creates files only for the types it writes (counters, histograms, the live-sum gauge),
+never one for a value it inherited but does not touch — the main process's
+``pool_child_last_death_timestamp_seconds`` (a ``max`` gauge) left a ``gauge_max_<pid>.db`` of every
+recycled child behind, and the counters the main process creates at 0 at start
+(taskherd.worker.components.metrics) would have been copied into every child's file.
 """
 from __future__ import annotations
 
@@ -32,14 +39,16 @@ _lock = threading.Lock()
 _pid = os.getpid()
 #: file prefix ("counter", "gauge_livesum", …) -> this process's open file
 _files: dict[str, Any] = {}
-#: every value of this process, re-pointed at the new process's files after a fork
-_values: list[MultiProcessValue] = []
+#: bumped at each fork: a value whose own generation differs still points at its parent's file
+_generation = 0
 
 
 def _check_for_fork() -> None:
     """Under _lock: in a freshly forked process, every value starts over in files of its own
-    (the parent's files keep the parent's samples; the collector sums them all)."""
-    global _pid
+    (the parent's files keep the parent's samples; the collector sums them all) — each at its
+    first use in this process (:meth:`MultiProcessValue._current`), so that a file is created only
+    for a type this process writes."""
+    global _pid, _generation
     pid = os.getpid()
     if pid == _pid:
         return
@@ -47,8 +56,7 @@ def _check_for_fork() -> None:
     for file in _files.values():
         file.close()
     _files.clear()
-    for value in _values:
-        value._reset()
+    _generation += 1
 
 
 class MultiProcessValue:
@@ -62,7 +70,11 @@ class MultiProcessValue:
         with _lock:
             _check_for_fork()
             self._reset()
-            _values.append(self)
+
+    def _current(self) -> None:
+        """Under _lock, after _check_for_fork: re-points a value inherited from the parent."""
+        if self._generation != _generation:
+            self._reset()
 
     def _reset(self) -> None:
         typ, metric_name, name, labelnames, labelvalues, help_text, mode = self._params
@@ -75,10 +87,12 @@ class MultiProcessValue:
         self._key = compat.metric_key(metric_name, name, labelnames, labelvalues, help_text)
         self._value, self._timestamp = file.read_value(self._key)
         self._write = compat.sample_writer(file, self._key)
+        self._generation = _generation
 
     def inc(self, amount: float) -> None:
         with _lock:
             _check_for_fork()
+            self._current()
             self._value += amount
             self._timestamp = 0.0
             self._write(self._value)
@@ -86,6 +100,7 @@ class MultiProcessValue:
     def set(self, value: float, timestamp: float | None = None) -> None:
         with _lock:
             _check_for_fork()
+            self._current()
             self._value = value
             self._timestamp = timestamp or 0.0
             self._file.write_value(self._key, value, self._timestamp)
@@ -93,6 +108,7 @@ class MultiProcessValue:
     def get(self) -> float:
         with _lock:
             _check_for_fork()
+            self._current()
             return self._value
 
     def set_exemplar(self, exemplar: Any) -> None:
@@ -109,8 +125,11 @@ def add_all(updates: Iterable[tuple[Any, float]]) -> None:
     multiprocess files, a test's registry) through its own ``inc``."""
     with _lock:
         _check_for_fork()
+        generation = _generation
         for value, amount in updates:
             if value.__class__ is MultiProcessValue:
+                if value._generation != generation:
+                    value._reset()
                 value._value += amount
                 value._timestamp = 0.0
                 value._write(value._value)

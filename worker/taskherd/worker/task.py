@@ -48,7 +48,6 @@ from celery.worker.state import revoked as revoked_ids
 from . import child_deaths, deliveries, soft_limit
 from .backoff import backoff_delay
 from .components import metrics, recovery
-from .components.metrics import record_outcome
 from .deadletter import (FIRST_FAILURE_HEADER, Envelope, Reason, exception_fields,
                          json_safe, publish_envelope)
 from .profile import Profile, get_profile
@@ -136,7 +135,8 @@ def _dead_letter(app: Any, profile: Profile, envelope: Envelope) -> None:
                      queue_type=profile.queue_type)
     logger.error("taskherd: %s[%s] dead-lettered to %s: %s (%s)", envelope.task, envelope.task_id,
                  profile.dead_letter_queue_for(envelope.queue), envelope.reason, envelope.detail)
-    record_outcome(envelope.task or "unknown", "dead_lettered")
+    # Its one outcome: the task_failure Celery signals next for this delivery counts no `failed`.
+    metrics.record_final_outcome(envelope.task or "unknown", envelope.task_id, "dead_lettered")
 
 
 class Task(celery.Task):
@@ -364,7 +364,7 @@ class Request(CeleryRequest):
         taskherd.worker.deliveries, which the task takes in the pool child)."""
         if not self._delivery_counted:
             self._delivery_counted = True
-            metrics.delivery_received(self.name)
+            metrics.delivery_received(self.name, self.id)  # a new delivery: its outcome is still to come
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         from celery.worker import state

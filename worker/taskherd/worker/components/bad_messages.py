@@ -40,7 +40,7 @@ from taskherd.worker.deadletter import (Envelope, Reason, dead_letter_queue_decl
 from taskherd.worker.profile import Profile, get_profile
 from taskherd.worker.task import queue_of
 
-from . import Component
+from . import Component, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +157,19 @@ class Consumer(CeleryConsumer):
         # the same message, forever).
         return isinstance(exc, tuple(self.connection_errors or ())) and not isinstance(exc, _MESSAGE_FAULTS)
 
+    #: metrics.deliveries_seen() as the message being handled reached Celery (None outside of it):
+    #: whether a request made from it counted its delivery already
+    _deliveries_before: int | None = None
+
     def _refused_by_pool(self, request: Any, exc: BaseException) -> None:
+        # A request was made: it counted its delivery (taskherd's Request, or Celery's task_received),
+        # unless it was still to ask revoked() — then it counts it now (once: its own check).
+        count_own = getattr(request, "_record_delivery_metric", None)
+        if callable(count_own):
+            count_own()
         self._dead_letter_message(request.message, Verdict(
-            Reason.INVALID_MESSAGE, f"the task could not be handed to the pool: {_shown_exception(exc)}", exc))
+            Reason.INVALID_MESSAGE, f"the task could not be handed to the pool: {_shown_exception(exc)}", exc),
+            delivery_counted=True)
 
     def on_decode_error(self, message, exc):
         reason = Reason.CONTENT_REFUSED if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
@@ -194,6 +204,7 @@ class Consumer(CeleryConsumer):
             verdict = verdict_on(message, accepted=accepted, tasks=tasks)
             if verdict:
                 return self._dead_letter_message(message, verdict)
+            self._deliveries_before = metrics.deliveries_seen()
             try:
                 return handle(message)
             except Exception as exc:  # what the checks did not foresee: dead-letter, keep consuming
@@ -202,10 +213,25 @@ class Consumer(CeleryConsumer):
                 self._dead_letter_message(message, Verdict(
                     Reason.INVALID_MESSAGE, f"message could not be turned into a task: {_shown_exception(exc)}",
                     exc))
+            finally:
+                self._deliveries_before = None
 
         return on_task_received
 
-    def _dead_letter_message(self, message: Any, verdict: Verdict) -> None:
+    def _delivery_counted(self) -> bool:
+        """Whether a request made from the message being handled counted its delivery already
+        (Celery calls on_unknown_task, on_invalid_task… before or after making one)."""
+        before = self._deliveries_before
+        return before is not None and metrics.deliveries_seen() != before
+
+    def _dead_letter_message(self, message: Any, verdict: Verdict, *, delivery_counted: bool | None = None) -> None:
+        """Dead-letters a message that became no task (or none the pool took), and counts its one
+        outcome — ``dead_lettered``; ``rejected`` when RabbitMQ's native dead-lettering gets it
+        instead; none when it goes back to its queue — with its delivery unless a request made
+        from it counted that (`delivery_counted`; None: found out, see :meth:`_delivery_counted`).
+        Its ``task`` label names a registered task or ``unknown``, never a name from the wire."""
+        if delivery_counted is None:
+            delivery_counted = self._delivery_counted()
         profile = get_profile(self.app)
         delivery_info = getattr(message, "delivery_info", None) or {}
         queue = queue_of(self.app, profile, delivery_info)
@@ -244,9 +270,16 @@ class Consumer(CeleryConsumer):
             # on Redis a reject would drop it, so it goes back to the queue.
             logger.exception("taskherd: could not dead-letter a %s message from %s", verdict.reason, queue)
             message.reject_log_error(logger, self.connection_errors, requeue=not profile.broker_is_amqp)
+            if profile.broker_is_amqp:  # rejected for good (into the queue's DLX, if it has one)
+                metrics.message_outcome(metrics.task_label(task, self.app.tasks), "rejected",
+                                        count_delivery=not delivery_counted)
+            # On Redis it goes back to its queue: no outcome yet; a request made from it counted a
+            # delivery (one without an outcome), otherwise nothing is counted until it is handled.
             return
         logger.error("taskherd: %s message (task=%r id=%r) from %s dead-lettered to %s: %s", verdict.reason,
                      envelope.task, envelope.task_id, queue, profile.dead_letter_queue_for(queue), verdict.detail)
+        metrics.message_outcome(metrics.task_label(task, self.app.tasks), "dead_lettered",
+                                count_delivery=not delivery_counted)
         message.ack_log_error(logger, self.connection_errors)
 
 

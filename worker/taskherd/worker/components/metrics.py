@@ -2,19 +2,32 @@
 
 Metrics (all labelled by ``task`` name):
 
-- ``taskherd_tasks_total{task,outcome}`` — outcome is one of OUTCOMES. ``succeeded``, ``failed``
-  and ``retried`` are recorded here from Celery's signals (``failed`` = a final failure; a retry is
-  ``retried`` only); ``rejected`` from ``task_rejected``/``task_unknown``. Modules that decide an
-  outcome Celery does not signal call ``record_outcome(task_name, "dead_lettered")`` (or
-  ``"rejected"``). A failure that is then dead-lettered counts once in each.
+- ``taskherd_tasks_total{task,outcome}`` — outcome is one of OUTCOMES. Every delivery that finishes
+  counts exactly ONE final outcome: ``succeeded``, ``failed`` (a final failure that was not
+  dead-lettered: a task of a class that does not dead-letter, a hard time limit or a lost pool
+  process without late acks, a task's own ``Reject(requeue=False)``), ``dead_lettered`` (its
+  envelope is in the DLQ: a final failure of a taskherd Task, or a message the worker could not run
+  at all — taskherd.worker.components.bad_messages) or ``rejected`` (Celery's own rejection of a
+  message it cannot run, without the BadMessages component; a bad message that could not be
+  dead-lettered and was rejected into RabbitMQ's native dead-lettering). Besides, ``retried``
+  counts each delivery that ended in a retry (a new message published). ``failed`` comes from
+  Celery's ``task_failure`` signal, skipped for a delivery whose outcome is already counted
+  (dead-lettered, or the second signal Celery sends for a hard time limit): see
+  :func:`record_final_outcome`. The ``task`` label is the name of a task registered in the app, or
+  ``unknown`` — never a name read from a message, which anyone could make unbounded
+  (:func:`task_label`).
 - ``taskherd_task_runtime_seconds`` — histogram, the task's run (its body, retries and failures
   included) timed in the pool child.
-- ``taskherd_task_queue_wait_seconds`` — histogram, start of execution minus the publish stamp
-  (header ``taskherd_published_at``, epoch seconds, set by taskherd.worker.stamping); messages
-  without the stamp are skipped.
+- ``taskherd_task_queue_wait_seconds`` — histogram, start of execution minus the moment the message
+  became due: its publish stamp (header ``taskherd_published_at``, epoch seconds, set by
+  taskherd.worker.stamping), or its ETA when later (``eta``, or ``taskherd_eta`` on a message
+  parked in the Redis delay set): a countdown, or a retry's backoff, waits on purpose
+  (:func:`due_at`). Messages without the stamp are skipped.
 - ``taskherd_tasks_in_flight`` — gauge of tasks executing now (live-sum over pool children).
-- ``taskherd_task_deliveries_total`` — messages received by the worker (redeliveries included):
-  deliveries minus outcomes shows work lost to crashes and redelivered.
+- ``taskherd_task_deliveries_total`` — messages received by the worker (redeliveries included), and
+  the messages it dead-letters before they become a task. The invariant: deliveries − (the sum of
+  all outcomes, ``retried`` included) = the deliveries that ended without an outcome (their pool
+  process died, or the message went back to its queue) and were delivered again — never negative.
 - ``taskherd_pool_child_deaths_total{task,cause}`` — pool processes that died under a task
   (taskherd.worker.child_deaths: ``OOMKilled``, ``SIGKILL``, ``SIGSEGV``, ``ExitCode<n>``), with
   ``taskherd_pool_child_last_death_timestamp_seconds{task,cause}``: recorded by the main process,
@@ -27,20 +40,28 @@ Metrics (all labelled by ``task`` name):
   throughput from it (Little's law, taskherd.operator.throughput).
 - ``taskherd_build_info{version,celery,python}`` — always 1: which taskherd, Celery and Python run.
 
+The counters' series of every registered task (Celery's own ``celery.*`` tasks aside) exist from
+the worker's start at 0 — each outcome, the deliveries, and the pool child deaths of each cause
+known in advance (child_deaths.KNOWN_CAUSES) — so that Prometheus's ``increase()`` sees the first
+one too (:func:`create_known_series`): a series born at 1 has no increase.
+
 Prefork: every process writes its samples to mmap files in a per-worker
 ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client multiprocess mode), set up in the MAIN process at
 ``worker_init`` — before the pool forks — and wiped there, since files of a previous run would be
-summed in. The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT), with
+summed in. A pool child creates files only for the types it writes (taskherd.worker.metric_values).
+The main process serves ``/metrics`` on `port` (taskherd.contract.WORKER_METRICS_PORT), with
 the HTTP probes ``/livez``, ``/readyz``, ``/startupz`` (taskherd.worker.components.probes), and, at every scrape,
-marks dead children (``multiprocess.mark_process_dead``) so their in-flight gauge files go away,
-and folds their counter and histogram files into one archive file per type: their counts stay
-(counters never go back) while the number of files stays bounded however often children recycle.
+marks dead children (``multiprocess.mark_process_dead``) so their live gauge files go away,
+and folds their other files (counters, histograms, the sum/max/min/mostrecent gauges) into one
+archive file per type: their values stay while the number of files stays bounded however often
+children recycle.
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
 import logging
+import math
 import os
 import re
 import shutil
@@ -59,8 +80,11 @@ from taskherd import compat, contract
 from taskherd.build_info import build_info
 from taskherd.pod import shared_files
 
+from ..child_deaths import KNOWN_CAUSES
+from ..delayed import ORIGINAL_ETA_HEADER as PARKED_ETA_HEADER  # a parked message's ETA (its `eta` removed)
 from ..deliveries import header_timestamp
 from ..metric_values import MULTIPROC_ENV, add_all
+from ..task_messages import date_time_timestamp
 from . import Component, installed, is_whole
 from .heartbeat import Heartbeat
 from .probes import ProbeEndpoints, serve
@@ -69,6 +93,10 @@ from .publish_stamps import PUBLISHED_AT_HEADER  # float epoch seconds
 logger = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "retried", "dead_lettered", "rejected")
+#: The ``task`` label of a message that names no task registered in the app (or none at all).
+UNKNOWN_TASK = "unknown"
+#: The outcomes a message of an unknown task can have: created at 0 at start with the rest.
+UNKNOWN_TASK_OUTCOMES = ("dead_lettered", "rejected")
 RUNTIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 QUEUE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -153,6 +181,96 @@ def record_outcome(task_name: str, outcome: str) -> None:
     default_metrics().record_outcome(task_name, outcome)
 
 
+#: task id -> None: the deliveries whose final outcome this process has counted, so that Celery's
+#: task_failure signal(s) that follow add no second one (a dead-lettered task's failure; the two
+#: signals of a hard time limit, from Request.on_failure and then on_timeout). Forgotten when the
+#: next delivery of the id starts here (`forget_final_outcome`); bounded besides.
+_final_outcomes: dict[str, None] = {}
+_FINAL_OUTCOMES_KEPT = 4096
+
+
+def record_final_outcome(task_name: str, task_id: Any, outcome: str) -> None:
+    """Counts the final `outcome` of a delivery of task `task_name` (id `task_id`) and remembers
+    that it has one: Celery's task_failure for the same delivery then counts nothing
+    (:func:`_on_failure`). In the process that decided it, before Celery signals the failure."""
+    record_outcome(task_name, outcome)
+    if isinstance(task_id, str):
+        _final_outcomes.pop(task_id, None)
+        _final_outcomes[task_id] = None
+        while len(_final_outcomes) > _FINAL_OUTCOMES_KEPT:
+            del _final_outcomes[next(iter(_final_outcomes))]
+
+
+def forget_final_outcome(task_id: Any) -> None:
+    """A new delivery of `task_id` starts in this process: its outcome is still to be counted."""
+    if _final_outcomes and isinstance(task_id, str):
+        _final_outcomes.pop(task_id, None)
+
+
+def task_label(name: Any, tasks: Any) -> str:
+    """The ``task`` label of a message naming `name`: the name of a task registered in `tasks`
+    (the app's registry), else ``unknown`` — a name read from the wire is whatever the producer
+    wrote, and every new one would be a new series."""
+    try:
+        return name if isinstance(name, str) and tasks is not None and name in tasks else UNKNOWN_TASK
+    except Exception:  # noqa: BLE001 - a registry that cannot answer: no name from the wire
+        return UNKNOWN_TASK
+
+
+#: Deliveries this process counted, ever: the consumer compares it before and after it hands a
+#: message to Celery, to know whether a request was made (and counted) from it.
+_deliveries_seen = 0
+
+
+def deliveries_seen() -> int:
+    return _deliveries_seen
+
+
+def message_outcome(task_name: str, outcome: str, *, count_delivery: bool) -> None:
+    """In the main process: the outcome of a message that became no task (dead-lettered or
+    rejected as it arrived), and its delivery unless a request made from it counted it already —
+    without the delivery, deliveries − outcomes would go negative. `task_name`: a :func:`task_label`."""
+    global _deliveries_seen
+    try:
+        metrics = default_metrics()
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome={outcome!r} is not one of {', '.join(OUTCOMES)}")
+        updates = [(metrics.value("tasks", task_name, outcome), 1.0)]
+        if count_delivery:
+            updates.append((metrics.value("deliveries", task_name), 1.0))
+            _deliveries_seen += 1
+        add_all(updates)
+    except Exception:
+        logger.exception("taskherd: could not count a %s message of %s in the metrics", outcome, task_name)
+
+
+def create_known_series(metrics: TaskMetrics, task_names: Iterable[str]) -> int:
+    """Creates at 0 the counter series of `task_names` known in advance: every outcome, the
+    deliveries, the pool child deaths of every cause known in advance; and ``unknown``'s
+    (:data:`UNKNOWN_TASK_OUTCOMES`, its deliveries). A series that appears at its first increment
+    starts at 1, and Prometheus's ``increase()`` misses that first one (three OOM kills under three
+    tasks looked like none). Returns the number of series."""
+    created = 0
+    for name in task_names:
+        for outcome in OUTCOMES:
+            metrics.labelled("tasks", name, outcome)
+        metrics.labelled("deliveries", name)
+        for cause in KNOWN_CAUSES:
+            metrics.labelled("child_deaths", name, cause)
+        created += len(OUTCOMES) + 1 + len(KNOWN_CAUSES)
+    for outcome in UNKNOWN_TASK_OUTCOMES:
+        metrics.labelled("tasks", UNKNOWN_TASK, outcome)
+    metrics.labelled("deliveries", UNKNOWN_TASK)
+    return created + len(UNKNOWN_TASK_OUTCOMES) + 1
+
+
+def labelled_task_names(app: Celery) -> list[str]:
+    """The app's registered tasks whose series are created at start: Celery's built-in
+    ``celery.*`` tasks aside (as taskherd.worker.components.task_class leaves them aside), which
+    most apps never run; theirs appear at first use."""
+    return sorted(name for name in app.tasks.keys() if isinstance(name, str) and not name.startswith("celery."))
+
+
 def published_at(request: Any) -> float | None:
     """The publish stamp of a task request (Celery puts custom headers on the request), or None
     when it has none or none readable: any producer can put anything in the header, and float()
@@ -164,6 +282,35 @@ def published_at(request: Any) -> float | None:
         headers = getattr(request, "headers", None)
         value = headers.get(PUBLISHED_AT_HEADER) if isinstance(headers, dict) else None
     return header_timestamp(value)
+
+
+def due_at(request: Any, *, timezone: Any = None) -> float | None:
+    """When a task's message became due (epoch seconds): its ETA (``eta``, or ``taskherd_eta`` once
+    parked in the Redis delay set, taskherd.worker.delayed), read as Celery reads it
+    (task_messages.date_time_timestamp); None without one, or with one that cannot be read."""
+    value = getattr(request, "eta", None)
+    if not value:
+        value = getattr(request, PARKED_ETA_HEADER, None)
+    if not value:
+        headers = getattr(request, "headers", None)
+        value = headers.get(PARKED_ETA_HEADER) if isinstance(headers, dict) else None
+    if not value:
+        return None
+    try:
+        due = date_time_timestamp(value, timezone=timezone)
+    except Exception:  # noqa: BLE001 - any producer can put anything there: no reading, no wait
+        return None
+    return due if due is not None and math.isfinite(due) else None
+
+
+def queue_wait(request: Any, *, now: float, timezone: Any = None) -> float | None:
+    """Seconds `request` waited in the queue after it became due: from its publish stamp, or from
+    its ETA when that is later (a countdown or a retry's backoff is no wait); None if unstamped."""
+    stamp = published_at(request)
+    if stamp is None:
+        return None
+    due = due_at(request, timezone=timezone)
+    return max(0.0, now - (stamp if due is None else max(stamp, due)))
 
 
 # -- the multiprocess directory ------------------------------------------------------------------
@@ -212,31 +359,47 @@ def mark_dead_processes(directory: str) -> list[int]:
     return sorted(dead)
 
 
+#: How the values of dead processes' files fold into an archive, by file type ("gauge_<mode>"):
+#: None keeps the latest timestamp's (mostrecent). The live modes' files are removed at death
+#: (mark_dead_processes); "all" keeps a series per pid, so its files are left as they are.
+_FOLDS = {"counter": sum, "histogram": sum, "gauge_sum": sum, "gauge_max": max, "gauge_min": min,
+          "gauge_mostrecent": None}
+
+
 def compact_dead_processes(directory: str) -> int:
-    """Folds the counter and histogram files of dead processes into one archive file per type.
+    """Folds the files of dead processes into one archive file per type (:data:`_FOLDS`).
 
     Without this, every recycled pool child (max_tasks_per_child) leaves its files behind and every
-    scrape reads them all. Values are summed key by key (labels and histogram buckets included)
-    into ``<type>_archive.db``, written to a temporary name and renamed, then the dead files are
-    removed. Only the main process does this, under the collector's lock; if it dies half-way the
-    whole directory is wiped at the next start anyway. Returns the number of files folded.
+    scrape reads them all. Values are combined key by key (labels and histogram buckets included) —
+    summed, or the max, min or most recent for gauges of those modes — into ``<type>_archive.db``,
+    written to a temporary name and renamed, then the dead files are removed. Only the main process
+    does this, under the collector's lock; if it dies half-way the whole directory is wiped at the
+    next start anyway. Returns the number of files folded.
     """
     dead: dict[str, list[str]] = {}
     for path in glob.glob(os.path.join(directory, "*.db")):
         parts = os.path.basename(path)[:-3].split("_")
-        if parts[0] not in ("counter", "histogram") or not parts[-1].isdigit() or _pid_alive(int(parts[-1])):
+        kind = "_".join(parts[:-1])
+        if kind not in _FOLDS or not parts[-1].isdigit() or _pid_alive(int(parts[-1])):
             continue
-        dead.setdefault(parts[0], []).append(path)
+        dead.setdefault(kind, []).append(path)
     for kind, paths in dead.items():
         archive = os.path.join(directory, f"{kind}_archive.db")
-        totals: dict[str, float] = {}
+        fold = _FOLDS[kind]
+        folded: dict[str, tuple[float, float]] = {}
         for path in ([archive] if os.path.exists(archive) else []) + paths:
-            for key, value, _timestamp, _position in compat.read_metric_file(path):
-                totals[key] = totals.get(key, 0.0) + value
+            for key, value, timestamp, _position in compat.read_metric_file(path):
+                if key not in folded:
+                    folded[key] = (value, timestamp)
+                elif fold is None:
+                    if timestamp >= folded[key][1]:
+                        folded[key] = (value, timestamp)
+                else:
+                    folded[key] = (fold((folded[key][0], value)), 0.0)
         temporary = archive + ".tmp"  # not *.db: the collector never reads it
         merged = compat.metric_file_writer(temporary)
-        for key, value in totals.items():
-            merged.write_value(key, value, 0.0)
+        for key, (value, timestamp) in folded.items():
+            merged.write_value(key, value, timestamp)
         merged.close()
         os.replace(temporary, archive)
         for path in paths:
@@ -316,15 +479,25 @@ def task_started(task: Any, request: Any = None) -> float | None:
     does not dispatch them (`_per_task_signals`)."""
     try:
         metrics, name = default_metrics(), task.name
+        request = task.request if request is None else request
+        forget_final_outcome(getattr(request, "id", None))
         in_flight = (metrics.value("in_flight", name), 1.0)
-        stamp = published_at(task.request if request is None else request)
-        if stamp is None:
+        waited = queue_wait(request, now=time.time(), timezone=_timezone_of(task))
+        if waited is None:
             add_all((in_flight,))
         else:
-            add_all((in_flight, *metrics.observation("queue_wait", max(0.0, time.time() - stamp), name)))
+            add_all((in_flight, *metrics.observation("queue_wait", waited, name)))
         return time.monotonic()
     except Exception:
         logger.exception("taskherd: could not record the start of %s in its metrics", getattr(task, "name", task))
+        return None
+
+
+def _timezone_of(task: Any) -> Any:
+    """The app's time zone, in which Celery reads a naive ETA; None (UTC) if it has none."""
+    try:
+        return task.app.timezone
+    except Exception:  # noqa: BLE001 - a task without an app: a naive ETA reads as UTC
         return None
 
 
@@ -343,12 +516,15 @@ def task_ended(task: Any, started: float | None, *, succeeded: bool) -> None:
         logger.exception("taskherd: could not record the end of %s in its metrics", getattr(task, "name", task))
 
 
-def delivery_received(task_name: str) -> None:
+def delivery_received(task_name: str, task_id: Any = None) -> None:
     """In the main process, as a message becomes a task request: one more delivery of the task
-    (redeliveries included). taskherd's Request calls it; for a task of another Request class,
-    Celery's task_received signal does (`_per_task_signals`)."""
+    (redeliveries included), whose outcome is still to be counted. taskherd's Request calls it; for
+    a task of another Request class, Celery's task_received signal does (`_per_task_signals`)."""
+    global _deliveries_seen
     if not _recording:
         return
+    forget_final_outcome(task_id)
+    _deliveries_seen += 1
     try:
         add_all(((default_metrics().value("deliveries", task_name), 1.0),))
     except Exception:
@@ -390,13 +566,18 @@ def _on_postrun(sender: Any = None, task_id: str | None = None, task: Any = None
 
 def start_recording(app: Celery, *, base: str | None = None) -> str:
     """What the Metrics component does at worker_init, in the main process before the pool forks:
-    a fresh multiprocess directory (returned), the process's metric objects, and the per-task
-    records switched on. The children inherit all three."""
+    a fresh multiprocess directory (returned), the process's metric objects, the per-task
+    records switched on, and the series known in advance created at 0 (:func:`create_known_series`,
+    written to the main process's files only). The children inherit all of it."""
     global _default, _recording
     directory = prepare_multiprocess_dir(base=base)
     _default = TaskMetrics(registry=None)
     _recording = True
     _per_task_signals(app)
+    try:
+        create_known_series(_default, labelled_task_names(app))
+    except Exception:
+        logger.exception("taskherd: could not create the task series at 0; each appears at its first count")
     return directory
 
 
@@ -419,8 +600,12 @@ def _per_task_signals(app: Celery) -> None:
             signal.disconnect(handler, dispatch_uid=uid)
 
 
-def _on_failure(sender: Any = None, **_: Any) -> None:
-    record_outcome(_task_name(sender), "failed")
+def _on_failure(sender: Any = None, task_id: Any = None, **_: Any) -> None:
+    """A final failure, unless this delivery's outcome is already counted (dead-lettered, or the
+    second task_failure Celery sends for one hard time limit)."""
+    if isinstance(task_id, str) and task_id in _final_outcomes:
+        return
+    record_final_outcome(_task_name(sender), task_id, "failed")
 
 
 def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -429,16 +614,24 @@ def _on_retry(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     if not getattr(request, "counts_its_delivery", False):  # taskherd's Request has counted it
-        default_metrics().labelled("deliveries", getattr(request, "name", None) or "unknown").inc()
+        delivery_received(getattr(request, "name", None) or "unknown", getattr(request, "id", None))
+
+
+def _registry_of(consumer: Any) -> Any:
+    return getattr(getattr(consumer, "app", None), "tasks", None)
 
 
 def _on_rejected(sender: Any = None, message: Any = None, **_: Any) -> None:
-    name = ((getattr(message, "headers", None) or {}).get("task")) or "unknown"
-    record_outcome(name, "rejected")
+    """Celery rejected a message it could not turn into a task (no request was made: no delivery
+    counted yet). Without the BadMessages component only: its consumer dead-letters instead."""
+    headers = getattr(message, "headers", None)
+    name = headers.get("task") if isinstance(headers, dict) else None
+    message_outcome(task_label(name, _registry_of(sender)), "rejected", count_delivery=True)
 
 
-def _on_unknown(sender: Any = None, name: str | None = None, **_: Any) -> None:
-    record_outcome(name or "unknown", "rejected")
+def _on_unknown(sender: Any = None, name: Any = None, **_: Any) -> None:
+    """Celery rejected a message naming a task it does not have (no request: no delivery counted)."""
+    message_outcome(task_label(name, _registry_of(sender)), "rejected", count_delivery=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
