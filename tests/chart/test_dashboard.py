@@ -79,6 +79,31 @@ def test_it_covers_what_users_look_for_with_pool_and_queue_variables():
     assert len(ids) == len(set(ids))
 
 
+def test_every_project_metric_an_alert_reads_has_a_panel():
+    """What pages must be visible: each of the project's metrics an alert of the rules file reads is
+    shown by some panel (an alert on a figure nobody can see over time is hard to act on)."""
+    from test_rules import ALERTS
+
+    exprs = " ".join(t["expr"] for p in panels() for t in p["targets"])
+    shown = metrics_of(exprs)
+    exported = exported_metric_names()
+    for rule in ALERTS:
+        read = set(re.findall(r"\b(taskherd_[a-z0-9_]+)\b", rule["expr"])) & exported
+        assert read <= shown, f"{rule['alert']} reads {read - shown}, which no panel shows"
+
+
+def test_pool_child_deaths_have_a_panel_by_pool_and_cause():
+    """An OOM kill of a pool process restarts nothing (the container lives on): only the worker's
+    counter shows it, so the dashboard shows it by pool and cause, over a window, for the chosen pools."""
+    (panel,) = [p for p in panels() if any("taskherd_pool_child_deaths_total" in t["expr"] for t in p["targets"])]
+    (expr,) = [t["expr"] for t in panel["targets"]]
+    by = re.search(r"sum by \(([^)]*)\)", expr)
+    assert by and {label.strip() for label in by.group(1).split(",")} == {"pool", "cause"}, expr
+    assert re.search(r"increase\(taskherd_pool_child_deaths_total\{[^}]*\}\[(\$__rate_interval|30m)\]\)", expr), expr
+    assert 'namespace=~"$namespace"' in expr and 'pool=~"$pool"' in expr, expr
+    assert panel["datasource"]["uid"] == "${datasource}"
+
+
 def test_every_query_is_valid_promql(tmp_path):
     """promtool parses each query (Grafana's variables replaced by what Grafana sends for "All")."""
     def concrete(expr: str) -> str:

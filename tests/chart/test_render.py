@@ -270,7 +270,14 @@ def test_monitoring_scenario_ships_the_rules_file_and_the_dashboard():
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pm["spec"]["selector"]["matchExpressions"] == [
         {"key": "app.kubernetes.io/component", "operator": "In", "values": ["worker", "exporter"]}]
+    # Every scraped series carries its pod's pool and release (the alerts group by both: two releases
+    # in one namespace must not merge); the operator's too, beside the per-pool labels it honours.
+    release = {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "targetLabel": "release"}
+    assert pm["spec"]["podMetricsEndpoints"][0]["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_label_taskherd_io_pool"], "targetLabel": "pool"}, release]
     sm = by_kind(objects, "ServiceMonitor")["th-taskherd-operator"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert sm["spec"]["endpoints"][0]["relabelings"] == [release]
     service = by_kind(objects, "Service")["th-taskherd-operator-metrics"]
     assert all(service["metadata"]["labels"][k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     dashboard = by_kind(objects, "ConfigMap")["th-taskherd-dashboard"]
