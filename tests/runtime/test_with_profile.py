@@ -30,13 +30,14 @@ def test_probes_and_metrics_work_on_a_profiled_app(redis_url, unique_name, worke
 
     def counted():
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        return [line for line in text.splitlines() if line.startswith("taskherd_tasks_total{")]
+        # every registered task's series exist from the start at 0: the ones counted are the others
+        return [line for line in text.splitlines() if line.startswith("taskherd_tasks_total{")
+                and not line.endswith(" 0.0")]
 
-    # A permanent failure is dead-lettered: it counts as failed (Celery's signal) and as dead_lettered.
-    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 4)
+    # A permanent failure is dead-lettered: its one outcome is dead_lettered (not also failed).
+    lines = wait_for("the tasks' outcomes counted", counted, timeout=20, until=lambda found: len(found) == 3)
     assert sorted(lines) == [
         'taskherd_tasks_total{outcome="dead_lettered",task="runtime_profile.refuse"} 1.0',
-        'taskherd_tasks_total{outcome="failed",task="runtime_profile.refuse"} 1.0',
         'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.add"} 2.0',
         'taskherd_tasks_total{outcome="succeeded",task="runtime_profile.plain"} 1.0']
     # Each run timed once and out of flight: the taskherd Tasks time themselves, the plain one is
