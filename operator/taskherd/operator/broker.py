@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from taskherd import contract
-from taskherd.queues import first_answer
+from taskherd.queues import FailoverMemory
 
 from .early_notice import PROBE_SECONDS
 from .inspection_batch import BrokerAddress, InspectionBatcher
@@ -131,8 +131,8 @@ class BrokerObserver:
         self._counters: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._batches = InspectionBatcher(self._inspect_in_thread)
-        #: of a failover list, the index of the URL that answered last, when not the first
-        self._answering: dict[BrokerAddress, int] = {}
+        #: of each failover list, the URL that answered last (the exporter keeps the same memory)
+        self._failover = FailoverMemory(max_kept=MAX_KEPT)
 
     def _inspect_default(self, url: str, queues: list[str], *, management_url: str | None,
                          global_keyprefix: str) -> Mapping[str, Any]:
@@ -272,14 +272,7 @@ class BrokerObserver:
         """``call(url)`` with the pool's broker URL; of a failover list the first that answers
         (taskherd.queues.first_answer), starting from the one that answered last, as kombu's
         connection stays with the broker it reached."""
-        index, answer = first_answer(address.urls, call, self._answering.get(address, 0))
-        with self._lock:
-            self._answering.pop(address, None)
-            if index:  # kept only while failed over; a few at most (one per Secret's list)
-                if len(self._answering) >= MAX_KEPT:
-                    self._answering.pop(next(iter(self._answering)))
-                self._answering[address] = index
-        return answer
+        return self._failover.call(address.urls, call)
 
     async def __call__(self, namespace: str, broker: BrokerSpec) -> Observation:
         address = await self._address(namespace, broker)

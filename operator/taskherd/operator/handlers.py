@@ -54,6 +54,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
                 poster=DryRunPoster() if config.dry_run else HttpPoster(), metrics=metrics,
                 default_alertmanager_url=config.default_alertmanager_url)
     memo.api, memo.elector = api, elector
+    memo.loop = asyncio.get_running_loop()  # where a deleted pool's metric series are removed
     # A dry run scales nothing, so a backlog would outgrow its pool at every count: it keeps the
     # regular polls (and their one log line each).
     memo.scheduler = PoolScheduler(deps=deps, is_leading=lambda: elector.is_leading,
@@ -78,6 +79,15 @@ def workerpool_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
     scheduler: PoolScheduler = memo.scheduler
     if type == "DELETED":
         scheduler.remove(body.metadata.namespace, body.metadata.name)
+        # Its metric series go too (stale lines on dashboards otherwise). This sync handler runs in
+        # kopf's thread pool: the removal is done on the event loop, after the step running there
+        # (a poll of the pool that remove() cancelled may be recording its last figures).
+        forget = functools.partial(scheduler.deps.metrics.forget_pool, body.metadata.namespace, body.metadata.name)
+        loop = getattr(memo, "loop", None)
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(forget)
+        else:
+            forget()
     else:
         scheduler.upsert(body)
 

@@ -6,6 +6,7 @@ import platform
 from importlib import metadata
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 #: every per-pool metric carries the WorkerPool it is about, as kube-state-metrics labels objects
 POOL_LABELS = ("namespace", "workerpool")
@@ -44,3 +45,38 @@ class OperatorMetrics:
             "taskherd_operator_build_info", "Versions of the operator, kopf and Python; always 1",
             ["version", "kopf", "python"], registry=registry)
         self.build_info.labels(_version("taskherd-operator"), _version("kopf"), platform.python_version()).set(1)
+
+    def per_pool(self) -> list[MetricWrapperBase]:
+        """Every metric labelled by WorkerPool (POOL_LABELS first): all the operator's labelled
+        metrics but build_info, found rather than listed, so a metric added later is not missed."""
+        return [metric for metric in vars(self).values()
+                if isinstance(metric, MetricWrapperBase) and _label_names(metric)[:len(POOL_LABELS)] == POOL_LABELS]
+
+    def forget_pool(self, namespace: str, name: str) -> int:
+        """Removes every series of the WorkerPool ``namespace/name``, called when it is deleted: a
+        dashboard would otherwise draw its last figures as a line that never ends, and every pool
+        ever made would stay in each scrape. Returns how many label sets went. A pool made again
+        with the same name starts from zero, as the counters of any new object do."""
+        removed = 0
+        for metric in self.per_pool():
+            for labels in _label_sets(metric):
+                if labels[:len(POOL_LABELS)] == (namespace, name):
+                    try:
+                        metric.remove(*labels)
+                    except KeyError:  # removed meanwhile (a second deletion event of the pool)
+                        continue
+                    removed += 1
+        return removed
+
+
+def _label_names(metric: MetricWrapperBase) -> tuple[str, ...]:
+    return tuple(getattr(metric, "_labelnames", ()))
+
+
+def _label_sets(metric: MetricWrapperBase) -> list[tuple[str, ...]]:
+    """The label values of each series of a labelled metric, read through collect() (a histogram's
+    ``le`` and its _sum/_count samples folded into their series)."""
+    names = _label_names(metric)
+    return sorted({tuple(sample.labels[n] for n in names)
+                   for family in metric.collect() for sample in family.samples
+                   if all(n in sample.labels for n in names)})

@@ -301,10 +301,13 @@ class PoolScheduler:
             log.debug("early notice: count failed", exc_info=True)
             return
         for (entry, found, due), ready in zip(chosen, counts):
-            # a poll that started meanwhile (its next_due moved) read the queues itself
+            # a poll that started meanwhile (its next_due moved) read the queues itself; a pool
+            # deleted while counting is gone (a series of it now would outlive its deletion)
+            name = entry.body["metadata"].get("name")
+            if self.pools.get((found.namespace, name)) is not entry:
+                continue
             if ready is not None and entry.next_due == due and outgrows(ready, found.replicas, found.policy):
                 entry.next_due = self._monotonic()
-                name = entry.body["metadata"].get("name")
                 self.deps.metrics.early_polls.labels(found.namespace, name).inc()
                 log.info("%s/%s: %d ready messages outgrow %d replicas: polled now (early notice)",
                          found.namespace, name, ready, found.replicas)

@@ -4,6 +4,18 @@ Polls the broker every ``--interval`` seconds with taskherd.queues (the same ins
 operator uses) and serves the last poll on ``--port``. A failed poll exports no queue figures
 (stale ones would look healthy) and sets ``taskherd_exporter_poll_success`` to 0.
 
+Whatever fails while inspecting (the broker unreachable, any error it or its management API
+answers with: a key of the wrong type, an ACL refusal, a 401/403/5xx, a malformed reply) is a
+failed poll, logged in one line naming the queue and the broker's own error (URL without its
+password); the exporter keeps serving and the next poll that reads the broker recovers by itself.
+One bad queue among good ones (its key of the wrong type, a 5xx for that queue only) does not hide
+the others: their figures are still exported, the bad queue's series are absent, and
+``taskherd_exporter_queue_poll_success{queue}`` is 0 for it (1 for each queue read; DLQs under
+their own name); ``taskherd_exporter_poll_success`` is 0 whenever any queue was not read. A
+';'-joined failover list is polled from the URL that answered last, as kombu's connection stays on
+the broker it reached: a first URL that accepts connections but never answers costs only the
+poll that finds it out, not every poll.
+
 Metrics (label ``queue``; the DLQ of each queue, from ``--dead-letter-queues`` or
 ``--dead-letter-pattern``, is reported under its work queue):
 
@@ -13,8 +25,8 @@ Metrics (label ``queue``; the DLQ of each queue, from ``--dead-letter-queues`` o
 - ``taskherd_queue_oldest_unacked_age_seconds`` and ``taskherd_queue_visibility_timeout_seconds`` (Redis)
 - ``taskherd_queue_consumers`` (RabbitMQ)
 - ``taskherd_dlq_messages{queue,dlq}``
-- ``taskherd_exporter_poll_success``, ``taskherd_exporter_last_poll_timestamp_seconds``,
-  ``taskherd_exporter_poll_duration_seconds``
+- ``taskherd_exporter_poll_success``, ``taskherd_exporter_queue_poll_success{queue}``,
+  ``taskherd_exporter_last_poll_timestamp_seconds``, ``taskherd_exporter_poll_duration_seconds``
 """
 from __future__ import annotations
 
@@ -32,7 +44,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from taskherd import contract
 from taskherd.build_info import build_info
-from taskherd.queues import BrokerUnreachable, QueueStats, inspect_queues
+from taskherd.queues import FailoverMemory, QueueStats, QueuesUnreadable, inspect_queues
 
 from . import options
 
@@ -45,9 +57,18 @@ NOISY_LOGGERS = ("httpx", "httpcore")
 @dataclass(frozen=True)
 class Snapshot:
     stats: dict[str, QueueStats] = field(default_factory=dict)
+    #: every queue was read
     success: bool = False
     polled_at: float = 0.0
     duration_seconds: float = 0.0
+    #: queue -> why it was not read, when the broker answered for the others (whose figures in
+    #: ``stats`` are exported); empty with ``success`` False: the whole poll failed, nothing exported
+    queue_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def answered(self) -> bool:
+        """The broker answered this poll, for every queue or for some."""
+        return self.success or bool(self.queue_errors)
 
 
 def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[GaugeMetricFamily]:
@@ -67,14 +88,23 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
     consumers = GaugeMetricFamily("taskherd_queue_consumers", "Consumers of the queue (RabbitMQ)", labels=["queue"])
     dlq = GaugeMetricFamily("taskherd_dlq_messages", "Messages in the queue's dead-letter queue",
                             labels=["queue", "dlq"])
-    success = GaugeMetricFamily("taskherd_exporter_poll_success", "1 if the last broker poll succeeded")
+    success = GaugeMetricFamily("taskherd_exporter_poll_success",
+                                "1 if the last broker poll read every queue (0: the broker, or some queue, "
+                                "could not be read: see taskherd_exporter_queue_poll_success)")
+    queue_success = GaugeMetricFamily("taskherd_exporter_queue_poll_success",
+                                      "1 if the last broker poll read the queue (a DLQ under its own name); "
+                                      "0: its figures are absent, the exporter's log says why", labels=["queue"])
     polled = GaugeMetricFamily("taskherd_exporter_last_poll_timestamp_seconds", "When the last poll ended")
     duration = GaugeMetricFamily("taskherd_exporter_poll_duration_seconds", "How long the last poll took")
     success.add_metric([], 1.0 if snapshot.success else 0.0)
     polled.add_metric([], snapshot.polled_at)
     duration.add_metric([], snapshot.duration_seconds)
-    for queue in dead_letters if snapshot.success else []:
-        stats = snapshot.stats.get(queue)
+    answered = snapshot.answered
+    read = {name for name in snapshot.stats if name not in snapshot.queue_errors} if answered else set()
+    for name in dict.fromkeys([*dead_letters, *dead_letters.values()]):
+        queue_success.add_metric([name], 1.0 if name in read else 0.0)
+    for queue in dead_letters:
+        stats = snapshot.stats.get(queue) if queue in read else None
         if stats is None or stats.pending:
             continue  # RabbitMQ has not reported the queue yet: its zeros would mean "unknown"
         messages.add_metric([queue, "ready"], stats.ready)
@@ -88,11 +118,11 @@ def metric_families(snapshot: Snapshot, dead_letters: dict[str, str]) -> list[Ga
             visibility.add_metric([queue], stats.visibility_timeout_seconds)
         if stats.consumers is not None:
             consumers.add_metric([queue], stats.consumers)
-        name = dead_letters[queue]
-        if name in snapshot.stats and not snapshot.stats[name].pending:
+    for queue, name in dead_letters.items():  # a DLQ read is reported even when its work queue was not
+        if name in read and not snapshot.stats[name].pending:
             dlq.add_metric([queue, name], snapshot.stats[name].ready)
-    return [messages, age, lower_bound, unacked_age, visibility, consumers, dlq, success, polled, duration,
-            build_info()]
+    return [messages, age, lower_bound, unacked_age, visibility, consumers, dlq, success, queue_success, polled,
+            duration, build_info()]
 
 
 class QueuePoller(Collector):
@@ -111,15 +141,27 @@ class QueuePoller(Collector):
         return list(dict.fromkeys([*self.dead_letters, *self.dead_letters.values()]))
 
     def poll(self) -> Snapshot:
+        """One poll; never raises: whatever fails is a failed poll (module docstring)."""
         started = time.monotonic()
+        names = self.names_to_inspect()
+        errors: dict[str, str] = {}
         try:
-            stats, success = self.inspect(self.names_to_inspect()), True
-        except BrokerUnreachable as exc:
-            logger.warning("poll failed: %s", exc)
+            stats, success = self.inspect(names), True
+        except QueuesUnreadable as exc:  # the broker answered, not for every queue
+            stats, success = exc.stats, False
+            errors = {name: why for name, why in exc.errors.items() if name in names} or {name: str(exc) for name in names}
+            for name, why in errors.items():
+                logger.warning("poll failed for queue %r: %s", name,
+                               contract.redact(f"{exc.where}: {why}" if exc.where else why))
+        except Exception as exc:  # noqa: BLE001 - anything a broker, its API or a client library raises
+            logger.warning("poll failed (queues %s): %s", ", ".join(map(repr, names)),
+                           contract.redact(f"{type(exc).__name__}: {exc}"))
             stats, success = {}, False
         snapshot = Snapshot(stats=stats, success=success, polled_at=self.clock(),
-                            duration_seconds=time.monotonic() - started)
+                            duration_seconds=time.monotonic() - started, queue_errors=errors)
         with self._lock:
+            if snapshot.success and not self.snapshot.success and self.snapshot.polled_at:
+                logger.info("poll succeeded again: every queue read")
             self.snapshot = snapshot
         return snapshot
 
@@ -133,8 +175,17 @@ class QueuePoller(Collector):
 SCHEMES = contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES
 
 
+#: what --help says of failures (the module docstring's second paragraph, in short)
+EPILOG = ("A poll that fails exports no queue figures and sets taskherd_exporter_poll_success to 0; the exporter "
+          "logs one line naming the queue and the broker's error, keeps serving, and recovers by itself. Whatever "
+          "fails counts: the broker unreachable, a key of the wrong type, an ACL refusal, a management API "
+          "401/403/5xx or malformed reply. One bad queue fails alone: the other queues are still exported, and "
+          "taskherd_exporter_queue_poll_success{queue} is 0 for it. A ';'-joined failover list is polled from "
+          "the URL that answered last.")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = options.Parser(prog="taskherd exporter", description=__doc__.split("\n")[0])
+    parser = options.Parser(prog="taskherd exporter", description=__doc__.split("\n")[0], epilog=EPILOG)
     options.add_broker(parser, SCHEMES)
     parser.add_argument("--management-url", default=None, type=options.base_url("--management-url"),
                         help="RabbitMQ management API, http://user:pass@host:15672 (default: $TASKHERD_MANAGEMENT_URL, "
@@ -182,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in NOISY_LOGGERS:  # httpx logs every management API request at INFO: two lines a queue a poll
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    failover = FailoverMemory()  # each poll starts from the URL that answered last
+
     def inspect(names: list[str]) -> dict[str, QueueStats]:
         return inspect_queues(args.broker, names, management_url=args.management_url,
-                              global_keyprefix=args.global_keyprefix, visibility_timeout=args.visibility_timeout)
+                              global_keyprefix=args.global_keyprefix, visibility_timeout=args.visibility_timeout,
+                              failover=failover)
 
     poller = QueuePoller(dead_letters=args.dead_letters, inspect=inspect)
     registry = CollectorRegistry()

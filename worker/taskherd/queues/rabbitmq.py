@@ -14,6 +14,9 @@ caller that keeps a VhostListing, one listing of the vhost a second instead, see
   Nothing is consumed or requeued to find out.
 - Oldest unacked age: the API does not expose delivery times: None.
 - A queue that does not exist (a DLQ nothing was ever dead-lettered to) reads as empty.
+- Errors: no answer, or a 401/403, is BrokerUnreachable (the next node of a failover list shows
+  the same queues); another error answering for one queue (a 5xx, a reply that is not the JSON
+  document expected) is that queue's, raised as QueuesUnreadable with the other queues' figures.
 """
 from __future__ import annotations
 
@@ -25,7 +28,13 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 
 from .publish_history import head_age, samples_of
-from .stats import AGE_FROM_HEAD_TIMESTAMP, AGE_LOWER_BOUND, BrokerUnreachable, QueueStats
+from .stats import (AGE_FROM_HEAD_TIMESTAMP, AGE_LOWER_BOUND, BrokerRefused, BrokerUnreachable, QueueStats,
+                    QueuesUnreadable)
+
+#: management API answers that refuse the client whatever the queue (credentials, the user's
+#: permissions on the vhost): the whole inspection fails at once, and a failover list's next node,
+#: which shows the same queues, may answer
+REFUSING_STATUSES = (401, 403)
 
 DEFAULT_MANAGEMENT_PORT = 15672
 #: head_message_timestamp has whole-second resolution.
@@ -111,12 +120,20 @@ def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | 
     base = f"{api.scheme}://{api.hostname}:{api.port or DEFAULT_MANAGEMENT_PORT}{api.path.rstrip('/')}"
     auth = (unquote(api.username or "guest"), unquote(api.password or "guest"))
     vhost = vhost_of(amqp_url)
-    result = {}
+    where = f"RabbitMQ management API at {base} (vhost {vhost!r})"
+    result: dict[str, QueueStats] = {}
+    errors: dict[str, str] = {}
     now = time.time() if now is None else now
-    try:
-        client = _client(base, auth, timeout)
-        documents = listing.documents(client, vhost) if listing is not None else None
-        for queue in queues:
+    client = _client(base, auth, timeout)
+    documents = None
+    if listing is not None:
+        try:
+            documents = listing.documents(client, vhost)
+        except Exception as exc:  # noqa: BLE001 - the listing is every queue's: every pool of an
+            # operator's batch meets it (inspection_batch.py), and the next node may answer it
+            raise BrokerUnreachable(f"{where}: listing the vhost's queues: {_said(exc)}") from exc
+    for queue in queues:
+        try:
             if documents is not None:
                 body = documents.get(queue)
                 listed = _missing(queue) if body is None else stats_from_api(body, now=now)
@@ -134,9 +151,37 @@ def inspect_rabbitmq(amqp_url: str, queues: list[str], *, management_url: str | 
                 result[queue] = stats_from_api(response.json(), now=now)
                 if result[queue].oldest_age_method != AGE_LOWER_BOUND:
                     break  # older than this window: look further back
-    except httpx.HTTPError as exc:
-        raise BrokerUnreachable(f"RabbitMQ management API at {base} (vhost {vhost!r}): {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - one queue's answer, unless it refuses us whole
+            failed = _whole(where, exc)
+            if isinstance(failed, BrokerUnreachable):
+                raise failed from exc
+            result.pop(queue, None)
+            errors[queue] = _said(exc)
+    if errors:
+        raise QueuesUnreadable(errors, result, where=where)
     return result
+
+
+def _said(exc: BaseException) -> str:
+    """The management API's own error: its status and the start of its body, or what could not
+    be read in its reply."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        body = " ".join(exc.response.text.split())[:200]
+        return f"HTTP {exc.response.status_code} {exc.response.reason_phrase}" + (f": {body}" if body else "")
+    if isinstance(exc, ValueError):  # json.JSONDecodeError included
+        return f"a reply that is not the JSON expected ({type(exc).__name__}: {exc})"
+    if isinstance(exc, (KeyError, TypeError, AttributeError)):
+        return f"a JSON reply not shaped as a queue's document ({type(exc).__name__}: {exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _whole(where: str, exc: BaseException) -> Exception:
+    """The error of an answer that concerns every queue: unreachable, or refused."""
+    if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code not in REFUSING_STATUSES:
+        return BrokerRefused(f"{where}: {_said(exc)}")
+    if isinstance(exc, httpx.HTTPError):  # no answer (connect, read, timeout), or a 401/403
+        return BrokerUnreachable(f"{where}: {_said(exc)}")
+    return BrokerRefused(f"{where}: {_said(exc)}")
 
 
 def _missing(queue: str) -> QueueStats:

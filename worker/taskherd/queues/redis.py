@@ -22,7 +22,7 @@ import redis as redis_client
 from taskherd.contract import redact
 from taskherd.worker.deliveries import header_timestamp
 
-from .stats import AGE_FROM_STAMP, BrokerUnreachable, QueueStats
+from .stats import AGE_FROM_STAMP, BrokerRefused, BrokerUnreachable, QueueStats, QueuesUnreadable
 
 if TYPE_CHECKING:
     from .redis_unacked import UnackedDeliveries
@@ -190,16 +190,23 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
     own_client = client is None
     client = client or _client(broker_url)
     steps = tuple(priority_steps)
+    where = f"Redis at {redact(broker_url)}"
     try:
-        ready, oldest, unacked = _read(client, queues, prefix=global_keyprefix, steps=steps, unacked=unacked)
+        ready, oldest, unacked, errors = _read(client, queues, prefix=global_keyprefix, steps=steps, unacked=unacked)
     except (redis_client.ConnectionError, redis_client.TimeoutError) as exc:
-        raise BrokerUnreachable(f"Redis at {redact(broker_url)}: {exc}") from exc
+        raise BrokerUnreachable(f"{where}: {exc}") from exc
+    except redis_client.RedisError as exc:
+        # any other reply error (WRONGTYPE, NOPERM of an ACL, READONLY, ...) of what is no one
+        # queue's (the unacked hash, a binding set): the broker answered, for no queue
+        raise BrokerRefused(redact(f"{where}: {_said(exc)}")) from exc
     finally:
         if own_client:
             client.close()
     now = time.time() if now is None else now
     result = {}
     for queue in queues:
+        if queue in errors:
+            continue
         delivered_at = unacked.get(queue, [])
         published = oldest[queue]
         result[queue] = QueueStats(
@@ -213,7 +220,26 @@ def inspect_redis(broker_url: str, queues: list[str], *, global_keyprefix: str =
             oldest_age_method=AGE_FROM_STAMP if published is not None else None,
             oldest_age_error_seconds=0.0 if published is not None else None,
         )
+    if errors:  # the others' figures stand: one queue's figures never depend on another's
+        raise QueuesUnreadable({queue: redact(why) for queue, why in errors.items()}, result, where=where)
     return result
+
+
+def _said(exc: BaseException) -> str:
+    """A redis-py error as the broker said it, with its class (NoPermissionError, ReadOnlyError...)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _wrong_type(client, key: str, exc: BaseException, *, wanted: str, holds: str) -> str:
+    """Why ``key`` could not be read: for a key of the wrong type, its type named (one more command)."""
+    if not str(exc).startswith("WRONGTYPE"):
+        return f"key {key!r}: {_said(exc)}"
+    try:
+        kind = _text(client.type(key))
+    except redis_client.RedisError:
+        kind = "another type"
+    return (f"key {key!r} holds a {kind}, not a {wanted}: kombu's Redis transport keeps {holds} in a {wanted} "
+            f"(the broker said: {exc})")
 
 
 def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keyprefix: str = "",
@@ -241,11 +267,14 @@ def ready_counts(client: redis_client.Redis, queues: list[str], *, global_keypre
 
 
 def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...], unacked=None):
-    """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue)."""
+    """(ready per queue, oldest publish stamp per queue, unacked delivery times per queue, why each
+    queue that could not be read could not). A reply error of one queue's list (a key of the wrong
+    type, an ACL refusing it) is that queue's; of the unacked hash or index, everyone's: raised."""
     queues = list(dict.fromkeys(queues))
     keys = {queue: priority_list_keys(queue, steps=steps, prefix=prefix) for queue in queues}
     listed = [key for queue in queues for key in keys[queue]]  # the script's order (_EACH_LIST)
     unacked_read: tuple | None = None  # (index, first page, cursor) when read here
+    errors: dict[str, str] = {}
     try:
         with client.pipeline(transaction=False) as pipe:
             pipe.eval(READ_LISTS_SCRIPT, 0, *_script_arguments(queues, prefix=prefix, steps=steps), FIRST_CHUNK)
@@ -258,17 +287,34 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...], una
     except redis_client.ResponseError:
         # Scripting refused (an ACL without @scripting, a managed Redis) or a key of the wrong
         # type: the same reads one command each, which raise the error that was not the script's.
+        # Each reply on its own: one queue's error is that queue's.
         with client.pipeline(transaction=False) as pipe:
             for key in listed:
                 pipe.llen(key)
                 pipe.lrange(key, -FIRST_CHUNK, -1)  # the oldest end (read oldest first below)
             _ask_unacked(pipe, prefix)
-            *replies, index, (cursor, first_page) = pipe.execute()
+            *replies, index, scanned = pipe.execute(raise_on_error=False)
+        for key, reply in ((prefix + UNACKED_INDEX_KEY, index), (prefix + UNACKED_KEY, scanned)):
+            if isinstance(reply, Exception):
+                kind = "sorted set" if key.endswith(UNACKED_INDEX_KEY) else "hash"
+                raise redis_client.ResponseError(_wrong_type(client, key, reply, wanted=kind,
+                                                             holds="unacknowledged deliveries")) from reply
+        cursor, first_page = scanned
         unacked_read = (index, first_page, cursor)
-        lists = {key: (replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(listed) if replies[2 * i]}
+        lists = {}
+        for i, key in enumerate(listed):
+            length, chunk = replies[2 * i], replies[2 * i + 1]
+            failed = next((reply for reply in (length, chunk) if isinstance(reply, Exception)), None)
+            if failed is not None:
+                queue = next(q for q in queues if key in keys[q])
+                errors.setdefault(queue, _wrong_type(client, key, failed, wanted="list", holds="a queue's messages"))
+            elif length:
+                lists[key] = (length, chunk)
     # `lists` holds the lists that are not empty: (length, oldest messages)
     ready, oldest = {}, {}
     for queue in queues:
+        if queue in errors:
+            continue
         found = [(key, lists[key]) for key in keys[queue] if key in lists]
         stamps = [stamp for key, (_, chunk) in found if (stamp := _oldest_stamp(client, key, chunk)) is not None]
         ready[queue], oldest[queue] = sum(length for _, (length, _) in found), min(stamps) if stamps else None
@@ -280,7 +326,7 @@ def _read(client, queues: list[str], *, prefix: str, steps: tuple[int, ...], una
                 index, (cursor, first_page) = pipe.execute()
             unacked_read = (index, first_page, cursor)
         by_queue = _unacked_by_queue(client, *unacked_read, prefix=prefix)
-    return ready, oldest, by_queue
+    return ready, oldest, by_queue, errors
 
 
 def _lists_from_reply(reply: bytes | str) -> list[tuple[int, tuple[int, list[bytes]]]]:
@@ -361,7 +407,13 @@ def delivery_queues(client, entries: Iterable[tuple[Any, Any]], *, prefix: str) 
         with client.pipeline(transaction=False) as pipe:
             for exchange in exchanges:
                 pipe.smembers(prefix + BINDING_KEY % exchange)
-            bindings_of = {e: [_text(m) for m in members] for e, members in zip(exchanges, pipe.execute())}
+            replies = pipe.execute(raise_on_error=False)
+        for exchange, members in zip(exchanges, replies):
+            if isinstance(members, Exception):
+                raise redis_client.ResponseError(_wrong_type(
+                    client, prefix + BINDING_KEY % exchange, members, wanted="set",
+                    holds="an exchange's bindings")) from members
+            bindings_of[exchange] = [_text(m) for m in members]
     return [(tag, tuple(queues_for_delivery(exchange, routing_key, bindings_of.get(exchange, [])) or [routing_key]))
             for tag, exchange, routing_key in deliveries]
 

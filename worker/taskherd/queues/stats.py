@@ -10,8 +10,34 @@ AGE_FROM_PUBLISH_COUNTER = "publish_counter"  # RabbitMQ without a head timestam
 AGE_LOWER_BOUND = "publish_counter_lower_bound"  # the head predates that history: "at least" this old
 
 
-class BrokerUnreachable(Exception):
-    """The broker (or its management API) could not be reached or answered with an error."""
+class InspectionError(Exception):
+    """Any failure to inspect queues (the classes below); a reply the inspection could not read,
+    whatever raised it, is wrapped in one of them with the broker's own error and its URL redacted."""
+
+
+class BrokerUnreachable(InspectionError):
+    """The broker (or its management API) could not be reached, or refused the client as a whole
+    (authentication, a management API 401/403): the next URL of a failover list may answer."""
+
+
+class BrokerRefused(InspectionError):
+    """The broker answered, with an error (a key of the wrong type, an ACL refusal, a management
+    API 5xx, a malformed reply): it is the broker the workers are connected to, so a failover list
+    is not tried further (taskherd.queues.first_answer). ``answered_index`` is the index in the
+    failover list of the URL that answered (set by first_answer; 0 for a single URL)."""
+
+    answered_index: int = 0
+
+
+class QueuesUnreadable(BrokerRefused):
+    """The broker answered, but some queues could not be read. ``errors``: queue -> why (the
+    broker's own error); ``stats``: the figures of the queues that were read, which stay valid
+    (the figures of one queue never depend on another)."""
+
+    def __init__(self, errors: dict[str, str], stats: dict[str, "QueueStats"], *, where: str = "") -> None:
+        self.errors, self.stats, self.where = dict(errors), dict(stats), where
+        prefix = f"{where}: " if where else ""
+        super().__init__(prefix + "; ".join(f"queue {queue!r}: {why}" for queue, why in self.errors.items()))
 
 
 @dataclass(frozen=True)
