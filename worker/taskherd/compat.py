@@ -95,6 +95,10 @@ INTERNALS: tuple[Internal, ...] = (
              why="put a dead worker's delivery back on its queue exactly as kombu does"),
     Internal("kombu", "kombu.transport.redis:Channel._get_message_priority", "callable",
              why="compute the priority list a restored delivery goes back to"),
+    Internal("kombu", "kombu.transport.redis:Channel.queue_purge", "callable", parameters=("queue",),
+             why="erase a purged queue's parked ETA messages with it (taskherd.worker.delayed)"),
+    Internal("kombu", "kombu.transport.redis:Channel.pool", "attribute",
+             why="reach a purging channel's Redis database (taskherd.worker.delayed)"),
     Internal("kombu", "kombu.transport.redis:Channel._q_for_pri", "callable", parameters=("queue", "pri"),
              why="compute the priority list a restored delivery goes back to"),
     Internal("kombu", "kombu.transport.redis:Channel._lookup", "callable", parameters=("exchange", "routing_key"),
@@ -578,6 +582,35 @@ def redis_consumed_lists(channel: Any) -> list[str]:
     priority lists, highest first), without the global_keyprefix."""
     queues = channel._queue_cycle.consume(len(channel.active_queues))
     return [channel._q_for_pri(queue, pri) for pri in channel.priority_steps for queue in queues]
+
+
+def redis_queue_lists(channel: Any, queue: str) -> list[str]:
+    """The Redis lists of one queue on a kombu Redis channel (its priority lists, highest first),
+    without the global_keyprefix."""
+    return list(dict.fromkeys(channel._q_for_pri(queue, pri) for pri in channel.priority_steps))
+
+
+def redis_channel_client(channel: Any) -> Any:
+    """A redis-py client on a kombu Redis channel's connection pool (its database), whose key
+    names are NOT given the channel's global_keyprefix."""
+    import redis
+
+    return redis.Redis(connection_pool=channel.pool)
+
+
+def wrap_redis_queue_purge(wrapper: Callable[[Callable[..., int]], Callable[..., int]]) -> None:
+    """Replaces kombu's Redis ``Channel.queue_purge(self, queue, **kwargs)`` with
+    ``wrapper(original)``, once (what every purge of a Redis queue calls: ``celery purge``, a
+    worker's ``--purge``, ``app.control.purge``)."""
+    from kombu.transport import redis as kombu_redis
+
+    current = kombu_redis.Channel.queue_purge
+    if getattr(current, "taskherd_wrapped", False):
+        return
+    replacement = wrapper(current)
+    replacement.taskherd_wrapped = True
+    replacement.__wrapped__ = current
+    kombu_redis.Channel.queue_purge = replacement
 
 
 def redis_brpop_timeout(channel: Any, timeout: float | None) -> float:

@@ -116,23 +116,71 @@ def worker_options(args: argparse.Namespace) -> dict:
     return {key: value for key, value in options.items() if value is not None}
 
 
-def _pool(name: str, aliases: dict) -> type:
-    """-P's pool class, imported now: an alias whose module cannot be imported (gevent not installed,
-    'custom' without CELERY_CUSTOM_WORKER_POOL) or a module:Class that is not there or is no pool was
-    a traceback from celery.concurrency.get_implementation at the worker's start."""
+#: pool alias -> the library it runs on, which Celery's pool module imports only when the pool
+#: starts (celery.concurrency.gevent imports gevent inside the pool): checked before that.
+POOL_LIBRARIES = {"gevent": "gevent", "eventlet": "eventlet"}
+
+
+def _pool(name: str, aliases: dict, *, named: str = "-P/--pool") -> type:
+    """-P's pool class (``named``: how it was given, app.conf.worker_pool when not on the command
+    line), imported now, with the library it runs on: an alias whose module cannot be imported
+    (eventlet not installed, 'custom' without CELERY_CUSTOM_WORKER_POOL), one whose library is
+    missing (gevent: its module imports it only when the pool starts) or a module:Class that is not
+    there or is no pool was a traceback at the worker's start."""
+    import importlib.util
+
     from celery.concurrency import get_implementation
     from celery.concurrency.base import BasePool
 
     valid = f"valid: {', '.join(alias for alias, path in aliases.items() if path)}, or module:Class of a Celery pool"
-    if name not in aliases and ":" not in name:
-        raise ValueError(f"-P/--pool={name!r} is not a pool ({valid})")
+    if not isinstance(name, str) or (name not in aliases and ":" not in name):
+        raise ValueError(f"{named}={name!r} is not a pool ({valid})")
+    library = POOL_LIBRARIES.get(name)
+    try:
+        missing = library is not None and importlib.util.find_spec(library) is None
+    except (ImportError, ValueError):  # a broken package of that name
+        missing = True
+    if missing:
+        raise ValueError(f"{named}={name!r} needs the {library} library, which is not installed "
+                         f"(pip install {library}; or another pool: {valid})")
     try:
         pool = get_implementation(name)
     except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: 'custom' -> None
-        raise ValueError(f"-P/--pool={name!r} cannot be loaded ({type(exc).__name__}: {exc}; {valid})") from None
+        raise ValueError(f"{named}={name!r} cannot be loaded ({type(exc).__name__}: {exc}; {valid})") from None
     if not (isinstance(pool, type) and issubclass(pool, BasePool)):
-        raise ValueError(f"-P/--pool={name!r} names a {type(pool).__name__}, not a Celery pool class ({valid})")
+        raise ValueError(f"{named}={name!r} names a {type(pool).__name__}, not a Celery pool class ({valid})")
     return pool
+
+
+def flags_given(argv: list[str]) -> dict[str, str]:
+    """{dest: the flag as written} for each option of :data:`OPTIONS` in ``argv`` (the last one
+    wins, as for argparse): ``--time-limit``, ``-c``. (No abbreviations: Parser refuses them.)"""
+    spelled = {flag: dest for flags, (dest, _) in OPTIONS.items() for flag in flags}
+    given = {}
+    for arg in argv:
+        if arg == "--":
+            break
+        flag = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2] if arg.startswith("-") else None
+        if flag in spelled:
+            given[spelled[flag]] = flag
+    return given
+
+
+def _prefetch_problem(app, options: dict, written: str | None) -> str | None:
+    """configure()'s prefetch rule (taskherd.worker.profile.prefetch_problem) for
+    --prefetch-multiplier on the app's broker and pool size: on RabbitMQ the count sent to
+    basic.qos is the multiplier x the pool size, at most 65535."""
+    if "prefetch_multiplier" not in options:
+        return None
+    from taskherd.contract import broker_kind
+    from taskherd.worker.profile import prefetch_problem
+
+    url = app.conf.broker_url or ""
+    url = url[0] if isinstance(url, (list, tuple)) else str(url).split(";")[0]
+    size = options.get("concurrency") or app.conf.worker_concurrency or os.cpu_count() or 1
+    return prefetch_problem(options["prefetch_multiplier"], named=written or "--prefetch-multiplier",
+                            amqp=broker_kind(url) == "amqp", pool_size=size,
+                            pool_named="the pool size (-c/--concurrency)")
 
 
 def without_app(argv: list[str]) -> list[str]:
@@ -184,8 +232,34 @@ def main(argv: list[str] | None = None) -> int:
         report_app_import_failure("taskherd worker", failure)
         return 1
     # As `celery worker -P`: the app's worker_pool unless a pool is named on the command line.
-    options.setdefault("pool_cls", concurrency.get_implementation(app.conf.worker_pool))
+    if "pool_cls" not in options:
+        try:
+            options["pool_cls"] = _pool(app.conf.worker_pool, concurrency.ALIASES, named="app.conf.worker_pool")
+        except ValueError as exc:
+            print(f"taskherd worker: {exc}", file=sys.stderr)
+            return 1
+    written = flags_given(argv)
+    problem = _prefetch_problem(app, options, written.get("prefetch_multiplier"))
+    if problem:
+        print(f"taskherd worker: {problem}", file=sys.stderr)
+        return 2
+    # The flags as written, for the broker check's messages (it has no click context to ask).
+    from taskherd.worker.components.broker_check import COMMAND_LINE_ATTRIBUTE
+
+    setattr(app, COMMAND_LINE_ATTRIBUTE, written)
     options["hostname"] = host_format(default_nodename(args.hostname))  # %h, %n, %d as `celery -n` expands
-    worker = app.Worker(**options)
+    from celery.exceptions import SecurityError
+
+    try:
+        worker = app.Worker(**options)
+    except SecurityError as exc:  # pickle accepted while running as root (Celery's check_privileges)
+        print(f"taskherd worker: app.conf.accept_content={list(app.conf.accept_content or ())!r} accepts pickle "
+              f"and the worker runs as root, which Celery refuses: {' '.join(str(exc).split())} (valid: "
+              f"accept_content=['json'], which configure(app) sets: set accept_content before it, or not at all; "
+              f"or run as another user)", file=sys.stderr)
+        return 1
+    except ImportError as exc:  # a module the worker loads at its build (a pool's, an extension's)
+        print(f"taskherd worker: the worker cannot be built: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     worker.start()
     return worker.exitcode or 0

@@ -17,6 +17,12 @@ piled up behind each other in one worker — runs twice. So the worker does not 
    restore does: it is due, so it goes first) and removed from the set. Workers racing move
    nothing twice.
 
+**Purge.** Purging a queue (``celery worker --purge``, ``celery purge``, ``app.control.purge()``:
+kombu's ``queue_purge``) erases its parked messages too, counted in the purge's total
+(:func:`erase_parked_on_purge`): in plain Celery a countdown task not yet run was a message in the
+queue, or held by a worker, and a purge erased it — parked here, it would have survived the purge
+and run afterwards. (A message parked for several queues loses only the purged ones.)
+
 A crash between the ZADD and the acknowledgement leaves the message both parked and unacked: it
 runs twice (once when restored, once when due), with the same task id — never zero times. A
 delivery that cannot be parked (Redis error) is held by Celery as before. Messages wait in the
@@ -59,6 +65,35 @@ for _, entry in ipairs(due) do
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {#due, head[2]}
+"""
+
+
+# KEYS: the delayed set. ARGV: the Redis lists of the queue being purged (its priority sub-lists,
+# key prefix included). Erases each parked message bound for one of them (a message bound for
+# other queues too keeps those); returns how many were erased. A record that is not JSON is left.
+ERASE_SCRIPT = """
+local purged = {}
+for _, list in ipairs(ARGV) do purged[list] = true end
+local erased = 0
+local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #entries, 2 do
+  local entry, score = entries[i], entries[i + 1]
+  local ok, record = pcall(cjson.decode, entry)
+  if ok and type(record) == 'table' and type(record['lists']) == 'table' then
+    local kept, hit = {}, false
+    for _, list in ipairs(record['lists']) do
+      if purged[list] then hit = true else table.insert(kept, list) end
+    end
+    if hit then
+      erased = erased + 1
+      redis.call('ZREM', KEYS[1], entry)
+      if #kept > 0 then
+        redis.call('ZADD', KEYS[1], score, cjson.encode({lists = kept, message = record['message']}))
+      end
+    end
+  end
+end
+return erased
 """
 
 
@@ -155,6 +190,31 @@ class Mover(threading.Thread):
     def stop(self) -> None:
         self._stopped.set()
         self.delays.parked.set()
+
+
+def erase_parked(channel: Any, queue: str) -> int:
+    """Erases the messages parked for ``queue`` from the delay set of ``channel``'s Redis (kombu's
+    Redis channel: its database, its ``global_keyprefix``); returns how many."""
+    from .components.recovery import Keys
+
+    keys = Keys(getattr(channel, "global_keyprefix", "") or "")
+    lists = [keys(name) for name in compat.redis_queue_lists(channel, queue)]
+    client = compat.redis_channel_client(channel)  # unprefixed: the names above carry the prefix
+    return int(client.eval(ERASE_SCRIPT, 1, keys(DELAYED_KEY), *lists))
+
+
+def erase_parked_on_purge() -> None:
+    """Makes every kombu Redis channel of this process erase a queue's parked messages when it
+    purges the queue, counting them in what ``queue_purge`` returns (the "Erased N messages" of
+    ``celery worker --purge``, the "Purged N messages" of ``celery purge``). They are erased first:
+    one that falls due meanwhile is moved to the queue, and the queue's purge erases it there."""
+    def erasing_parked(original: Callable[..., int]) -> Callable[..., int]:
+        def queue_purge(self: Any, queue: str, **kwargs: Any) -> int:
+            erased = erase_parked(self, queue)
+            return (original(self, queue, **kwargs) or 0) + erased
+        return queue_purge
+
+    compat.wrap_redis_queue_purge(erasing_parked)
 
 
 #: The delay set this worker process parks into (set by the DelayedMessages component's bootstep).

@@ -270,6 +270,45 @@ MAX_DELIVERIES = 2**31 - 1
 COUNTER_SCHEMES = contract.REDIS_PY_SCHEMES + ("unix",)
 
 
+#: basic.qos's prefetch_count is a 16-bit field (AMQP 0-9-1): py-amqp fails to pack a larger count
+#: (struct.error "'H' format requires 0 <= number <= 65535", the worker's "Unrecoverable error").
+MAX_PREFETCH_COUNT = 65535
+PREFETCH_VALID = "an integer >= 1 (0 means unlimited prefetch)"
+
+
+def prefetch_fits(value: Any) -> bool:
+    """A prefetch multiplier a worker can run with, whatever its broker: an integer >= 1."""
+    return is_whole(value) and value >= 1
+
+
+def prefetch_problem(value: Any, *, named: str, amqp: bool, pool_size: Any = None, said: str | None = None,
+                     pool_named: str = "the pool size") -> str | None:
+    """Why a worker must not run with prefetch multiplier ``value`` (None when it may): the one rule of
+    configure()'s ``prefetch_multiplier``, ``taskherd worker --prefetch-multiplier`` and what the worker
+    really uses at start (BrokerCheck: ``celery worker --prefetch-multiplier``, app.conf changed later).
+
+    An integer >= 1: Celery reads 0 as unlimited prefetch (every ready message held unacknowledged
+    by one worker) and a negative count as none at all on Redis (the worker is ready and consumes
+    nothing) or as a basic.qos it cannot send on RabbitMQ. On RabbitMQ (``amqp``) the count sent is
+    the multiplier x the pool size (``pool_size``: the autoscale maximum if any; None or unknown: 1),
+    at most :data:`MAX_PREFETCH_COUNT`. ``named``: the setting as the user wrote it
+    (``--prefetch-multiplier``, ``app.conf.worker_prefetch_multiplier``, ``prefetch_multiplier``);
+    ``said``: where the value came from (``configure()'s prefetch_multiplier=4``), named first."""
+    size = pool_size if is_whole(pool_size) and pool_size >= 1 else 1
+    largest = MAX_PREFETCH_COUNT // size
+    said = f"{said}: {named}" if said else f"{named}={contract.shown(value)}"
+    valid = f"valid: an integer from 1 to {largest}, 1 recommended" if amqp else "valid: 1"
+    if not prefetch_fits(value):
+        got = f"; got a {type(value).__name__}" if not isinstance(value, int) or isinstance(value, bool) else ""
+        with_pool = f" with {pool_named} {size}" if amqp and size > 1 else ""
+        return f"{said} must be {PREFETCH_VALID}{got} ({valid}{with_pool})"
+    if amqp and value * size > MAX_PREFETCH_COUNT:
+        return (f"{said} x {pool_named} {size} = {value * size} prefetched messages, more than RabbitMQ's basic.qos "
+                f"takes ({MAX_PREFETCH_COUNT}: a 16-bit field); the worker would fail at its first connection "
+                f"({valid} with {pool_named} {size})")
+    return None
+
+
 def _counter_url(value: Any) -> bool:
     return isinstance(value, str) and value.partition("://")[0].lower() in COUNTER_SCHEMES and "://" in value \
         and not contract.url_problem(value)
@@ -293,8 +332,7 @@ _FIELD_RULES: dict[str, tuple[Any, str]] = {
     "rabbitmq_consumer_timeout": (lambda v: v is None or (is_seconds(v) and v > 0),
                                   "a number of seconds > 0, or None when consumer_timeout is disabled on the "
                                   "broker (valid: a finite int or float, or None)"),
-    "prefetch_multiplier": (lambda v: is_whole(v) and v >= 1,
-                            "an integer >= 1 (0 means unlimited prefetch); valid: 1"),
+    "prefetch_multiplier": (prefetch_fits, f"{PREFETCH_VALID}; valid: 1"),
     "max_retries": (lambda v: is_whole(v) and v >= 0, "an integer >= 0 (not a bool)"),
     "max_deliveries": (lambda v: is_whole(v) and v >= 1, "an integer >= 1 (not a bool)"),
     "max_tasks_per_child": (lambda v: v is None or (is_whole(v) and v >= 1),
@@ -414,7 +452,11 @@ def validate(settings: Settings, *, broker_url: str, queues: Sequence[str],
         if bad_serialization:
             errors.append(f"{setting}={value!r} is not JSON (valid: 'json'); the profile accepts and "
                           f"produces JSON only")
-    if ok("prefetch_multiplier") and s.prefetch_multiplier > 1:
+    too_many = prefetch_problem(s.prefetch_multiplier, named="prefetch_multiplier", amqp=kind == "amqp",
+                                pool_size=1, pool_named="at least one pool process") if ok("prefetch_multiplier") else None
+    if too_many:  # on RabbitMQ above 65535 even for one pool process; BrokerCheck judges the real pool size
+        errors.append(too_many)
+    elif ok("prefetch_multiplier") and s.prefetch_multiplier > 1:
         why = (f"prefetch_multiplier={s.prefetch_multiplier!r} with late acks: prefetched messages sit unacked "
                f"behind running tasks")
         if kind == "redis":

@@ -9,13 +9,16 @@ newcomer's task whose pool child was SIGKILLed was acknowledged and never ran ag
 worker's log said its message went back to the queue.
 
 :func:`undone` compares what configure() set with what the app and each of its tasks have now
-(pure: BrokerCheck calls it at worker start and refuses to start on any). The time limits and the
+(pure: BrokerCheck calls it at worker start and refuses to start on any) — ``task_default_queue``
+among them: set below the call to a queue configure(queues=…) does not list, tasks sent without a
+queue went where no worker of the profile consumed them. (``task_routes`` naming such a queue is
+only warned about, :func:`route_warnings`: another app's workers may consume it.) The time limits and the
 prefetch are not here: BrokerCheck applies configure()'s rules to the values the worker really
 uses, naming where each came from.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: app.conf setting -> (the value configure() sets, what is lost when it is not)
 ACK_SETTINGS: dict[str, tuple[Any, str]] = {
@@ -88,11 +91,60 @@ def _tasks_with(setting: str, value: Any, tasks: Mapping[str, Any], *, shown: in
     return f"; tasks with {attribute}={value!r}: {', '.join(map(repr, names[:shown]))}{more}" if names else ""
 
 
-def app_undone(conf: Mapping[str, Any], tasks: Mapping[str, Any] | None = None) -> list[str]:
+def default_queue_undone(conf: Mapping[str, Any], queues: Sequence[str] | None) -> list[str]:
+    """configure() makes ``task_default_queue`` one of the profile's ``queues``: set to another queue
+    below the call, every task sent without a queue went to one no worker of the profile consumes
+    (declared without its dead-letter arguments), while the workers were ready and idle."""
+    if not queues:
+        return []
+    value = conf.get("task_default_queue")
+    if value in queues:
+        return []
+    return [f"app.conf.task_default_queue={value!r} (configure() set it to one of its queues, {list(queues)!r}: a "
+            f"task sent without a queue goes to {value!r}, which no worker of the profile consumes, declared "
+            f"without a dead-letter queue; valid: one of {list(queues)!r}, or add {value!r} to configure(queues=…))"]
+
+
+def _static_routes(routes: Any) -> list[tuple[str, Any]]:
+    """(pattern, queue) of each ``task_routes`` entry that names a queue and can be read without
+    running anything: a dict (or a list of dicts / (pattern, route) pairs) whose route is a queue
+    name or a dict with a 'queue' (a str or a kombu Queue). Router functions and 'module.router'
+    strings decide at publish: not read."""
+    found: list[tuple[str, Any]] = []
+    for table in routes if isinstance(routes, (list, tuple)) else [routes]:
+        if isinstance(table, Mapping):
+            entries = list(table.items())
+        elif isinstance(table, (list, tuple)) and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in table):
+            entries = [tuple(e) for e in table]
+        else:
+            continue
+        for pattern, route in entries:
+            queue = route.get("queue") if isinstance(route, Mapping) else route if isinstance(route, str) else None
+            queue = getattr(queue, "name", queue)
+            if isinstance(queue, str) and queue:
+                found.append((getattr(pattern, "pattern", pattern), queue))
+    return found
+
+
+def route_warnings(conf: Mapping[str, Any], queues: Sequence[str] | None) -> list[str]:
+    """A warning for each ``task_routes`` entry (read statically, :func:`_static_routes`) that sends
+    tasks to a queue the profile does not list: no worker of the profile consumes it, and it has no
+    dead-letter queue. A warning, not a refusal: another worker pool (another app) may consume it."""
+    if not queues:
+        return []
+    return [f"app.conf.task_routes[{pattern!r}] sends tasks to the queue {queue!r}, not in configure(queues="
+            f"{list(queues)!r}): no worker of this profile consumes it and it is declared without a dead-letter "
+            f"queue (valid: one of {list(queues)!r}; or add {queue!r} to configure(queues=…) and run workers on it)"
+            for pattern, queue in _static_routes(conf.get("task_routes")) if queue not in queues]
+
+
+def app_undone(conf: Mapping[str, Any], tasks: Mapping[str, Any] | None = None, *,
+               queues: Sequence[str] | None = None) -> list[str]:
     """``app.conf.<setting>=<value> (configure() set …: why)`` for each setting taken back, with
-    the names of the app's ``tasks`` that have that value too."""
-    found = []
+    the names of the app's ``tasks`` that have that value too; ``queues``: the profile's, which
+    ``task_default_queue`` must be one of."""
     tasks = tasks or {}
+    found = default_queue_undone(conf, queues)
     for setting, (wanted, why) in ACK_SETTINGS.items():
         value = conf.get(setting)
         if value != wanted:
@@ -144,10 +196,10 @@ def tasks_undone(tasks: Mapping[str, Any], conf: Mapping[str, Any]) -> list[str]
 
 
 def undone_problem(conf: Mapping[str, Any], tasks: Mapping[str, Any], *, visibility_timeout: float | None,
-                   confirm_publish: bool) -> str | None:
+                   confirm_publish: bool, queues: Sequence[str] | None = None) -> str | None:
     """One message naming every setting taken back after configure(), and how to fix each kind;
-    None when there is none."""
-    from_app = app_undone(conf, tasks)
+    None when there is none. ``queues``: the profile's (the default queue must be one of them)."""
+    from_app = app_undone(conf, tasks, queues=queues)
     from_transport = transport_undone(conf.get("broker_transport_options"), visibility_timeout=visibility_timeout,
                                       confirm_publish=confirm_publish)
     from_tasks = tasks_undone(tasks, conf)

@@ -9,7 +9,12 @@ reads it unchanged. A tick that never returns (a publish blocked without timeout
 database that hangs) stops the writes and the probe fails; a broker outage makes ticks fail fast
 and log, which keeps the heartbeat fresh, as for workers.
 
-Only beat is affected: in a worker or a producer ``beat_init`` never fires.
+Only a standalone beat (``celery beat``) writes it. In a producer ``beat_init`` never fires; in a
+worker started with ``-B`` it does, in the embedded beat (a child process of the worker, or a thread
+of it), and the component then writes nothing: the worker's own heartbeat (its main loop, its broker
+state, its tasks, its pid for ``taskherd drain``) stays the only record in heartbeat.json. A beat
+record there made liveness pass while the worker's main loop was stopped (the beat child kept
+writing), and readiness and drain read beat's pid and state as the worker's.
 """
 from __future__ import annotations
 
@@ -49,6 +54,23 @@ def beat_record(*, now: float, started_at: float, interval_seconds: float, pid: 
     }
 
 
+def embedded_in_a_worker() -> bool:
+    """True when the beat calling ``beat_init`` runs inside a worker (``celery worker -B``): Celery's
+    embedded beat is a ``celery.beat._Process`` child (the current process) or a ``_Threaded`` thread."""
+    import threading
+
+    from celery import beat as celery_beat
+
+    if isinstance(threading.current_thread(), celery_beat._Threaded):
+        return True
+    process_class = getattr(celery_beat, "_Process", None)
+    if process_class is None:
+        return False
+    from billiard.process import current_process
+
+    return isinstance(current_process(), process_class)
+
+
 def beating(tick: Callable[[], Any], write: Callable[[], None]) -> Callable[..., Any]:
     """``tick`` followed by a heartbeat write (a failed write is logged, never raised into beat)."""
 
@@ -65,7 +87,8 @@ def beating(tick: Callable[[], Any], write: Callable[[], None]) -> Callable[...,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BeatHeartbeat(Component):
-    """Writes heartbeat.json from beat's schedule loop (the chart's beat liveness probe reads it)."""
+    """Writes heartbeat.json from a standalone beat's schedule loop (the chart's beat liveness probe
+    reads it); a beat embedded in a worker (``-B``) leaves the file to the worker."""
 
     environment = {shared_files.DIR_ENV: "directory"}
 
@@ -77,6 +100,10 @@ class BeatHeartbeat(Component):
 
         def on_beat_init(sender: Any = None, **_: Any) -> None:
             if getattr(sender, "app", None) is not app:
+                return
+            if embedded_in_a_worker():
+                logger.info("taskherd: beat runs inside a worker (-B): the worker's heartbeat is the only one "
+                            "written; beat's loop is not watched by the liveness probe")
                 return
             scheduler = sender.scheduler
             path = shared_files.heartbeat_path(shared_files.heartbeat_dir(directory))

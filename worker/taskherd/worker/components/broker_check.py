@@ -43,7 +43,7 @@ from typing import Any, Mapping
 
 from taskherd.contract import broker_kind, redact
 
-from ..profile_undone import undone_problem
+from ..profile_undone import route_warnings, undone_problem
 from . import Component
 from .recovery import first_broker_url
 
@@ -160,20 +160,31 @@ WORKER_OPTIONS = {
 }
 
 
-def given_options(options: Mapping[str, Any]) -> dict[str, str]:
+#: Attribute of the Celery app where ``taskherd worker`` leaves the flags it parsed, as written
+#: ({option: '--time-limit'}): it starts the worker without click, so :func:`given_options` has
+#: no click context to ask.
+COMMAND_LINE_ATTRIBUTE = "taskherd_worker_flags"
+
+
+def given_options(options: Mapping[str, Any], app: Any = None) -> dict[str, str]:
     """{option: how it was given} for each of :data:`WORKER_OPTIONS` this worker got rather than
     read from app.conf: ``'--time-limit'``, or the variable that set it (``CELERY_WORKER_TIME_LIMIT``).
 
     ``celery worker`` fills a missing ``--prefetch-multiplier`` from app.conf before the worker sees
-    it, so the worker's own arguments cannot tell: click's context can. ``options``: the worker's
-    keyword arguments, for a worker started without the command line (``app.Worker(time_limit=…)``)."""
+    it, so the worker's own arguments cannot tell: click's context can. ``taskherd worker`` has no
+    click context: it leaves the flags it parsed on ``app`` (:data:`COMMAND_LINE_ATTRIBUTE`).
+    ``options``: the worker's keyword arguments, for a worker started without a command line
+    (``app.Worker(time_limit=…)``)."""
     import click
     from click.core import ParameterSource
 
     context = click.get_current_context(silent=True)
+    flags = getattr(app, COMMAND_LINE_ATTRIBUTE, None) if context is None else None
     given = {}
     for option, (flag, _, _) in WORKER_OPTIONS.items():
-        if context is not None and option in context.params:
+        if isinstance(flags, Mapping) and option in flags:
+            given[option] = flags[option]
+        elif context is not None and option in context.params:
             source = context.get_parameter_source(option)
             if source == ParameterSource.COMMANDLINE:
                 given[option] = flag
@@ -210,14 +221,28 @@ def unprofiled_queue_problems(consumed: list[str], profiled: tuple[str, ...] | l
             f"TASKHERD_QUEUES; or consume only those)"]
 
 
+def _named(option: str, *, given: Mapping[str, str] | None, profile: Any, value: Any) -> str:
+    """The worker option's name as the user wrote it, without its value: ``--prefetch-multiplier``,
+    ``CELERY_WORKER_PREFETCH_MULTIPLIER``, ``prefetch_multiplier`` (app.Worker's keyword),
+    ``app.conf.worker_prefetch_multiplier`` or configure()'s ``prefetch_multiplier``."""
+    flag, setting, field = WORKER_OPTIONS[option]
+    if given is None:
+        return flag
+    if option in given:
+        return given[option].rstrip("=")
+    return field if value == getattr(profile, field) else f"app.conf.{setting}"
+
+
 def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile: Any,
                            soft_time_limit: Any = None, given: Mapping[str, str] | None = None,
-                           judge_broker: bool = True) -> Findings:
+                           judge_broker: bool = True, pool_size: Any = None) -> Findings:
     """The worker's own options (``celery worker --time-limit … --prefetch-multiplier …``) or
     app.conf changed after configure() override the settings configure() checked; the same rules,
     applied to what this worker will really use, each value named where it came from.
 
-    ``given``: :func:`given_options` (None: every value came from its flag). ``judge_broker``:
+    ``given``: :func:`given_options` (None: every value came from its flag). ``pool_size``: the
+    worker's pool processes (the autoscale maximum if any), which multiply the prefetch on RabbitMQ
+    (taskherd.worker.profile.prefetch_problem, configure()'s rule). ``judge_broker``:
     False when the worker's broker is not the one configure() judged (the broker URL check
     refuses that): the broker's limits are then unknown, and only the rules without them apply.
 
@@ -261,7 +286,15 @@ def worker_option_findings(*, time_limit: Any, prefetch_multiplier: Any, profile
             f"the worker runs with a soft time limit of {soft_time_limit!r} s, not below its hard time limit of "
             f"{time_limit!r} s ({source('soft_time_limit', soft_time_limit)}; {source('time_limit', time_limit)}): "
             f"the task is killed before it is asked to stop (valid: 0 < --soft-time-limit < {time_limit!r})")
-    if judge_broker and isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1 \
+    from taskherd.worker.profile import prefetch_problem
+
+    wrong_prefetch = prefetch_problem(
+        prefetch_multiplier, named=_named("prefetch_multiplier", given=given, profile=profile, value=prefetch_multiplier),
+        said=source("prefetch_multiplier", prefetch_multiplier), amqp=judge_broker and profile.broker_is_amqp,
+        pool_size=pool_size, pool_named="pool size (-c/--concurrency, or the --autoscale maximum)")
+    if wrong_prefetch:
+        findings.errors.append(f"the worker runs with {wrong_prefetch}")
+    elif judge_broker and isinstance(prefetch_multiplier, int) and prefetch_multiplier > 1 \
             and (from_flag("prefetch_multiplier") or prefetch_multiplier != profile.prefetch_multiplier):
         why = (f"the worker runs with {source('prefetch_multiplier', prefetch_multiplier)}: with late acks "
                f"prefetched messages sit unacked behind running tasks")
@@ -351,7 +384,7 @@ class BrokerCheck(Component):
 
             def __init__(self, worker, **options):
                 super().__init__(worker, **options)
-                self.given = given_options(options)  # while the command line's context is current
+                self.given = given_options(options, worker.app)  # while the command line's context is current
 
             def start(self, worker):
                 from taskherd.worker.profile import get_profile
@@ -364,12 +397,15 @@ class BrokerCheck(Component):
                     findings.extend(check(app, profile))
                 findings.errors += unprofiled_queue_problems(list(app.amqp.queues.consume_from), profile.queues)
                 undone = undone_problem(app.conf, app.tasks, confirm_publish=same_broker and profile.broker_is_amqp,
-                                        visibility_timeout=profile.visibility_timeout if same_broker else None)
+                                        visibility_timeout=profile.visibility_timeout if same_broker else None,
+                                        queues=profile.queues)
                 findings.errors += [undone] if undone else []
+                findings.warnings += route_warnings(app.conf, profile.queues)
                 findings.extend(worker_option_findings(time_limit=worker.time_limit,
                                                        soft_time_limit=worker.soft_time_limit,
                                                        prefetch_multiplier=worker.prefetch_multiplier,
-                                                       profile=profile, given=self.given, judge_broker=same_broker))
+                                                       profile=profile, given=self.given, judge_broker=same_broker,
+                                                       pool_size=worker.max_concurrency or worker.concurrency))
                 for warning in findings.warnings:
                     logger.warning("taskherd broker check: %s", warning)
                 for error in findings.errors:

@@ -1,7 +1,9 @@
 """The DelayedMessages component: on Redis, ETA/countdown messages wait in a sorted set, not in a worker.
 
 Installs a worker bootstep that, on a Redis broker, starts the mover thread of
-taskherd.worker.delayed and makes the taskherd Task's strategy park ETA messages there. Without it
+taskherd.worker.delayed and makes the taskherd Task's strategy park ETA messages there; in every
+process of the app (a worker's ``--purge``, ``celery purge``) purging a queue erases the messages
+parked for it too. Without it
 (or on RabbitMQ) Celery holds ETA messages unacknowledged in the worker, as it always does.
 """
 from __future__ import annotations
@@ -33,6 +35,12 @@ class DelayedMessages(Component):
 
     def install(self, app: Any, profile: Any = None) -> None:
         from celery import bootsteps
+
+        if broker_kind(first_broker_url(app)) == "redis":
+            from taskherd.worker.delayed import erase_parked_on_purge
+
+            # a purge (worker --purge, celery purge, app.control.purge) erases the queue's parked messages too
+            erase_parked_on_purge()
 
         settings = self
 
