@@ -173,10 +173,10 @@ def _prefetch_problem(app, options: dict, written: str | None) -> str | None:
     if "prefetch_multiplier" not in options:
         return None
     from taskherd.contract import broker_kind
+    from taskherd.worker.components.recovery import first_broker_url
     from taskherd.worker.profile import prefetch_problem
 
-    url = app.conf.broker_url or ""
-    url = url[0] if isinstance(url, (list, tuple)) else str(url).split(";")[0]
+    url = first_broker_url(app)
     size = options.get("concurrency") or app.conf.worker_concurrency or os.cpu_count() or 1
     return prefetch_problem(options["prefetch_multiplier"], named=written or "--prefetch-multiplier",
                             amqp=broker_kind(url) == "amqp", pool_size=size,
