@@ -91,6 +91,20 @@ BAD_INPUT = [
     (["ping", "-b", REDIS, "-Q", "q", "--timeout", "-0"], {}, 2, "--timeout='-0' is not a number of seconds > 0"),
     (["ping", "-b", "amqp://127.0.0.1:99999//", "-Q", "q"], {}, 2, "-b/--broker='amqp://127.0.0.1:99999//': Port"),
     (["ping", "-b", "http://127.0.0.1:1", "-Q", "q"], {}, 2, "-b/--broker=http://… is not supported here"),
+    # kombu's Sentinel transport needs master_name, a transport option only an app (-A) gives
+    (["ping", "-b", "sentinel://127.0.0.1:26379", "-Q", "q"], {}, 2,
+     "-b/--broker=sentinel://… needs kombu's master_name transport option, which ping takes from the app of "
+     "-A/--app (its broker_transport_options) (valid without -A/--app: redis://, rediss://"),
+    # AMQP sends a queue name as a short string: at most 255 bytes of UTF-8 (py-amqp: struct.error)
+    (["dlq", "list", "-b", UNREACHABLE_AMQP, "-Q", "q" * 300], {}, 2,
+     "-Q/--queues='" + "q" * 60 + "'…(300 characters) is 300 bytes in UTF-8; RabbitMQ takes queue names of at "
+     "most 255 bytes (valid: a name of at most 255 bytes)"),
+    (["dlq", "list", "-b", UNREACHABLE_AMQP, "--dlq", "q" * 300], {}, 2, "--dlq='" + "q" * 60 + "'…(300 characters)"),
+    (["dlq", "purge", "--force", "-b", UNREACHABLE_AMQP, "--dlq", "q" * 300], {}, 2, "is 300 bytes in UTF-8"),
+    (["dlq", "redrive", "--all", "-b", UNREACHABLE_AMQP, "-Q", "q", "--to", "é" * 200], {}, 2,
+     "--to='" + "é" * 60 + "'…(200 characters) is 400 bytes in UTF-8; RabbitMQ takes queue names of at most 255"),
+    (["dlq", "list", "-b", UNREACHABLE_AMQP, "-Q", "q" * 253], {}, 2,
+     "--dead-letter-pattern='{queue}.dlq': the DLQ of -Q/--queues="),
     (["exporter", "-b", REDIS, "-Q", "q", "--interval", "1e309"], {}, 2, "--interval='1e309' is not a number of seconds"),
     (["exporter", "-b", REDIS, "-Q", "q", "--visibility-timeout", "-5"], {}, 2,
      "--visibility-timeout='-5' is not a number of seconds > 0"),
@@ -127,6 +141,17 @@ BAD_INPUT = [
     (["probe", "liveness", "--task-margin", "inf"], {}, 2, "option --task-margin='inf' must be a positive number of seconds or 0 (finite"),
     (["drain", "--poll", "nan"], {}, 2, "option --poll='nan' must be a positive number of seconds (finite"),
     (["drain", "--deadline", "1e309"], {}, 2, "option --deadline='1e309' must be a positive number"),
+    # a bound, as the other commands' seconds flags (a week; --deadline: TASKHERD_DRAIN_DEADLINE's two
+    # weeks): --poll 1e10 wrote drain-request.json, then time.sleep raised OverflowError
+    (["drain", "--poll", "1e10"], {}, 2,
+     "option --poll='1e10' must be a positive number of seconds (finite: not nan or inf; valid: a number of "
+     "seconds > 0 and <= 604800 (a week))"),
+    (["drain", "--deadline", "1209601"], {}, 2, "option --deadline='1209601' must be a positive number of seconds "
+                                                "(finite: not nan or inf; valid: a number of seconds > 0 and <= 1209600"),
+    (["probe", "liveness", "--max-age", "1e10"], {}, 2, "option --max-age='1e10' must be a positive number"),
+    (["probe", "liveness", "--task-margin", "604801"], {}, 2,
+     "option --task-margin='604801' must be a positive number of seconds or 0 (finite: not nan or inf; valid: a "
+     "number of seconds >= 0 and <= 604800"),
     (["worker", "-A", "apps.core_app", "--time-limit", "inf"], {}, 2, "--time-limit='inf' must be a finite number >= 0"),
     (["worker", "-A", "apps.core_app", "--soft-time-limit", "nan"], {}, 2, "--soft-time-limit='nan' must be a finite"),
     (["worker", "-A", "apps.core_app", "--prefetch-multiplier", "0"], {}, 2,

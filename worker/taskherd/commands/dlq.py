@@ -415,16 +415,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dead_letter_queue(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+def _dead_letter_queue(parser: argparse.ArgumentParser, args: argparse.Namespace, broker_url: str) -> str:
+    """The DLQ to use, from --dlq or the one work queue of -Q; a usage error naming the flag (or
+    variable) as written when the broker cannot take a name (options.check_queue_name), before
+    anything on the broker is read or changed."""
     queue_names = options.queues(parser, args)
     if args.dlq and queue_names:
         parser.error("give either -Q/--queues (a work queue) or --dlq (its DLQ), not both")
     if args.dlq:
+        options.check_queue_name(parser, "--dlq", args.dlq, broker_url)
         return args.dlq
     if len(queue_names) != 1:
         parser.error(f"-Q/--queues must name exactly one work queue (got {len(queue_names)}: "
                      f"{','.join(queue_names)!r}), or give --dlq")
-    return options.dead_letter_queues(parser, args, queue_names)[queue_names[0]]
+    queue = queue_names[0]
+    queue_source = "-Q/--queues" if args.queues else "TASKHERD_QUEUES"
+    options.check_queue_name(parser, queue_source, queue, broker_url)
+    dlq = options.dead_letter_queues(parser, args, queue_names)[queue]
+    if args.dead_letter_queues is not None:
+        options.check_queue_name(parser, "--dead-letter-queues", dlq, broker_url)
+    elif options.from_env(parser, "TASKHERD_DEAD_LETTER_QUEUES") is not None:
+        options.check_queue_name(parser, "TASKHERD_DEAD_LETTER_QUEUES", dlq, broker_url)
+    else:  # derived: the work queue fits, its DLQ ('{queue}.dlq') may not
+        problem = options.queue_name_problem(dlq, broker_url)
+        if problem:
+            from taskherd.worker.profile import AMQP_MAX_NAME_BYTES
+
+            room = AMQP_MAX_NAME_BYTES - (len(dlq.encode("utf-8", "replace")) - len(queue.encode("utf-8", "replace")))
+            parser.error(f"--dead-letter-pattern={args.dead_letter_pattern!r}: the DLQ of {queue_source}="
+                         f"{options.shown_name(queue)} would be {options.shown_name(dlq)}, which {problem}; "
+                         f"with this pattern a work queue of at most {max(room, 0)} bytes")
+    return dlq
 
 
 def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None) -> int:
@@ -434,7 +455,9 @@ def main(argv: list[str] | None = None, *, stdin=None, stdout=None, stderr=None)
     # Redis through redis-py (one URL), RabbitMQ through kombu's py-amqp (its failover lists too)
     broker_url = options.broker(parser, args, schemes=contract.REDIS_PY_SCHEMES + contract.PY_AMQP_SCHEMES,
                                 failover=contract.PY_AMQP_SCHEMES)
-    dlq = _dead_letter_queue(parser, args)
+    dlq = _dead_letter_queue(parser, args, broker_url)
+    if getattr(args, "to", None):
+        options.check_queue_name(parser, "--to", args.to, broker_url)
     if args.command in ("show", "redrive") and not (args.refs or args.all):
         parser.error(f"{args.command}: name at least one ID, or pass --all")
 
@@ -565,6 +588,12 @@ def _redrive(store, letters: list[DeadLetter], broker_url: str, *, to: str | Non
         queue = to or letter.queue
         if not queue:
             print(f"taskherd dlq: {letter.ref}: original queue unknown; pass --to QUEUE", file=stderr)
+            failed += 1
+            continue
+        problem = options.queue_name_problem(queue, broker_url)  # --to was checked: the letter's own queue
+        if problem:
+            print(f"taskherd dlq: {letter.ref}: its queue {options.shown_name(queue)} {problem}; not redriven, it "
+                  f"stays in the DLQ — pass --to QUEUE", file=stderr)
             failed += 1
             continue
         if broker_kind(broker_url) == "redis":

@@ -332,6 +332,37 @@ def dead_letter_queues(parser: argparse.ArgumentParser, args: argparse.Namespace
         raise  # parser.error exits; this line is never reached
 
 
+def queue_name_problem(name: str, broker_url: str) -> str | None:
+    """Why the broker of ``broker_url`` cannot take ``name`` as a queue name, with the valid range,
+    or None: the rule the reliability profile applies to the worker's queues (a name that cannot be
+    encoded in UTF-8; on RabbitMQ one over AMQP's 255 bytes, which py-amqp fails to pack with a
+    struct.error). On Redis a name is part of a key, which may be far longer."""
+    from taskherd.worker.profile import AMQP_MAX_NAME_BYTES
+
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (f"cannot be encoded in UTF-8 ({exc.reason} at {exc.start}) (valid: a name of Unicode characters, "
+                f"no lone surrogates)")
+    if contract.broker_kind(broker_url) == "amqp" and size > AMQP_MAX_NAME_BYTES:
+        return (f"is {size} bytes in UTF-8; RabbitMQ takes queue names of at most {AMQP_MAX_NAME_BYTES} bytes "
+                f"(valid: a name of at most {AMQP_MAX_NAME_BYTES} bytes)")
+    return None
+
+
+def shown_name(name: str, limit: int = 60) -> str:
+    """``name`` as an error shows it: repr'd, cut after ``limit`` characters."""
+    return repr(name) if len(name) <= limit else repr(name[:limit]) + f"…({len(name)} characters)"
+
+
+def check_queue_name(parser: argparse.ArgumentParser, source: str, name: str, broker_url: str) -> None:
+    """A usage error naming ``source`` (the flag or variable as written) when the broker cannot take
+    queue name ``name`` (:func:`queue_name_problem`), before anything is read or changed."""
+    problem = queue_name_problem(name, broker_url)
+    if problem:
+        parser.error(f"{source}={shown_name(name)} {problem}")
+
+
 #: what a broker kind is called when a command says it connects to it
 _KIND_NAMES = {"redis": "Redis", "amqp": "RabbitMQ"}
 

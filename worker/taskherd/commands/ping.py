@@ -34,10 +34,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.queues = options.queues(parser, args)
     if not args.queues:
         parser.error("a queue is required: -Q/--queues (or TASKHERD_QUEUES)")
+    args.broker_flag = "-b/--broker" if args.broker is not None else "TASKHERD_BROKER_URL"
     options.broker(parser, args, required=False)
     if not args.app and not args.broker:
         parser.error("a broker is required: -b/--broker (or TASKHERD_BROKER_URL), or -A/--app")
+    if args.broker and not args.app and _sentinel(args.broker):
+        parser.error(f"{args.broker_flag}=sentinel://… {SENTINEL_NEEDS} (valid without -A/--app: "
+                     f"{', '.join(f'{scheme}://' for scheme in PLAIN_SCHEMES)})")
     return args
+
+
+#: kombu's Sentinel transport finds the master by name, a transport option (Celery's
+#: broker_transport_options={"master_name": …}): ping has no flag for transport options, an app has them
+SENTINEL_NEEDS = ("needs kombu's master_name transport option, which ping takes from the app of -A/--app "
+                  "(its broker_transport_options)")
+#: the broker schemes ping takes without -A: every one of the contract's but sentinel://
+PLAIN_SCHEMES = tuple(scheme for scheme in options.contract.REDIS_SCHEMES + options.contract.AMQP_SCHEMES
+                      if scheme != "sentinel")
+
+
+def _sentinel(url: str) -> bool:
+    return any(one.partition("://")[0].strip().lower() == "sentinel" for one in url.split(";"))
+
+
+class SentinelWithoutMaster(ValueError):
+    """-b names a sentinel:// broker and the app of -A sets no master_name: a usage error."""
 
 
 def load_app(args: argparse.Namespace):
@@ -47,6 +68,13 @@ def load_app(args: argparse.Namespace):
         app = options.load_app(args.app)
         if args.broker:
             app.conf.broker_url = args.broker
+        if _sentinel(app.conf.broker_url or "") and not (app.conf.broker_transport_options or {}).get("master_name"):
+            said = (f"{args.broker_flag}=sentinel://… needs kombu's master_name transport option, and "
+                    f"-A/--app={args.app!r} sets none" if args.broker else
+                    f"-A/--app={args.app!r}: its broker_url sentinel://… needs kombu's master_name transport "
+                    f"option, and the app sets none")
+            raise SentinelWithoutMaster(f"{said} (valid: an app whose broker_transport_options has master_name, "
+                                        f"or a broker URL of {', '.join(f'{s}://' for s in PLAIN_SCHEMES)})")
         return app
     from taskherd.worker import configure
 
@@ -90,7 +118,7 @@ def main(argv: list[str]) -> int:
     try:
         app = load_app(args)
         pong = ping(app, queue, args.timeout)
-    except options.AppNotFound as exc:
+    except (options.AppNotFound, SentinelWithoutMaster) as exc:
         print(f"taskherd ping: {exc}", file=sys.stderr)
         return 2
     except options.AppImportFailed as failure:  # the user's module raised: its error and traceback

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from taskherd import contract
+
 
 def parse_flags(argv: list[str], names: dict[str, str], options: dict[str, object]) -> dict[str, object]:
     """Sets ``options[names[flag]]`` from ``--flag value`` or ``--flag=value`` (as strings).
@@ -25,16 +27,25 @@ def parse_flags(argv: list[str], names: dict[str, str], options: dict[str, objec
     return options
 
 
-def seconds(name: str, value: object, *, zero_allowed: bool = False) -> float:
-    """``value`` as a number of seconds > 0 (>= 0 with ``zero_allowed``), or ValueError naming ``name``."""
+def seconds(name: str, value: object, *, zero_allowed: bool = False, maximum: float = contract.MAX_SECONDS) -> float:
+    """``value`` as a number of seconds > 0 (>= 0 with ``zero_allowed``) and <= ``maximum``, or
+    ValueError naming ``name`` and the valid range.
+
+    The bound is the commands' (taskherd.commands.options.seconds, contract.MAX_SECONDS: a week), or
+    that of the flag's variable (--deadline: TASKHERD_DRAIN_DEADLINE, contract.MAX_DRAIN_SECONDS):
+    larger values are typos, and time.sleep overflows on them (--poll 1e10: OverflowError after
+    drain-request.json was written)."""
+    valid = contract.seconds_valid(int(maximum))
+    if zero_allowed:
+        valid = valid.replace("> 0", ">= 0", 1)
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={value!r} is not a number of seconds (valid: {valid})") from None
     # not (number >= 0): nan compares false with everything; --max-age nan would make liveness never fail
-    if not (number >= 0) or number == float("inf") or (number == 0 and not zero_allowed):
+    if not (number >= 0) or not (number <= maximum) or (number == 0 and not zero_allowed):
         raise ValueError(f"{name}={value!r} must be a positive number of seconds{' or 0' if zero_allowed else ''} "
-                         f"(finite: not nan or inf)")
+                         f"(finite: not nan or inf; valid: {valid})")
     return number
 
 

@@ -50,9 +50,11 @@ def drain_state(record: dict | None, *, requested_at: float, now: float, max_age
 def _parse(argv: list[str]) -> dict:
     options: dict = {"dir": None, "deadline": None, "poll": 0.2}
     flags.parse_flags(argv, {"--dir": "dir", "--deadline": "deadline", "--poll": "poll"}, options)
-    for key in ("deadline", "poll"):
+    # each bounded as its variable is (--deadline: TASKHERD_DRAIN_DEADLINE), refused here, before
+    # drain-request.json is written: a wait that cannot be slept would leave the drain half-done
+    for key, maximum in (("deadline", contract.MAX_DRAIN_SECONDS), ("poll", contract.MAX_SECONDS)):
         if options[key] is not None:
-            options[key] = flags.seconds(f"option --{key}", options[key])
+            options[key] = flags.seconds(f"option --{key}", options[key], maximum=maximum)
     if options["deadline"] is None:
         options["deadline"] = contract.read_one(DEADLINE_ENV)  # ContractError is a ValueError
     return options
