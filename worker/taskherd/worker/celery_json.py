@@ -15,9 +15,16 @@ from kombu.utils import json as kombu_json
 
 #: kombu_json.dumps(value) builds an encoder per call; this one writes the same text (same defaults).
 _encode = kombu_json.JSONEncoder().encode
-_encode_for_jsonb = kombu_json.JSONEncoder(allow_nan=False).encode
+#: jsonb keeps the parsed value, not the text: characters as themselves (see _SURROGATE)
+_encode_for_jsonb = kombu_json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
 #: "\u0000" written by the encoder (an odd number of backslashes before it), which jsonb refuses
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: a surrogate code point (U+D800..U+DFFF): no Unicode text holds one (a str gets them from bytes
+#: decoded with errors='surrogateescape', or from a UTF-16 pair split in two). The jsonb encoder
+#: writes non-ASCII characters as themselves, so that one here is such a code point in a str (a
+#: value or a key), never an escape of a real character outside the BMP (which jsonb would read
+#: back as one character, and a lone one refuse).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: what the error messages offer as valid
 VALID = ("a value Celery's JSON serializer encodes: JSON types (str keys), datetime, date, time, "
@@ -27,8 +34,9 @@ VALID = ("a value Celery's JSON serializer encodes: JSON types (str keys), datet
 def dumps(value: Any, *, for_jsonb: bool = False) -> str:
     """`value` as kombu's JSON text; TypeError or ValueError (saying why) if it cannot be one.
 
-    `for_jsonb`: also refuse what PostgreSQL's jsonb cannot hold (NaN, infinities, NUL), before
-    the statement that would fail on it and abort the caller's transaction.
+    `for_jsonb`: also refuse what PostgreSQL's jsonb cannot hold (NaN, infinities, NUL, and the
+    surrogate code points U+D800..U+DFFF, in a value or a key), with a ValueError, before the
+    statement that would fail on it and abort the caller's transaction.
     """
     try:
         text = (_encode_for_jsonb if for_jsonb else _encode)(value)
@@ -38,6 +46,12 @@ def dumps(value: Any, *, for_jsonb: bool = False) -> str:
         raise
     if for_jsonb and _ESCAPED_NUL.search(text):
         raise ValueError("the character NUL (\\x00) cannot be stored in PostgreSQL jsonb")
+    if for_jsonb:
+        surrogate = _SURROGATE.search(text)
+        if surrogate is not None:
+            raise ValueError(f"a str holds the surrogate code point \\u{ord(surrogate.group()):04x} (not "
+                             "Unicode text: e.g. bytes decoded with errors='surrogateescape'), which PostgreSQL "
+                             "jsonb cannot store; valid: str of Unicode characters (encodable as UTF-8)")
     if '"__type__"' in text:
         # A dict of exactly {"__type__", "__value__"} is read back as one of kombu's typed values:
         # one that kombu does not know would fail every later read, so it fails here instead.

@@ -27,11 +27,12 @@ class InProgress(TransientError):
     seconds, for callers that schedule their own retry.
     """
 
-    def __init__(self, key: str, *, retry_after: float, holder: str | None = None):
+    def __init__(self, key: str, *, retry_after: float, holder: str | None = None, reason: str | None = None):
         self.key = key
         self.retry_after = retry_after
         self.holder = holder
-        super().__init__(f"idempotency key {key!r} is in progress (holder {holder or 'unknown'}, "
+        super().__init__(f"idempotency key {key!r} is in progress ({reason})" if reason else
+                         f"idempotency key {key!r} is in progress (holder {holder or 'unknown'}, "
                          f"lease expires in {retry_after:.1f}s): retry after the lease")
 
 
@@ -66,15 +67,26 @@ class Claim:
     done: bool
     result: Any = None
     _result_set: bool = field(default=False, repr=False)
+    #: set by the store when its guard has ended: the result is stored (or not) by then
+    _finished: bool = field(default=False, repr=False)
 
     def set_result(self, value: Any) -> None:
         """Records what the effect returned; duplicates get it back as Celery's JSON serializer would
         (`celery_json`: a datetime stays a datetime). A value it cannot encode is refused by the store
-        at the end of the guard (`unstorable_result`)."""
-        if self.done:
-            raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        at the end of the guard (`unstorable_result`). Called more than once in the guard, the last
+        value is the one stored. After the guard has ended it raises RuntimeError: the store wrote
+        the result when the guard ended, and a later value would be lost without a word."""
+        self._check_open("set_result")
         self.result = value
         self._result_set = True
+
+    def _check_open(self, method: str) -> None:
+        if self.done:
+            raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        if self._finished:
+            raise RuntimeError(f"idempotency key {self.key!r}: claim.{method}(...) after the guard ended; the "
+                               "guard stored the result it had when it ended; valid: call it inside the "
+                               "`with store.guard(...) as claim:` block")
 
 
 def unstorable_result(key: str, store: str, result: Any, error: Exception, consequence: str) -> TypeError:
@@ -90,6 +102,14 @@ def validate_key(key: object) -> str:
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKey(f"idempotency key {key[:40]!r}… is {len(key)} characters long; "
                          f"valid: 1..{MAX_KEY_LENGTH} (hash long natural keys)")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # repr() shows a surrogate as an escape: the message itself stays encodable (logs, brokers).
+        raise InvalidKey(f"idempotency key {key[:40]!r}{'…' if len(key) > 40 else ''} holds the surrogate code "
+                         f"point \\u{ord(key[exc.start]):04x} at {exc.start}, which is not Unicode text and no "
+                         f"store can keep; valid: a str of 1..{MAX_KEY_LENGTH} Unicode characters (encodable "
+                         "as UTF-8; decode bytes without errors='surrogateescape', or hex/base64 them)") from None
     return key
 
 

@@ -49,6 +49,7 @@ def idempotent(
     def decorate(fn: Callable) -> Callable:
         if not callable(fn):
             raise TypeError(f"idempotent(...) decorates a function, got {fn!r}")
+        _refuse_a_celery_task(fn)
         _check_takes_the_arguments_of(fn, "key", key)
         if is_postgres:
             _check_takes_the_arguments_of(fn, "connection", connection)
@@ -70,6 +71,27 @@ def idempotent(
         return guarded
 
     return decorate
+
+
+def _refuse_a_celery_task(fn: object) -> None:
+    """Above `@app.task` the decorator would wrap the task object: Celery would run the registered,
+    unguarded function for every delivery, and the module's name would lose `.delay`."""
+    try:
+        from celery import Task
+        from celery.local import Proxy
+    except ImportError:  # no Celery, so no Celery task
+        return
+    # type(), not isinstance(): `@app.task` (and `@shared_task`) return a lazy Proxy of the task, which
+    # isinstance() would evaluate (finalizing the app at import). Celery's proxies stand for tasks,
+    # the app and the current task: none of them is a function to guard.
+    kind = type(fn)
+    if not issubclass(kind, (Task, Proxy)):
+        return
+    name = getattr(fn, "name", None) if issubclass(kind, Task) else None
+    raise TypeError(f"idempotent(...) got a Celery task{f' {name!r}' if name else ''}, not a function: placed "
+                    "above @app.task it would leave the task Celery runs unguarded (every delivery runs the "
+                    "effect); valid: put @idempotent under @app.task, on the function itself — "
+                    "@app.task(bind=True) then @idempotent(store, key=...) then def ...")
 
 
 #: stands for every argument the decorator may pass on

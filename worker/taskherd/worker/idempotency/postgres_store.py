@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
+import psycopg
 from psycopg import ClientCursor, Connection, pq, sql
 
 from .. import celery_json
-from .claim import MAX_KEY_LENGTH, Claim, InvalidKey, unstorable_result, validate_key, validate_seconds
+from .claim import MAX_KEY_LENGTH, Claim, InProgress, InvalidKey, unstorable_result, validate_key, validate_seconds
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 #: savepoint names of guards opened inside a caller's transaction (nested guards get their own)
@@ -61,6 +62,15 @@ def _result_text(claim: Claim, consequence: str) -> str:
     try:
         return celery_json.dumps(claim.result, for_jsonb=True)
     except (TypeError, ValueError) as exc:
+        raise unstorable_result(claim.key, "PostgresStore", claim.result, exc, consequence) from exc
+
+
+def _complete(claim: Claim, consequence: str, write: Callable[[], object]) -> None:
+    """Writes the result (`write`). The server refusing its text (a character the database's
+    encoding lacks, say) is the documented TypeError about the result, not a database error."""
+    try:
+        write()
+    except (psycopg.DataError, UnicodeEncodeError) as exc:
         raise unstorable_result(claim.key, "PostgresStore", claim.result, exc, consequence) from exc
 
 
@@ -132,42 +142,62 @@ class PostgresStore:
             with self._inside(key, conn) as claim:
                 yield claim
             return
-        with conn.transaction():
-            inserted = conn.execute(self._insert(), (key,)).fetchone()
-            if inserted is None:
-                yield Claim(key, done=True, result=self._stored_result(conn, key))
-                return
-            claim = Claim(key, done=False)
-            yield claim
-            # Raised here, inside the transaction: the effect rolls back with the key.
-            result = _result_text(claim, "nothing was committed: the effect was rolled back with the key")
-            conn.execute(self._complete(), (result, key))
+        claim = None
+        try:
+            with conn.transaction():
+                inserted = conn.execute(self._insert(), (key,)).fetchone()
+                if inserted is None:
+                    claim = Claim(key, done=True, result=self._stored_result(conn, key))
+                    yield claim
+                    return
+                claim = Claim(key, done=False)
+                yield claim
+                claim._finished = True
+                # Raised here, inside the transaction: the effect rolls back with the key.
+                consequence = "nothing was committed: the effect was rolled back with the key"
+                result = _result_text(claim, consequence)
+                _complete(claim, consequence, lambda: conn.execute(self._complete(), (result, key)))
+        finally:
+            if claim is not None:
+                claim._finished = True
 
     @contextlib.contextmanager
     def _inside(self, key: str, conn) -> Iterator[Claim]:
-        """The guard inside the caller's transaction, behind a savepoint sent with its statements."""
+        """The guard inside the caller's transaction, behind a savepoint sent with its statements.
+        Every statement after the savepoint is covered: whatever fails (the body, a statement of the
+        guard, the result's encoding) rolls back to the savepoint, and the caller's transaction goes on."""
         savepoint = sql.Identifier(f"taskherd_guard_{next(_savepoints)}")
         cursor = ClientCursor(conn)
-        cursor.execute(sql.SQL("SAVEPOINT {s}; ").format(s=savepoint) + self._insert(), (key,))
-        cursor.nextset()  # the INSERT's result, after the SAVEPOINT's
+        claim = None
         try:
+            cursor.execute(sql.SQL("SAVEPOINT {s}; ").format(s=savepoint) + self._insert(), (key,))
+            cursor.nextset()  # the INSERT's result, after the SAVEPOINT's
             if cursor.fetchone() is None:
                 claim = Claim(key, done=True, result=self._stored_result(conn, key))
             else:
                 claim = Claim(key, done=False)
             yield claim
-            if not claim.done:
-                result = _result_text(claim, "the effect was rolled back with the key to the guard's savepoint; "
-                                             "the caller's transaction goes on")
+            claim._finished = True
+            if claim.done:
+                cursor.execute(sql.SQL("RELEASE SAVEPOINT {s}").format(s=savepoint))
+            else:
+                consequence = ("the effect was rolled back with the key to the guard's savepoint; "
+                               "the caller's transaction goes on")
+                result = _result_text(claim, consequence)
+                _complete(claim, consequence, lambda: cursor.execute(
+                    self._complete() + sql.SQL("; RELEASE SAVEPOINT {s}").format(s=savepoint), (result, key)))
         except BaseException:
             if conn.info.transaction_status in (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR):
-                cursor.execute(sql.SQL("ROLLBACK TO SAVEPOINT {s}; RELEASE SAVEPOINT {s}").format(s=savepoint))
+                try:
+                    cursor.execute(sql.SQL("ROLLBACK TO SAVEPOINT {s}; RELEASE SAVEPOINT {s}").format(s=savepoint))
+                except psycopg.Error:
+                    # No savepoint to go back to (its own statement failed: the caller's transaction
+                    # had failed before the guard) or no connection left: the first error says why.
+                    pass
             raise
-        if claim.done:
-            cursor.execute(sql.SQL("RELEASE SAVEPOINT {s}").format(s=savepoint))
-        else:
-            cursor.execute(self._complete() + sql.SQL("; RELEASE SAVEPOINT {s}").format(s=savepoint),
-                           (result, key))
+        finally:
+            if claim is not None:
+                claim._finished = True
 
     def _insert(self) -> sql.Composed:
         return sql.SQL("INSERT INTO {t} (key) VALUES (%s) ON CONFLICT (key) DO NOTHING RETURNING key").format(t=self._t)
@@ -177,9 +207,18 @@ class PostgresStore:
 
     def _stored_result(self, conn, key: str):
         # As text, for Celery's JSON decoder (psycopg's own would leave kombu's typed values as dicts).
-        row = conn.execute(sql.SQL("SELECT result::text FROM {t} WHERE key = %s").format(t=self._t), (key,)).fetchone()
+        row = conn.execute(sql.SQL("SELECT result::text, completed_at IS NULL FROM {t} WHERE key = %s")
+                           .format(t=self._t), (key,)).fetchone()
         if row is None:
             # REPEATABLE READ / SERIALIZABLE: the conflicting row committed after our snapshot.
             raise RuntimeError(f"idempotency key {key!r} exists but is invisible to this transaction's "
                                "snapshot: use READ COMMITTED for the guard's transaction")
+        if row[1]:
+            # Every guard completes its row before it commits, and a duplicate's INSERT waits for
+            # another transaction's row: a visible row not completed is this transaction's own, of
+            # a guard of the same key still running around this one. Its effect has not happened.
+            raise InProgress(key, retry_after=0.0, reason=(
+                "an enclosing guard of this key, in this same transaction, has not finished its effect; "
+                "valid: one guard per key in a transaction (a nested guard, or a nested @idempotent, of the "
+                "same key would skip its body as if the effect had happened)"))
         return None if row[0] is None else celery_json.loads(row[0])

@@ -31,6 +31,7 @@ import inspect
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -106,8 +107,7 @@ class RedisClaim(Claim):
     def in_transaction(self, queue_effects: Callable[[Any], Any]) -> None:
         """``queue_effects(pipeline)`` queues commands on the store's own Redis; they run at the end
         of the guard in the same MULTI/EXEC as the done record (module docstring)."""
-        if self.done:
-            raise RuntimeError(f"idempotency key {self.key!r} is already done: its effect must not run again")
+        self._check_open("in_transaction")
         if not callable(queue_effects):
             raise TypeError(f"claim.in_transaction(queue_effects): a function given the pipeline, e.g. "
                             f"lambda pipe: pipe.rpush('ledger', order); got a {type(queue_effects).__name__}")
@@ -177,7 +177,9 @@ class RedisStore:
         self.poll_interval_seconds = _seconds("poll_interval_seconds", poll_interval_seconds, 0.001)
         self._scripts = scripts = Scripts(client)
         self._claim = scripts.register(_CLAIM)
-        self._renew = Scripts(client, socket_timeout=self.lease_seconds / 3).register(_RENEW)
+        # A third of the lease, within what a socket timeout can be (a lease may be 1e15 s).
+        self._renew = Scripts(client, socket_timeout=min(self.lease_seconds / 3, threading.TIMEOUT_MAX)
+                              ).register(_RENEW)
         self._renewer = Renewer(name=f"taskherd-lease-renewer-{prefix}")
         self._complete = scripts.register(_COMPLETE)
         self._release = scripts.register(_RELEASE)
@@ -211,7 +213,11 @@ class RedisStore:
             time.sleep(self.poll_interval_seconds)
 
         if decision.action is Action.RETURN:
-            yield RedisClaim(key, done=True, result=decision.result)
+            done_claim = RedisClaim(key, done=True, result=decision.result)
+            try:
+                yield done_claim
+            finally:
+                done_claim._finished = True
             return
 
         lease_id = self._renewer.add(lambda: bool(self._renew(keys=[redis_key], args=[record, lease_ms])),
@@ -220,9 +226,11 @@ class RedisStore:
         try:
             yield claim
         except BaseException:
+            claim._finished = True
             self._renewer.remove(lease_id)
             self._release_after_failure(key, redis_key, record)
             raise
+        claim._finished = True
         self._renewer.remove(lease_id)
         self._finish(key, redis_key, record, holder, token, claim)
 
@@ -267,9 +275,15 @@ class RedisStore:
         record, EXEC. Nothing has happened yet, so a Redis failure is raised (the task retries; its
         retry finds the key done if this EXEC was applied and only its reply lost)."""
         queued = self.client.pipeline(transaction=True)  # only records what the effects queue
-        for queue_effects in effects:
-            queue_effects(queued)
-        effect_commands = compat.redis_queued_commands(queued)
+        try:
+            for queue_effects in effects:
+                queue_effects(queued)
+            effect_commands = compat.redis_queued_commands(queued)
+        except BaseException:
+            # Nothing was sent: the effects are dropped and the key freed at once, as for a body
+            # that fails (left to its lease, every retry would get InProgress until it lapsed).
+            self._release_after_failure(key, redis_key, record)
+            raise
         commands = [("WATCH", redis_key), ("EVAL", _COMMIT_CHECK, 1, redis_key, record, done), ("MULTI",),
                     *effect_commands, ("SET", redis_key, done, "PX", ttl_ms), ("EXEC",)]
         for delay in (*_FINISH_RETRY_DELAYS, None):

@@ -89,5 +89,6 @@ class Renewer:
             with self._lock:
                 waiting = [lease.due for lease in self._leases.values() if not lease.lost]
                 self._wakes_at = min(waiting) if waiting else self._clock() + self._idle_seconds
-            self._wake.wait(max(self._wakes_at - self._clock(), 0.0))
+            # At most threading.TIMEOUT_MAX at a time (a lease may be 1e15 s): it looks again then.
+            self._wake.wait(min(max(self._wakes_at - self._clock(), 0.0), threading.TIMEOUT_MAX))
 
