@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -67,6 +68,68 @@ def _pause_forever(rows) -> None:
         time.sleep(3600)
 
 
+#: key=value password in a DSN or in libpq's echo of one: password=secret, password = 'a b\'c'
+_KEY_VALUE_PASSWORD = re.compile(r"""(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s'"]+)""", re.IGNORECASE)
+
+
+def _redacted(text: str, dsn: str | None = None) -> str:
+    """``text`` (an error about ``dsn``) with no password in it: libpq's reasons repeat the DSN as
+    written (missing "=" after "mysql://u:s3cr3t@…"), so the URL's password, a key=value password and
+    ``dsn``'s own password wherever it appears are replaced by ***."""
+    text = _KEY_VALUE_PASSWORD.sub(r"\1***", contract.redact(text))
+    parsed = {}
+    if dsn:
+        from psycopg import conninfo
+        try:
+            parsed = conninfo.conninfo_to_dict(dsn)
+        except Exception:  # noqa: BLE001 - not parseable: the URL and key=value rules above still apply
+            parsed = {}
+    password = parsed.get("password")
+    # Not when 1-2 characters ("a" would blank every a of the text), nor when it is also the user,
+    # database or host name, which the message shows anyway (redact() keeps the user name).
+    if password and len(password) >= 3 and password not in (parsed.get("user"), parsed.get("dbname"),
+                                                                parsed.get("host")):
+        text = text.replace(password, "***")
+    return text
+
+
+def _one_line(exc: BaseException, dsn: str | None) -> str:
+    """The error's text on one line (libpq's spans lines), passwords hidden."""
+    return _redacted(" ".join(str(exc).split()), dsn)
+
+
+#: the values libpq takes for the connection options it checks before connecting (PostgreSQL 18's
+#: libpq; a value added later is refused by it too, with the same words, at connect time)
+_OPTION_VALUES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+}
+_INTEGER_OPTIONS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+                    "tcp_user_timeout")
+
+
+def _option_problem(options: dict[str, str]) -> str | None:
+    """What libpq would refuse in these parsed connection options without connecting, or None."""
+    for option, values in _OPTION_VALUES.items():
+        value = options.get(option)
+        if value is not None and value not in values:
+            return f"{option}={contract.shown(value)} is not one of {', '.join(values)}"
+    for port in (options.get("port") or "").split(","):
+        port = port.strip()
+        if port and not re.fullmatch(contract.PORT, port):
+            return f"port={contract.shown(port)} is not a port number (valid: 1..65535; several hosts: 5432,5433)"
+    for option in _INTEGER_OPTIONS:
+        value = options.get(option)
+        if value is not None and not re.fullmatch(r"\s*-?[0-9]+\s*", value):
+            return f"{option}={contract.shown(value)} is not an integer (valid: a whole number of seconds, or count)"
+    return None
+
+
 def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """--dsn, else $TASKHERD_OUTBOX_DSN, else $DATABASE_URL; a usage error naming where it came from
     when it is missing or psycopg cannot parse it (checked before connecting: no traceback)."""
@@ -82,11 +145,18 @@ def _dsn(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
             args.dsn, source = os.environ.get("DATABASE_URL", "").strip() or None, "DATABASE_URL"
     if not args.dsn:
         parser.error("--dsn is required (or set TASKHERD_OUTBOX_DSN / DATABASE_URL)")
+    valid = "postgresql://user:password@host:5432/database or 'host=… dbname=…'"
     try:
-        conninfo.conninfo_to_dict(args.dsn)
+        parsed = conninfo.conninfo_to_dict(args.dsn)
     except Exception as exc:  # noqa: BLE001 - psycopg.ProgrammingError, with libpq's reason
-        parser.error(f"{source}={contract.redact(args.dsn)!r} is not a PostgreSQL DSN ({' '.join(str(exc).split())}); valid: "
-                     f"postgresql://user:password@host:5432/database or 'host=… dbname=…'")
+        parser.error(f"{source}={_redacted(repr(args.dsn), args.dsn)} is not a PostgreSQL DSN "
+                     f"({_one_line(exc, args.dsn)}); valid: {valid}")
+    # A value libpq refuses before connecting (sslmode=bogus, port abc) is the command line's
+    # mistake, not the database's: a usage error, exit 2, as the DSN that does not parse.
+    problem = _option_problem(parsed)
+    if problem:
+        parser.error(f"{source}={_redacted(repr(args.dsn), args.dsn)} is refused by libpq before connecting: "
+                     f"{_redacted(problem, args.dsn)}; valid: {valid}, with libpq's options at values it takes")
     return args.dsn
 
 
@@ -103,7 +173,7 @@ def main(argv: list[str]) -> int:
     try:
         return _run(args)
     except options.AppNotFound as exc:
-        print(f"taskherd outbox {args.command}: {exc}", file=sys.stderr)
+        print(f"taskherd outbox {args.command}: {_redacted(str(exc), args.dsn)}", file=sys.stderr)
         return 2
     except options.AppImportFailed as failure:  # the user's module raised: its error and traceback
         options.report_app_import_failure(f"taskherd outbox {args.command}", failure)
@@ -116,18 +186,18 @@ def main(argv: list[str]) -> int:
         # without -A the relay declares a bare queue; the workers' profile declares it with
         # dead-letter arguments, and RabbitMQ refuses a second declaration that differs
         print(f"taskherd outbox relay: RabbitMQ refused to declare a queue as this relay would: "
-              f"{' '.join(str(exc).split())}; valid: -A/--app module:app, so that the relay declares queues "
+              f"{_one_line(exc, args.dsn)}; valid: -A/--app module:app, so that the relay declares queues "
               f"as your workers do (configure() sets their arguments)", file=sys.stderr)
         return 1
     except psycopg.errors.InsufficientPrivilege as exc:
-        print(f"taskherd outbox {args.command}: the database refused: {' '.join(str(exc).split())} (a relay adds "
+        print(f"taskherd outbox {args.command}: the database refused: {_one_line(exc, args.dsn)} (a relay adds "
               f"the `refused` column to a table taskherd 0.1 created: `taskherd outbox migrate --table {args.table}` "
               f"run as the table's owner does it once)", file=sys.stderr)
         return 1
     except psycopg.OperationalError as exc:
         # Unreachable database, refused login, bad port: one line; the outbox rows stay as they were.
         print(f"taskherd outbox {args.command}: cannot use the database: {type(exc).__name__}: "
-              f"{' '.join(str(exc).split())}", file=sys.stderr)  # libpq's message spans lines
+              f"{_one_line(exc, args.dsn)}", file=sys.stderr)  # libpq's message spans lines
         return 1
 
 
@@ -164,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
                              after_publish=_pause_forever if os.environ.get(PAUSE_AFTER_PUBLISH_ENV) else None,
                              name=f"{os.uname().nodename}:{os.getpid()}")
     except ValueError as exc:
-        print(f"taskherd outbox relay: {exc}", file=sys.stderr)
+        print(f"taskherd outbox relay: {_redacted(str(exc), args.dsn)}", file=sys.stderr)
         return 2
     stop = threading.Event()
     # SIGTERM finishes the batch in hand, then exits: nothing to roll back on a rolling update.

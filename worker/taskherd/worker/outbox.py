@@ -36,11 +36,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
-from psycopg import sql
+from psycopg import Connection, sql
 
+from taskherd import contract
 from taskherd.contract import broker_kind
 
 from . import celery_json
+from .components import MAX_SECONDS, is_seconds, is_whole
+from .idempotency.claim import validate_seconds
 from .profile import REDIS_TRANSPORT_DEFAULTS
 
 logger = logging.getLogger(__name__)
@@ -66,8 +69,31 @@ def _table(table: str) -> sql.Identifier:
     return sql.Identifier(table)
 
 
+def _connection(function: str, conn: object) -> None:
+    """Refuses a ``conn`` that is not a psycopg Connection, naming its type only: the value may be a
+    DSN passed by mistake, with its password."""
+    if not isinstance(conn, Connection):
+        raise TypeError(f"outbox.{function} conn= got a {type(conn).__name__}; valid: a psycopg (version 3) "
+                        "Connection (psycopg.connect(dsn)), not a DSN")
+
+
+def _name_problem(argument: str, value: str) -> str | None:
+    """Why ``value`` (a non-empty str) cannot be a task or queue name PostgreSQL stores and a broker
+    routes, or None: checked before the INSERT, which would fail the caller's transaction."""
+    if "\x00" in value:
+        return f"{argument}={contract.shown(value)} contains NUL (\\x00), which PostgreSQL text cannot hold"
+    if not value.strip():
+        return f"{argument}={contract.shown(value)} is only whitespace"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"{argument}={contract.shown(value)} cannot be encoded in UTF-8 ({exc.reason} at {exc.start})"
+    return None
+
+
 def create_table(conn, *, table: str = DEFAULT_TABLE) -> None:
     """Creates the outbox table and its pending-rows index if missing (safe on every start)."""
+    _connection("create_table", conn)
     t = _table(table)
     with conn.transaction():
         conn.execute(sql.SQL("""
@@ -90,6 +116,7 @@ def create_table(conn, *, table: str = DEFAULT_TABLE) -> None:
 def has_refused_column(conn, *, table: str = DEFAULT_TABLE) -> bool:
     """Whether ``table`` (as the search path finds it) has the ``refused`` column (taskherd 0.1's
     tables do not)."""
+    _connection("has_refused_column", conn)
     return conn.execute("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass(%s) "
                         "AND attname = 'refused' AND NOT attisdropped)",
                         (_table(table).as_string(conn),)).fetchone()[0]
@@ -98,6 +125,7 @@ def has_refused_column(conn, *, table: str = DEFAULT_TABLE) -> bool:
 def add_missing_columns(conn, *, table: str = DEFAULT_TABLE) -> None:
     """Adds the ``refused`` column to a table taskherd 0.1 created. Looked up first: ALTER TABLE
     takes a lock that would queue the producers' INSERTs behind it, even when it changes nothing."""
+    _connection("add_missing_columns", conn)
     with conn.transaction():  # not an implicit one: the relay's own transactions would nest in it
         if not has_refused_column(conn, table=table):
             conn.execute(sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS refused text").format(t=_table(table)))
@@ -109,11 +137,20 @@ def enqueue(conn, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, An
 
     Nothing is published here: the row becomes visible to the relay when the caller commits.
     """
+    _connection("enqueue", conn)
+    valid_name = "a registered task name (a non-empty str, not only whitespace, without NUL)"
     if not isinstance(task_name, str) or not task_name:
-        raise ValueError(f"outbox task_name={task_name!r}; valid: a registered task name")
+        raise ValueError(f"outbox task_name={contract.shown(task_name)}; valid: {valid_name}")
+    problem = _name_problem("task_name", task_name)
+    if problem:
+        raise ValueError(f"outbox {problem}; valid: {valid_name}")
     problem = queue_problem(queue)
     if problem:
         raise ValueError(f"outbox {problem}")
+    problem = queue is not None and _name_problem("queue", queue)
+    if problem:
+        raise ValueError(f"outbox {problem}; valid: a queue name (a non-empty str, not only whitespace, without NUL, "
+                         "not starting with 'amq.'), or None for the task's own routing")
     # Refused before the INSERT: a failed statement would abort the caller's whole transaction.
     args_text, kwargs_text = _arguments_text(args, kwargs)
     task_id = str(uuid.uuid4())
@@ -178,11 +215,21 @@ def _json_text(argument: str, value: Any) -> str:
         raise TypeError(f"outbox {argument}= cannot be stored ({exc}); valid: {celery_json.VALID}") from exc
 
 
+#: older than any row a relay marked: a longer purge window deletes the same nothing, and overflows
+#: PostgreSQL's timestamps (now() - 1e12 s: "timestamp out of range")
+_PURGE_HORIZON_SECONDS = 1e11  # about 3000 years
+
+
 def purge_sent(conn, *, older_than_seconds: float, table: str = DEFAULT_TABLE) -> int:
-    """Deletes rows sent longer ago than the window you want to keep for auditing."""
+    """Deletes rows sent longer ago than the window you want to keep for auditing (0: every sent row).
+    A window that is not a finite number >= 0 is refused before any statement: -1 once deleted the
+    rows sent a moment ago."""
+    _connection("purge_sent", conn)
+    seconds = validate_seconds("outbox.purge_sent", "older_than_seconds", older_than_seconds, 0)
+    t = _table(table)
     with conn.transaction():
         return conn.execute(sql.SQL("DELETE FROM {t} WHERE sent_at < now() - make_interval(secs => %s)")
-                            .format(t=_table(table)), (older_than_seconds,)).rowcount
+                            .format(t=t), (min(seconds, _PURGE_HORIZON_SECONDS),)).rowcount
 
 
 class Status(NamedTuple):
@@ -193,7 +240,11 @@ class Status(NamedTuple):
 
 
 def status(conn, *, table: str = DEFAULT_TABLE, examples: int = 5) -> Status:
-    """What waits in ``table``: rows pending for a relay, and rows a relay set aside."""
+    """What waits in ``table``: rows pending for a relay, and rows a relay set aside (the ids and
+    reasons of the oldest ``examples`` of them)."""
+    _connection("status", conn)
+    if not is_whole(examples) or examples < 0:
+        raise ValueError(f"outbox.status examples={contract.shown(examples)}; valid: an int >= 0")
     t = _table(table)
     can_refuse = has_refused_column(conn, table=table)  # taskherd 0.1's tables cannot
     pending, oldest = conn.execute(sql.SQL(
@@ -326,6 +377,10 @@ class Batch(NamedTuple):
     left: int = 0  #: rows behind a row the broker refused, left pending for the next batch
 
 
+#: the most rows a relay takes in one transaction (the command's --batch-size says the same)
+MAX_BATCH_SIZE = 10_000
+
+
 @dataclass
 class Relay:
     #: returns a new psycopg connection (called again after a connection error)
@@ -343,10 +398,23 @@ class Relay:
     name: str = field(default_factory=lambda: socket.gethostname())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 10_000:
-            raise ValueError(f"outbox relay batch_size={self.batch_size!r}; valid: an integer in 1..10000")
-        if not self.poll_interval_seconds > 0:
-            raise ValueError(f"outbox relay poll_interval_seconds={self.poll_interval_seconds!r}; valid: > 0")
+        # The bounds of the command's --batch-size and --poll-interval (taskherd.commands.outbox).
+        if not is_whole(self.batch_size) or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"outbox relay batch_size={contract.shown(self.batch_size)}; "
+                             f"valid: an integer in 1..{MAX_BATCH_SIZE}")
+        # inf or 1e10 made run()'s first idle wait raise OverflowError (threading's waits)
+        if not (is_seconds(self.poll_interval_seconds) and 0 < self.poll_interval_seconds <= MAX_SECONDS):
+            raise ValueError(f"outbox relay poll_interval_seconds={contract.shown(self.poll_interval_seconds)}; "
+                             f"valid: {contract.seconds_valid()}")
+        for name in ("connect", "publish"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"outbox relay {name}= got a {type(getattr(self, name)).__name__}; valid: a callable")
+        if self.after_publish is not None and not callable(self.after_publish):
+            raise TypeError(f"outbox relay after_publish= got a {type(self.after_publish).__name__}; "
+                            "valid: a callable, or None")
+        if not isinstance(self.name, str) or not self.name.strip() or "\x00" in self.name:
+            raise ValueError(f"outbox relay name={contract.shown(self.name)}; valid: a non-empty str without NUL "
+                             "(it is written to the relayed_by column)")
         self._t = _table(self.table)
         self._conn = None
         #: queue (None: the task's own routing) -> (monotonic time it is tried again, the refusal)
