@@ -1,4 +1,5 @@
-"""Helpers for the effects tests: separate processes delivering the same idempotency key."""
+"""Helpers for the effects tests: separate processes delivering the same idempotency key, and a
+database with the outbox table."""
 from __future__ import annotations
 
 import json
@@ -6,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from apps.effects_schema import create_tables
 from e2e.lib.waiting import wait_for
 from support.worker_process import TESTS_DIR, python_env
+from taskherd.worker import outbox
 
 
 class Deliverers:
@@ -71,4 +75,13 @@ def ledger_dsn(pg_dsn) -> str:
     from apps.effects_schema import create_tables
 
     create_tables(pg_dsn)
+    return pg_dsn
+
+
+@pytest.fixture
+def outbox_dsn(pg_dsn) -> str:
+    """The test database with the effects tables and the outbox table."""
+    create_tables(pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        outbox.create_table(conn)
     return pg_dsn

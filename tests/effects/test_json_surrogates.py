@@ -10,7 +10,6 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from apps.effects_schema import create_tables
 from taskherd.worker import celery_json, outbox
 from taskherd.worker.idempotency import PostgresStore
 
@@ -39,14 +38,6 @@ def test_the_jsonb_encoder_keeps_characters_outside_the_bmp_and_escaped_text():
         assert celery_json.loads(celery_json.dumps(value, for_jsonb=True)) == value
     # Celery's own (Redis, messages) still writes what kombu writes
     assert celery_json.dumps("\ud800") == '"\\ud800"'
-
-
-@pytest.fixture
-def outbox_dsn(pg_dsn) -> str:
-    create_tables(pg_dsn)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        outbox.create_table(conn)
-    return pg_dsn
 
 
 @pytest.mark.parametrize("arguments", [{"args": ["\ud800"]}, {"kwargs": {"a": "\udfff"}},

@@ -19,7 +19,6 @@ import httpx
 import psycopg
 import pytest
 
-from apps.effects_schema import create_tables
 from e2e.lib.waiting import wait_for
 from support.worker_process import TESTS_DIR, python_env
 from taskherd.worker import outbox
@@ -92,14 +91,6 @@ def wait_for_queue_depth(api_url: str, amqp_url: str, queue: str, expected: int)
             wait_for(f"{expected} messages in {queue}", depth_is_expected, timeout=30, interval=0.5)
         except AssertionError:
             raise AssertionError(f"queue {queue} holds {seen[-1]} messages, expected {expected}") from None
-
-
-@pytest.fixture
-def outbox_dsn(pg_dsn) -> str:
-    create_tables(pg_dsn)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        outbox.create_table(conn)
-    return pg_dsn
 
 
 def test_enqueue_belongs_to_the_callers_transaction(outbox_dsn):
