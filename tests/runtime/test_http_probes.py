@@ -86,7 +86,8 @@ def test_probe_paths_over_http_and_metrics_passed_through(server):
     assert get(f"{base}/livez")[0] == 200
     status, body = get(f"{base}/livez?max-age=3")
     assert status == 503 and "the worker's main loop is not running" in body
-    assert get(f"{base}/livez?max-age=zero") == (400, "liveness: parameter max-age='zero' is not a number of seconds\n")
+    assert get(f"{base}/livez?max-age=zero") == (400, "liveness: parameter max-age='zero' is not a number of seconds "
+                                                      "(valid: a number of seconds > 0 and <= 604800 (a week))\n")
 
     path.write_text("{not json")
     status, body = get(f"{base}/livez")
