@@ -138,8 +138,11 @@ def test_the_known_series_are_created_at_zero_for_each_registered_task():
     def refund():
         pass
 
-    names = metrics.labelled_task_names(app)
-    assert names == ["shop.charge", "shop.refund"], "celery.* built-ins left out"
+    labelled = metrics.labelled_task_names(app)
+    # (other test modules' @shared_task tasks join every app that finalizes: only ours are checked)
+    assert {"shop.charge", "shop.refund"} <= set(labelled), labelled
+    assert not [name for name in labelled if name.startswith("celery.")], "celery.* built-ins left out"
+    names = ["shop.charge", "shop.refund"]
     fresh = metrics.TaskMetrics(registry=CollectorRegistry())
     created = metrics.create_known_series(fresh, names)
     outcomes = _outcomes(fresh)
