@@ -139,7 +139,8 @@ def test_the_known_series_are_created_at_zero_for_each_registered_task():
         pass
 
     labelled = metrics.labelled_task_names(app)
-    # (other test modules' @shared_task tasks join every app that finalizes: only ours are checked)
+    # (Celery shares every task made earlier in this process, @app.task included, with each app
+    # that finalizes: in a full test run there are more; only ours are checked)
     assert {"shop.charge", "shop.refund"} <= set(labelled), labelled
     assert not [name for name in labelled if name.startswith("celery.")], "celery.* built-ins left out"
     names = ["shop.charge", "shop.refund"]
